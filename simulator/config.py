@@ -1,0 +1,107 @@
+"""Scenario configuration: frozen dataclasses grouped by concern.
+
+The YAML key names are a contract with users (see README): model fields use Hugging Face
+``config.json`` names; cluster, training and parallelism fields carry their units in the name.
+What-ifs are ``dataclasses.replace``, never mutation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """A decoder-only transformer, in Hugging Face config.json field names."""
+
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    intermediate_size: int
+    vocab_size: int
+    hidden_act: str = "gelu"  # gelu: 2 MLP matrices; silu: SwiGLU, 3 matrices
+    tie_word_embeddings: bool = False
+    num_experts: int = 0  # routed experts; 0 = dense
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int | None = None
+    num_shared_experts: int = 0
+    first_k_dense_replace: int = 0  # leading dense layers in an MoE model (DeepSeek field name)
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def mlp_matrices(self) -> int:
+        return 3 if self.hidden_act in ("silu", "swiglu", "swish") else 2
+
+    @property
+    def expert_intermediate_size(self) -> int:
+        return self.moe_intermediate_size or self.intermediate_size
+
+    def is_moe_layer(self, layer: int) -> bool:
+        return self.is_moe and layer >= self.first_k_dense_replace
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    topology: str = "dgx-h100"
+    num_nodes: int = 1
+    gpus_per_node: int = 8
+    gpu: str = "H100-SXM5-80GB"
+    nvlink_bandwidth_GBps: float | None = None
+    network_bandwidth_Gbps: float | None = None
+    oversubscription: float | None = None
+
+    @property
+    def num_gpus(self) -> int:
+        return self.num_nodes * self.gpus_per_node
+
+
+@dataclass(frozen=True)
+class TrainingConfig:
+    seq_length: int = 2048
+    micro_batch_size: int = 1
+    global_batch_size: int = 1
+    precision: str = "bf16"  # bf16 | fp16 | fp8
+    recompute: str = "none"  # none | selective | full
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    tp: int = 1
+    pp: int = 1
+    dp: int | None = None
+    cp: int = 1
+    ep: int = 1
+    vp: int = 1
+    sequence_parallel: bool = False
+    zero_stage: int = 0
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    model: ModelConfig
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    parallelism: ParallelConfig = field(default_factory=ParallelConfig)
+    schedule: str = "1f1b"  # gpipe | 1f1b | interleaved
+
+    @property
+    def dp(self) -> int:
+        """Data-parallel degree: given, or derived from the GPU count."""
+        p = self.parallelism
+        if p.dp is not None:
+            return p.dp
+        return self.cluster.num_gpus // (p.tp * p.pp * p.cp)
+
+    @property
+    def num_microbatches(self) -> int:
+        """Micro-batches per pipeline per step: global batch / (micro-batch x DP)."""
+        return self.training.global_batch_size // (self.training.micro_batch_size * self.dp)
