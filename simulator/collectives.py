@@ -1,0 +1,225 @@
+"""Collective algorithms as phases of coupled flows on the network model, and their closed forms.
+
+Size conventions follow nccl-tests: ``size`` is the per-rank buffer for all_reduce and broadcast,
+the full (gathered) buffer for all_gather and reduce_scatter (each rank owns ``size / n``), and
+the per-rank send buffer for all_to_all (``size / n`` to each peer).
+
+Algorithms (what is modelled, and what is not):
+- Ring (Patarasuk and Yuan 2009), NCCL's default and ``auto``: all_reduce is 2(n-1) steps of
+  size/n per rank; reduce_scatter and all_gather n-1 steps. A ring is one coupled transfer whose
+  members are its edges, so it runs at its most contended edge's fair share, plus one route
+  latency per step. A group spanning nodes with k ranks in each uses k rings (NCCL channels),
+  each carrying size/k: ring c enters every node at the node's c-th rank and leaves from the
+  one before it, so every NIC carries one ring in and one out and the inter-node traffic per
+  node is 2(n-1)/n x size, as NCCL's ring measures (validation/collectives.yaml: 24 A100 over
+  3 nodes with 4 HDR NICs each, busbw 85-96 GB/s; this model gives about 99).
+- Hierarchical (``algorithm: hierarchical``), for groups with the same number k of ranks on each
+  of m nodes: reduce-scatter inside each node over NVLink, all-reduce of size/k across nodes
+  among the ranks with the same position (one ring per rail), all-gather inside the node, the
+  phases one after another. It moves 2(m-1)/m x size per node across the fabric instead of the
+  ring's 2(n-1)/n, so it beats the ring when NICs are shared by GPUs, but it does not pipeline
+  its phases as NCCL does, so it loses when NVLink time is comparable to network time.
+- all_to_all: every pair exchanges size/n at once, as independent fair-shared flows.
+- broadcast: a pipelined chain from the root (each rank forwards size to the next).
+- In-switch reduction (NVLS/SHARP) is not modelled: an 8-GPU H100 all_reduce is the ring's,
+  about 448-450 GB/s busbw at 1-8 GiB at the nominal 450 GB/s NVLink rate, where NVLS measures
+  466-480.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Generator, Sequence
+
+import simpy
+
+from simulator.network import Network
+from simulator.topology import Cluster
+
+OPS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "send_recv")
+ALGORITHMS = ("auto", "ring", "hierarchical")
+
+
+def bus_factor(op: str, n: int) -> float:
+    """nccl-tests busbw / algbw factor (NVIDIA/nccl-tests doc/PERFORMANCE.md)."""
+    if op == "all_reduce":
+        return 2 * (n - 1) / n
+    if op in ("reduce_scatter", "all_gather", "all_to_all"):
+        return (n - 1) / n
+    return 1.0
+
+
+class Collectives:
+    """Runs collectives over GPU ids of one cluster, on one network, as simpy generators."""
+
+    def __init__(self, env: simpy.Environment, net: Network, cluster: Cluster, algorithm: str = "auto"):
+        self.env = env
+        self.net = net
+        self.cluster = cluster
+        self.algorithm = algorithm
+
+    def ring_step_latency(self, ring: Sequence[int]) -> float:
+        n = len(ring)
+        return max(self.cluster.route_latency(ring[i], ring[(i + 1) % n]) for i in range(n))
+
+    def ring_transfer(self, ring: Sequence[int], per_step: float, steps: int, label=None) -> simpy.Event:
+        """``steps`` ring steps of ``per_step`` bytes per rank, as one coupled transfer."""
+        n = len(ring)
+        if n < 2 or steps == 0:
+            ev = self.env.event()
+            ev.succeed()
+            return ev
+        routes = [self.cluster.route(ring[i], ring[(i + 1) % n]) for i in range(n)]
+        return self.net.transfer(routes, per_step * steps, steps * self.ring_step_latency(ring), label)
+
+    def _node_groups(self, ranks: Sequence[int]) -> list[list[int]] | None:
+        """Ranks per node (nodes in order) if every node holds the same count, else None."""
+        by_node: dict[int, list[int]] = defaultdict(list)
+        for r in sorted(ranks):
+            by_node[self.cluster.node_of(r)].append(r)
+        counts = {len(v) for v in by_node.values()}
+        return [by_node[k] for k in sorted(by_node)] if len(counts) == 1 else None
+
+    def _hierarchy(self, ranks: Sequence[int]):
+        """(intra-node groups, inter-node rail groups) for the hierarchical form, or None for a flat ring."""
+        if self.algorithm != "hierarchical":
+            return None
+        nodes = self._node_groups(ranks)
+        if nodes is None or len(nodes) < 2:
+            return None
+        k = len(nodes[0])
+        rails = [[node[j] for node in nodes] for j in range(k)]
+        return nodes, rails
+
+    def _phase(self, rings: list[list[int]], per_step: float, steps: int, label) -> Generator:
+        events = [self.ring_transfer(r, per_step, steps, label) for r in rings if len(r) > 1]
+        if events:
+            yield self.env.all_of(events)
+
+    def channel_rings(self, ranks: Sequence[int]) -> list[list[int]]:
+        """NCCL-style rings: one per rank position when every node holds the same count k > 1."""
+        ranks = sorted(ranks)
+        nodes = self._node_groups(ranks)
+        if nodes is None or len(nodes) < 2 or len(nodes[0]) < 2:
+            return [ranks]
+        k = len(nodes[0])
+        return [[r for node in nodes for r in node[c:] + node[:c]] for c in range(k)]
+
+    def _ring_collective(self, ranks: list[int], size: float, steps_per_rank: int, label) -> Generator:
+        rings = self.channel_rings(ranks)
+        yield from self._phase(rings, size / len(rings) / len(ranks), steps_per_rank, label)
+
+    def all_reduce(self, ranks: Sequence[int], size: float, label=None) -> Generator:
+        ranks = sorted(ranks)
+        n = len(ranks)
+        if n < 2:
+            return
+        h = self._hierarchy(ranks)
+        if h is None:
+            yield from self._ring_collective(ranks, size, 2 * (n - 1), label)
+            return
+        nodes, rails = h
+        k, m = len(nodes[0]), len(nodes)
+        yield from self._phase(nodes, size / k, k - 1, label)
+        yield from self._phase(rails, size / k / m, 2 * (m - 1), label)
+        yield from self._phase(nodes, size / k, k - 1, label)
+
+    def reduce_scatter(self, ranks: Sequence[int], size: float, label=None) -> Generator:
+        ranks = sorted(ranks)
+        n = len(ranks)
+        if n < 2:
+            return
+        h = self._hierarchy(ranks)
+        if h is None:
+            yield from self._ring_collective(ranks, size, n - 1, label)
+            return
+        nodes, rails = h
+        k, m = len(nodes[0]), len(nodes)
+        yield from self._phase(nodes, size / k, k - 1, label)
+        yield from self._phase(rails, size / k / m, m - 1, label)
+
+    def all_gather(self, ranks: Sequence[int], size: float, label=None) -> Generator:
+        ranks = sorted(ranks)
+        n = len(ranks)
+        if n < 2:
+            return
+        h = self._hierarchy(ranks)
+        if h is None:
+            yield from self._ring_collective(ranks, size, n - 1, label)
+            return
+        nodes, rails = h
+        k, m = len(nodes[0]), len(nodes)
+        yield from self._phase(rails, size / k / m, m - 1, label)
+        yield from self._phase(nodes, size / k, k - 1, label)
+
+    def all_to_all(self, ranks: Sequence[int], size: float, label=None) -> Generator:
+        ranks = sorted(ranks)
+        n = len(ranks)
+        if n < 2:
+            return
+        events = [self.net.transfer([self.cluster.route(a, b)], size / n, self.cluster.route_latency(a, b), label)
+                  for a in ranks for b in ranks if a != b]
+        yield self.env.all_of(events)
+
+    def broadcast(self, ranks: Sequence[int], size: float, root: int | None = None, label=None) -> Generator:
+        ranks = sorted(ranks)
+        if len(ranks) < 2:
+            return
+        root = ranks[0] if root is None else root
+        i = ranks.index(root)
+        chain = ranks[i:] + ranks[:i]
+        routes = [self.cluster.route(a, b) for a, b in zip(chain, chain[1:])]
+        latency = sum(self.cluster.route_latency(a, b) for a, b in zip(chain, chain[1:]))
+        yield self.net.transfer(routes, size, latency, label)
+
+    def send_recv(self, src: int, dst: int, size: float, label=None) -> Generator:
+        if src == dst:
+            return
+        yield self.net.transfer([self.cluster.route(src, dst)], size, self.cluster.route_latency(src, dst), label)
+
+    def run(self, op: str, ranks: Sequence[int], size: float, label=None) -> Generator:
+        """Dispatch by op name (for the command line and sweeps)."""
+        if op == "send_recv":
+            return self.send_recv(ranks[0], ranks[-1], size, label)
+        return getattr(self, op)(ranks, size, label=label)
+
+
+# Closed forms (alpha-beta), the test oracles. alpha: latency per step; bw: bytes/s per rank link.
+
+def ring_all_reduce_time(n: int, size: float, bw: float, alpha: float) -> float:
+    """2(n-1) alpha + 2(n-1)/n size / bw (Patarasuk and Yuan 2009)."""
+    return 2 * (n - 1) * alpha + 2 * (n - 1) / n * size / bw
+
+
+def ring_gather_time(n: int, size: float, bw: float, alpha: float) -> float:
+    """reduce_scatter or all_gather of a full buffer ``size``: (n-1) alpha + (n-1)/n size / bw."""
+    return (n - 1) * alpha + (n - 1) / n * size / bw
+
+
+def hierarchical_all_reduce_time(k: int, m: int, size: float, bw_intra: float, alpha_intra: float,
+                                 bw_inter: float, alpha_inter: float) -> float:
+    """Intra-node reduce-scatter + inter-node ring all-reduce of size/k + intra-node all-gather."""
+    intra = ring_gather_time(k, size, bw_intra, alpha_intra) if k > 1 else 0.0
+    inter = ring_all_reduce_time(m, size / k, bw_inter, alpha_inter) if m > 1 else 0.0
+    return 2 * intra + inter
+
+
+def all_to_all_time(n: int, size: float, bw: float, alpha: float) -> float:
+    """Every rank sends (n-1)/n of its buffer through its own link: alpha + (n-1)/n size / bw."""
+    return alpha + (n - 1) / n * size / bw
+
+
+def broadcast_time(n: int, size: float, bw: float, alpha: float) -> float:
+    """Pipelined chain: (n-1) alpha + size / bw."""
+    return (n - 1) * alpha + size / bw
+
+
+def time_collective(cluster: Cluster, op: str, ranks: Sequence[int], size: float,
+                    algorithm: str = "auto") -> tuple[float, Network]:
+    """Simulate one collective alone on an idle cluster: (time in s, the network after it)."""
+    env = simpy.Environment()
+    net = Network(env, cluster.link_bw)
+    coll = Collectives(env, net, cluster, algorithm)
+    env.process(coll.run(op, list(ranks), size))
+    env.run()
+    return env.now, net

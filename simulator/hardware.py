@@ -1,0 +1,198 @@
+"""GPU catalog: datasheet peaks plus the few measured efficiencies the compute model needs.
+
+Peaks are dense (no 2:4 sparsity) FLOP/s. HBM and NVLink bandwidths are decimal bytes/s
+(NVLink per direction: NVIDIA quotes the bidirectional sum). Capacities are the marketed
+size read as GiB, the convention in ``simulator.units``.
+
+Besides the datasheet numbers each ``GPUSpec`` carries the handful of achieved-performance
+constants used by ``simulator.compute`` (same for every scenario, never per case):
+
+- ``gemm_efficiency[precision]``: largest fraction of peak a dense GEMM reaches at its best
+  shape (the "maximum achievable matmul FLOPS", MAMF). Shape losses are applied on top.
+- ``attention_efficiency``: fraction of the 16-bit peak a fused causal flash-attention kernel
+  reaches on long sequences (FlashAttention-2/3 papers).
+- ``memory_efficiency``: fraction of HBM bandwidth an elementwise/normalisation kernel sustains.
+- ``launch_overhead_s``: per-kernel idle gap (launch, ramp-up and tail) between dependent kernels.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from simulator.errors import ConfigError
+from simulator.units import GiB, TERA, GBps
+
+PRECISIONS = ("bf16", "fp16", "fp8", "tf32")
+
+
+@dataclass(frozen=True)
+class GPUSpec:
+    """One GPU model. All fields SI: FLOP/s, bytes/s, bytes, seconds."""
+
+    name: str
+    peak_flops: dict[str, float]
+    hbm_bandwidth_Bps: float
+    hbm_capacity_bytes: float
+    nvlink_bandwidth_Bps: float
+    source: str
+    num_sms: int = 132
+    gemm_efficiency: dict[str, float] = field(default_factory=dict)
+    attention_efficiency: float = 0.6
+    memory_efficiency: float = 0.8
+    launch_overhead_s: float = 3e-6
+
+    def __hash__(self) -> int:
+        return hash(self.name)
+
+
+# MAMF (maximum achievable matmul FLOPS, BF16, best shape found by brute force), from
+# S. Bekman, "Machine Learning Engineering", compute/accelerator/README.md, MAMF table:
+# A100 SXM 267.9/312 = 0.859 (CUDA 12.1); H100 SXM 792.1/989 = 0.801 (CUDA 12.1).
+# H800 and H200 share the H100 die and 700 W limit, so they take the H100 value; no public MAMF
+# for B200 or for FP8, so B200 takes the Hopper fraction and FP8 0.70 (about 1.4 PFLOP/s on
+# H100, the cuBLAS FP8 figure in NVIDIA's Transformer Engine / cuBLAS 12 release material).
+_A100_GEMM = {"bf16": 0.859, "fp16": 0.859, "tf32": 0.859}
+_HOPPER_GEMM = {"bf16": 0.801, "fp16": 0.801, "tf32": 0.801, "fp8": 0.70}
+
+# Flash attention, causal, head dim 128, long sequence, fraction of the 16-bit peak:
+# FlashAttention-2 (Dao 2023) forward reaches up to 73% of A100 peak, 0.70 used;
+# FlashAttention-3 (Shah et al. 2024) BF16 reaches 640-660 TFLOP/s causal on H100, 0.65 used.
+_A100_ATTN = 0.70
+_HOPPER_ATTN = 0.65
+
+# Elementwise and normalisation kernels sustain ~80% of HBM peak; a STREAM-style copy reaches
+# ~90% (A100 ~1.8 of 2.04 TB/s, H100 ~3.0 of 3.35 TB/s, nvbandwidth / BabelStream figures).
+_MEM_EFF = 0.80
+
+# Idle gap per dependent kernel: CUDA launch latency ~3-5 us, mostly hidden by asynchronous
+# launch, leaving ramp-up and tail of ~2-4 us (NVIDIA Nsight Systems traces of Megatron layers).
+_LAUNCH_S = 3e-6
+
+GPU_CATALOG: dict[str, GPUSpec] = {
+    "A100-SXM4-80GB": GPUSpec(
+        name="A100-SXM4-80GB",
+        peak_flops={"bf16": 312 * TERA, "fp16": 312 * TERA, "tf32": 156 * TERA},
+        hbm_bandwidth_Bps=GBps(2039),
+        hbm_capacity_bytes=80 * GiB,
+        nvlink_bandwidth_Bps=GBps(300),
+        source="NVIDIA A100 Tensor Core GPU datasheet (2021): 312 TF BF16 dense, HBM2e 2039 GB/s, "
+        "NVLink3 600 GB/s bidirectional; A100 whitepaper: 108 SMs",
+        num_sms=108,
+        gemm_efficiency=_A100_GEMM,
+        attention_efficiency=_A100_ATTN,
+        memory_efficiency=_MEM_EFF,
+        launch_overhead_s=_LAUNCH_S,
+    ),
+    "A100-SXM4-40GB": GPUSpec(
+        name="A100-SXM4-40GB",
+        peak_flops={"bf16": 312 * TERA, "fp16": 312 * TERA, "tf32": 156 * TERA},
+        hbm_bandwidth_Bps=GBps(1555),
+        hbm_capacity_bytes=40 * GiB,
+        nvlink_bandwidth_Bps=GBps(300),
+        source="NVIDIA A100 Tensor Core GPU datasheet (2021): 312 TF BF16 dense, HBM2 1555 GB/s, "
+        "NVLink3 600 GB/s bidirectional; 108 SMs",
+        num_sms=108,
+        gemm_efficiency=_A100_GEMM,
+        attention_efficiency=_A100_ATTN,
+        memory_efficiency=_MEM_EFF,
+        launch_overhead_s=_LAUNCH_S,
+    ),
+    "H100-SXM5-80GB": GPUSpec(
+        name="H100-SXM5-80GB",
+        peak_flops={"bf16": 989 * TERA, "fp16": 989 * TERA, "fp8": 1979 * TERA, "tf32": 494.7 * TERA},
+        hbm_bandwidth_Bps=GBps(3350),
+        hbm_capacity_bytes=80 * GiB,
+        nvlink_bandwidth_Bps=GBps(450),
+        source="NVIDIA H100 Tensor Core GPU datasheet (SXM5): 989 TF BF16 / 1979 TF FP8 dense, "
+        "HBM3 3.35 TB/s, NVLink4 900 GB/s bidirectional; Hopper whitepaper: 132 SMs",
+        num_sms=132,
+        gemm_efficiency=_HOPPER_GEMM,
+        attention_efficiency=_HOPPER_ATTN,
+        memory_efficiency=_MEM_EFF,
+        launch_overhead_s=_LAUNCH_S,
+    ),
+    "H800-80GB": GPUSpec(
+        name="H800-80GB",
+        peak_flops={"bf16": 989 * TERA, "fp16": 989 * TERA, "fp8": 1979 * TERA, "tf32": 494.7 * TERA},
+        hbm_bandwidth_Bps=GBps(3350),
+        hbm_capacity_bytes=80 * GiB,
+        nvlink_bandwidth_Bps=GBps(200),
+        source="NVIDIA H800 SXM5 product brief: H100 compute and HBM3 3.35 TB/s, NVLink 400 GB/s "
+        "bidirectional (DeepSeek-V3 report, Sec. 3.1); 132 SMs",
+        num_sms=132,
+        gemm_efficiency=_HOPPER_GEMM,
+        attention_efficiency=_HOPPER_ATTN,
+        memory_efficiency=_MEM_EFF,
+        launch_overhead_s=_LAUNCH_S,
+    ),
+    "H200-SXM-141GB": GPUSpec(
+        name="H200-SXM-141GB",
+        peak_flops={"bf16": 989 * TERA, "fp16": 989 * TERA, "fp8": 1979 * TERA, "tf32": 494.7 * TERA},
+        hbm_bandwidth_Bps=GBps(4800),
+        hbm_capacity_bytes=141 * GiB,
+        nvlink_bandwidth_Bps=GBps(450),
+        source="NVIDIA H200 Tensor Core GPU datasheet (SXM): 989 TF BF16 / 1979 TF FP8 dense, "
+        "141 GB HBM3e at 4.8 TB/s, NVLink4 900 GB/s bidirectional; 132 SMs",
+        num_sms=132,
+        gemm_efficiency=_HOPPER_GEMM,
+        attention_efficiency=_HOPPER_ATTN,
+        memory_efficiency=_MEM_EFF,
+        launch_overhead_s=_LAUNCH_S,
+    ),
+    "B200-SXM-180GB": GPUSpec(
+        name="B200-SXM-180GB",
+        peak_flops={"bf16": 2250 * TERA, "fp16": 2250 * TERA, "fp8": 4500 * TERA, "tf32": 1125 * TERA},
+        hbm_bandwidth_Bps=GBps(8000),
+        hbm_capacity_bytes=180 * GiB,
+        nvlink_bandwidth_Bps=GBps(900),
+        source="NVIDIA HGX/DGX B200 datasheet, per GPU (sparse figures halved): 2.25 PF BF16, "
+        "4.5 PF FP8 dense, 180 GB HBM3e at 8 TB/s, NVLink5 1.8 TB/s bidirectional; 148 SMs",
+        num_sms=148,
+        gemm_efficiency=_HOPPER_GEMM,
+        attention_efficiency=_HOPPER_ATTN,
+        memory_efficiency=_MEM_EFF,
+        launch_overhead_s=_LAUNCH_S,
+    ),
+}
+
+_ALIASES = {
+    "a100": "A100-SXM4-80GB",
+    "a100-80gb": "A100-SXM4-80GB",
+    "a100-sxm4": "A100-SXM4-80GB",
+    "a100-40gb": "A100-SXM4-40GB",
+    "h100": "H100-SXM5-80GB",
+    "h100-sxm": "H100-SXM5-80GB",
+    "h100-sxm5": "H100-SXM5-80GB",
+    "h100-80gb": "H100-SXM5-80GB",
+    "h800": "H800-80GB",
+    "h800-sxm5-80gb": "H800-80GB",
+    "h200": "H200-SXM-141GB",
+    "h200-141gb": "H200-SXM-141GB",
+    "b200": "B200-SXM-180GB",
+    "b200-180gb": "B200-SXM-180GB",
+}
+_LOOKUP = {**{k.lower(): k for k in GPU_CATALOG}, **_ALIASES}
+
+
+def get_gpu(name: str) -> GPUSpec:
+    """The catalog entry for ``name`` or one of its aliases, case-insensitively."""
+    key = _LOOKUP.get(str(name).strip().lower())
+    if key is None:
+        valid = sorted(set(GPU_CATALOG) | set(_ALIASES))
+        raise ConfigError("cluster.gpu", name, f"valid: {', '.join(valid)}")
+    return GPU_CATALOG[key]
+
+
+def peak(gpu: GPUSpec, precision: str) -> float:
+    """Dense peak FLOP/s of ``gpu`` at ``precision``; ConfigError if the GPU lacks it (A100 FP8)."""
+    if precision not in gpu.peak_flops:
+        raise ConfigError(
+            "training.precision", precision, f"{gpu.name} supports: {', '.join(sorted(gpu.peak_flops))}"
+        )
+    return gpu.peak_flops[precision]
+
+
+def gemm_ceiling(gpu: GPUSpec, precision: str) -> float:
+    """Largest achievable dense-GEMM fraction of peak at ``precision`` (MAMF / peak)."""
+    peak(gpu, precision)
+    return gpu.gemm_efficiency.get(precision, gpu.gemm_efficiency.get("bf16", 0.8))

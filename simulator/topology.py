@@ -1,0 +1,326 @@
+"""The cluster as a directed graph: GPUs in NVSwitch nodes, NICs, and a fat-tree fabric.
+
+A topology file (YAML, in ``topologies/``) describes one node type and the fabric; ``build_cluster``
+scales it to the node count a scenario asks for. Every physical link is two directed edges, each
+with ``bandwidth`` (bytes/s), ``latency`` (s) and ``cls`` (link class: nvlink, pcie, nic,
+leaf-spine, spine-core). The graph is a networkx DiGraph for inspection and validation; the
+network model works on the numbered link arrays of :class:`Cluster`.
+
+Node names: ``n{node}.g{i}`` GPU, ``n{node}.nvs`` NVSwitch domain, ``n{node}.nic{j}`` NIC,
+``pod{p}.leaf{k}``, ``pod{p}.spine{j}``, ``core{j}.{c}``.
+
+Fabric structure (fat tree, Leiserson 1985; NVIDIA DGX SuperPOD reference architectures):
+- A leaf switch serves ``nodes_per_leaf`` nodes. Rail-optimized: one leaf per rail, NIC ``j`` of
+  each of those nodes on leaf/rail ``j``; otherwise all NICs of those nodes on one leaf.
+- A leaf with D down ports has ``U = ceil(D / oversubscription)`` uplinks, one to each of the U
+  spines of its pod. A pod has ``leaves_per_pod`` leaves.
+- With more than one pod (three tiers) spine ``j`` of every pod connects to the core group ``j``
+  of ``C = ceil(leaves_per_pod / core_oversubscription)`` core switches.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+
+import networkx as nx
+import numpy as np
+import yaml
+
+from simulator import units
+from simulator.errors import ConfigError
+
+TOPOLOGY_DIR = Path(__file__).resolve().parent.parent / "topologies"
+LINK_CLASSES = ("nvlink", "pcie", "nic", "leaf-spine", "spine-core")
+
+
+@dataclass(frozen=True)
+class TopologySpec:
+    """One node type and one fabric, in the units of the topology file."""
+
+    name: str
+    gpus_per_node: int = 8
+    gpu: str = "H100-SXM5-80GB"
+    nvlink_bandwidth_GBps: float = 450.0
+    nvlink_latency_us: float = 0.8
+    nics_per_node: int = 8
+    network_bandwidth_Gbps: float = 400.0
+    pcie_bandwidth_GBps: float = 64.0
+    pcie_latency_us: float = 0.5
+    nic_latency_us: float = 1.0
+    switch_latency_us: float = 0.6
+    fabric_link_bandwidth_Gbps: float | None = None  # switch-to-switch links; default: the NIC rate
+    rail_optimized: bool = True
+    nodes_per_leaf: int = 32
+    leaves_per_pod: int = 64
+    oversubscription: float = 1.0
+    core_oversubscription: float = 1.0
+    description: str = ""
+    source: str = ""
+
+
+_POSITIVE_FIELDS = (
+    "gpus_per_node", "nvlink_bandwidth_GBps", "nics_per_node", "network_bandwidth_Gbps",
+    "pcie_bandwidth_GBps", "nodes_per_leaf", "leaves_per_pod",
+)
+_NONNEGATIVE_FIELDS = ("nvlink_latency_us", "pcie_latency_us", "nic_latency_us", "switch_latency_us")
+
+
+def _check_spec(spec: TopologySpec, where: str) -> TopologySpec:
+    for name in _POSITIVE_FIELDS:
+        value = getattr(spec, name)
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+            raise ConfigError(f"{where}{name}", value, "must be a positive number")
+    for name in _NONNEGATIVE_FIELDS:
+        value = getattr(spec, name)
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
+            raise ConfigError(f"{where}{name}", value, "must be a number >= 0")
+    for name in ("oversubscription", "core_oversubscription"):
+        value = getattr(spec, name)
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 1:
+            raise ConfigError(f"{where}{name}", value, "must be a ratio >= 1 (1 = full bisection)")
+    fab = spec.fabric_link_bandwidth_Gbps
+    if fab is not None and (not isinstance(fab, (int, float)) or fab <= 0):
+        raise ConfigError(f"{where}fabric_link_bandwidth_Gbps", fab, "must be a positive number or null")
+    for name in ("gpus_per_node", "nics_per_node", "nodes_per_leaf", "leaves_per_pod"):
+        if int(getattr(spec, name)) != getattr(spec, name):
+            raise ConfigError(f"{where}{name}", getattr(spec, name), "must be a whole number")
+    if spec.gpus_per_node % spec.nics_per_node:
+        raise ConfigError(f"{where}nics_per_node", spec.nics_per_node,
+                          f"must divide gpus_per_node ({spec.gpus_per_node})")
+    return spec
+
+
+def load_topology(name_or_path: str) -> TopologySpec:
+    """A shipped topology by name (``dgx-h100``) or a YAML file by path."""
+    path = Path(name_or_path)
+    if not path.suffix:
+        path = TOPOLOGY_DIR / f"{name_or_path}.yaml"
+    if not path.is_file():
+        shipped = sorted(p.stem for p in TOPOLOGY_DIR.glob("*.yaml"))
+        raise ConfigError("cluster.topology", name_or_path,
+                          f"valid: a topology file path or one of {', '.join(shipped)}")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise ConfigError("cluster.topology", str(path), f"is not valid YAML ({err.__class__.__name__})") from None
+    if not isinstance(raw, dict):
+        raise ConfigError("cluster.topology", str(path), "must be a YAML mapping of topology fields")
+    known = {f.name for f in fields(TopologySpec)}
+    for key in raw:
+        if key not in known:
+            raise ConfigError(f"topology.{key}", raw[key], f"unknown field; valid: {', '.join(sorted(known))}")
+    raw.setdefault("name", path.stem)
+    return _check_spec(TopologySpec(**raw), "topology.")
+
+
+@dataclass(frozen=True, eq=False)
+class Cluster:
+    """A built cluster: the graph plus numbered link arrays and a deterministic router.
+
+    ``link_bw[e]``, ``link_lat[e]``, ``link_cls[e]`` describe directed link ``e``;
+    ``link_ends[e]`` its (from, to) node names.
+    """
+
+    spec: TopologySpec
+    num_nodes: int
+    graph: nx.DiGraph
+    link_bw: np.ndarray
+    link_lat: np.ndarray
+    link_cls: tuple[str, ...]
+    link_ends: tuple[tuple[str, str], ...]
+    _edge_id: dict
+    _route_cache: dict
+
+    @property
+    def num_gpus(self) -> int:
+        return self.num_nodes * self.spec.gpus_per_node
+
+    @property
+    def num_links(self) -> int:
+        return len(self.link_cls)
+
+    def node_of(self, gpu: int) -> int:
+        return gpu // self.spec.gpus_per_node
+
+    def local_of(self, gpu: int) -> int:
+        return gpu % self.spec.gpus_per_node
+
+    def gpu_name(self, gpu: int) -> str:
+        return f"n{self.node_of(gpu)}.g{self.local_of(gpu)}"
+
+    def nic_of(self, gpu: int) -> int:
+        """NIC index inside the node: GPUs share NICs in consecutive groups when NICs < GPUs."""
+        return self.local_of(gpu) // (self.spec.gpus_per_node // self.spec.nics_per_node)
+
+    def route(self, src: int, dst: int) -> np.ndarray:
+        """Link ids from GPU ``src`` to GPU ``dst`` (cached). See :func:`route_nodes` for the rule."""
+        key = (src, dst)
+        hit = self._route_cache.get(key)
+        if hit is None:
+            names = route_nodes(self, src, dst)
+            hit = np.fromiter((self._edge_id[(a, b)] for a, b in zip(names, names[1:])),
+                              dtype=np.int64, count=len(names) - 1)
+            self._route_cache[key] = hit
+        return hit
+
+    def route_latency(self, src: int, dst: int) -> float:
+        return float(self.link_lat[self.route(src, dst)].sum())
+
+    def links_of_class(self, cls: str) -> np.ndarray:
+        return np.array([i for i, c in enumerate(self.link_cls) if c == cls], dtype=np.int64)
+
+    def with_bandwidth_scaled(self, factors: dict[str, float]) -> "Cluster":
+        """The same cluster with each link class's bandwidth multiplied (what-if on links only)."""
+        bw = self.link_bw.copy()
+        for cls, factor in factors.items():
+            bw[self.links_of_class(cls)] *= factor
+        return replace(self, link_bw=bw, _route_cache=self._route_cache)
+
+
+def _pod_geometry(spec: TopologySpec, num_nodes: int):
+    rails = spec.nics_per_node if spec.rail_optimized else 1
+    groups = math.ceil(num_nodes / spec.nodes_per_leaf)
+    down = spec.nodes_per_leaf * (1 if spec.rail_optimized else spec.nics_per_node)
+    uplinks = max(1, math.ceil(down / spec.oversubscription - 1e-9))
+    groups_per_pod = max(1, spec.leaves_per_pod // rails)
+    pods = math.ceil(groups / groups_per_pod)
+    leaves_in_pod = groups_per_pod * rails
+    cores = max(1, math.ceil(leaves_in_pod / spec.core_oversubscription - 1e-9))
+    return rails, groups, uplinks, groups_per_pod, pods, cores
+
+
+def leaf_of(cluster: Cluster, gpu: int) -> tuple[int, int]:
+    """(pod, leaf index inside the pod) of the NIC serving ``gpu``."""
+    rails, _, _, groups_per_pod, _, _ = _pod_geometry(cluster.spec, cluster.num_nodes)
+    group = cluster.node_of(gpu) // cluster.spec.nodes_per_leaf
+    rail = cluster.nic_of(gpu) if cluster.spec.rail_optimized else 0
+    return group // groups_per_pod, (group % groups_per_pod) * rails + rail
+
+
+def host_index(cluster: Cluster, gpu: int) -> int:
+    """The destination number D-mod-K routing uses: the node index on a rail-optimized fabric
+    (every host on a rail), the global NIC index otherwise."""
+    if cluster.spec.rail_optimized:
+        return cluster.node_of(gpu)
+    return cluster.node_of(gpu) * cluster.spec.nics_per_node + cluster.nic_of(gpu)
+
+
+def route_nodes(cluster: Cluster, src: int, dst: int) -> list[str]:
+    """Node names on the deterministic up/down route from GPU ``src`` to GPU ``dst``.
+
+    Inside a node: GPU -> NVSwitch -> GPU. Across nodes: GPU -> NIC -> leaf, then up only as far
+    as needed, then down. The up port is chosen by destination (D-mod-K, the InfiniBand fat-tree
+    routing of Zahavi et al. 2010 and OpenSM's ftree): spine ``j = D mod U`` and core
+    ``c = (D // U) mod C`` where D is :func:`host_index` of the destination, U the uplinks per leaf
+    and C the cores per group. Flows to different destinations under one leaf take different
+    uplinks, so a ring's shift pattern is collision-free on a full-bisection tree.
+
+    Worked example (dgx-h100 on 64 nodes: rail-optimized, 32 nodes per leaf, U = 32 spines):
+    GPU 3 (node 0, rail 3) to GPU 8*40+3 = 323 (node 40, rail 3) leaves through
+    ``n0.nic3 -> pod0.leaf3``; node 40 is in leaf group 1, so the route climbs to spine
+    40 mod 32 = 8 and comes down to ``pod0.leaf11`` (group 1, rail 3):
+    ``route(3, 323) = [n0.g3, n0.nic3, pod0.leaf3, pod0.spine8, pod0.leaf11, n40.nic3, n40.g3]``.
+    """
+    if src == dst:
+        raise ValueError("a transfer needs two different GPUs")
+    s_node, d_node = cluster.node_of(src), cluster.node_of(dst)
+    s_name, d_name = cluster.gpu_name(src), cluster.gpu_name(dst)
+    if s_node == d_node:
+        return [s_name, f"n{s_node}.nvs", d_name]
+    s_nic, d_nic = f"n{s_node}.nic{cluster.nic_of(src)}", f"n{d_node}.nic{cluster.nic_of(dst)}"
+    (s_pod, s_leaf), (d_pod, d_leaf) = leaf_of(cluster, src), leaf_of(cluster, dst)
+    path = [s_name, s_nic, f"pod{s_pod}.leaf{s_leaf}"]
+    if (s_pod, s_leaf) != (d_pod, d_leaf):
+        _, _, uplinks, _, _, cores = _pod_geometry(cluster.spec, cluster.num_nodes)
+        d = host_index(cluster, dst)
+        spine = d % uplinks
+        path.append(f"pod{s_pod}.spine{spine}")
+        if s_pod != d_pod:
+            path += [f"core{spine}.{(d // uplinks) % cores}", f"pod{d_pod}.spine{spine}"]
+        path.append(f"pod{d_pod}.leaf{d_leaf}")
+    return path + [d_nic, d_name]
+
+
+def build_cluster(spec: TopologySpec, num_nodes: int, *, gpus_per_node: int | None = None,
+                  nvlink_bandwidth_GBps: float | None = None, network_bandwidth_Gbps: float | None = None,
+                  oversubscription: float | None = None) -> Cluster:
+    """Scale ``spec`` to ``num_nodes`` nodes, applying the scenario's optional overrides."""
+    if not isinstance(num_nodes, int) or isinstance(num_nodes, bool) or num_nodes < 1:
+        raise ConfigError("cluster.num_nodes", num_nodes, "must be a whole number >= 1")
+    overrides = {k: v for k, v in dict(
+        gpus_per_node=gpus_per_node, nvlink_bandwidth_GBps=nvlink_bandwidth_GBps,
+        network_bandwidth_Gbps=network_bandwidth_Gbps, oversubscription=oversubscription).items()
+        if v is not None}
+    if "gpus_per_node" in overrides and spec.nics_per_node > overrides["gpus_per_node"]:
+        overrides["nics_per_node"] = overrides["gpus_per_node"]
+    spec = _check_spec(replace(spec, **overrides), "cluster.")
+
+    g = nx.DiGraph()
+    edges: list[tuple[str, str, float, float, str]] = []
+
+    def link(a: str, b: str, bw: float, lat: float, cls: str) -> None:
+        edges.append((a, b, bw, lat, cls))
+        edges.append((b, a, bw, lat, cls))
+
+    nv_bw, nv_lat = units.GBps(spec.nvlink_bandwidth_GBps), units.us(spec.nvlink_latency_us)
+    nic_bw = units.Gbps(spec.network_bandwidth_Gbps)
+    fab_bw = units.Gbps(spec.fabric_link_bandwidth_Gbps or spec.network_bandwidth_Gbps)
+    pcie_bw, pcie_lat = units.GBps(spec.pcie_bandwidth_GBps), units.us(spec.pcie_latency_us)
+    nic_lat, sw_lat = units.us(spec.nic_latency_us), units.us(spec.switch_latency_us)
+    per_nic = spec.gpus_per_node // spec.nics_per_node
+
+    for n in range(num_nodes):
+        g.add_node(f"n{n}.nvs", kind="nvswitch")
+        for i in range(spec.gpus_per_node):
+            g.add_node(f"n{n}.g{i}", kind="gpu", gpu=n * spec.gpus_per_node + i)
+        for j in range(spec.nics_per_node):
+            g.add_node(f"n{n}.nic{j}", kind="nic")
+    for n in range(num_nodes):
+        for i in range(spec.gpus_per_node):
+            link(f"n{n}.g{i}", f"n{n}.nvs", nv_bw, nv_lat, "nvlink")
+            link(f"n{n}.g{i}", f"n{n}.nic{i // per_nic}", pcie_bw, pcie_lat, "pcie")
+
+    rails, groups, uplinks, groups_per_pod, pods, cores = _pod_geometry(spec, num_nodes)
+    if num_nodes > 1:
+        leaves_used = set()
+        for n in range(num_nodes):
+            group = n // spec.nodes_per_leaf
+            pod = group // groups_per_pod
+            for j in range(spec.nics_per_node):
+                leaf = (group % groups_per_pod) * rails + (j if spec.rail_optimized else 0)
+                leaves_used.add((pod, leaf))
+                link(f"n{n}.nic{j}", f"pod{pod}.leaf{leaf}", nic_bw, nic_lat, "nic")
+        if len(leaves_used) > 1:
+            for pod, leaf in sorted(leaves_used):
+                for s in range(uplinks):
+                    link(f"pod{pod}.leaf{leaf}", f"pod{pod}.spine{s}", fab_bw, sw_lat, "leaf-spine")
+            if pods > 1:
+                for pod in range(pods):
+                    for s in range(uplinks):
+                        for c in range(cores):
+                            link(f"pod{pod}.spine{s}", f"core{s}.{c}", fab_bw, sw_lat, "spine-core")
+
+    for a, b, bw, lat, cls in edges:
+        g.add_edge(a, b, bandwidth=bw, latency=lat, cls=cls)
+    link_bw = np.array([e[2] for e in edges], dtype=float)
+    link_lat = np.array([e[3] for e in edges], dtype=float)
+    edge_id = {(e[0], e[1]): i for i, e in enumerate(edges)}
+    cluster = Cluster(spec=spec, num_nodes=num_nodes, graph=g, link_bw=link_bw, link_lat=link_lat,
+                      link_cls=tuple(e[4] for e in edges), link_ends=tuple((e[0], e[1]) for e in edges),
+                      _edge_id=edge_id, _route_cache={})
+    validate_cluster(cluster)
+    return cluster
+
+
+def validate_cluster(cluster: Cluster) -> None:
+    """Connected, positive bandwidths, non-negative latencies, every GPU reaches every other."""
+    g = cluster.graph
+    for a, b, data in g.edges(data=True):
+        if not data["bandwidth"] > 0:
+            raise ConfigError(f"link {a}->{b}.bandwidth", data["bandwidth"], "must be > 0")
+        if not data["latency"] >= 0:
+            raise ConfigError(f"link {a}->{b}.latency", data["latency"], "must be >= 0")
+    if g.number_of_nodes() > 1 and not nx.is_strongly_connected(g):
+        raise ConfigError("topology", cluster.spec.name, "the built graph is not connected")
