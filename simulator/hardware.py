@@ -49,8 +49,8 @@ class GPUSpec:
 # S. Bekman, "Machine Learning Engineering", compute/accelerator/README.md, MAMF table:
 # A100 SXM 267.9/312 = 0.859 (CUDA 12.1); H100 SXM 792.1/989 = 0.801 (CUDA 12.1).
 # H800 and H200 share the H100 die and 700 W limit, so they take the H100 value; no public MAMF
-# for B200 or for FP8, so B200 takes the Hopper fraction and FP8 0.70 (about 1.4 PFLOP/s on
-# H100, the cuBLAS FP8 figure in NVIDIA's Transformer Engine / cuBLAS 12 release material).
+# for B200 or for FP8: B200 takes the Hopper fraction, and FP8 0.70 is an estimate (public H100
+# FP8 GEMM benchmarks report roughly 1.3-1.5 of 1.98 PFLOP/s; scaling and casts cost more).
 _A100_GEMM = {"bf16": 0.859, "fp16": 0.859, "tf32": 0.859}
 _HOPPER_GEMM = {"bf16": 0.801, "fp16": 0.801, "tf32": 0.801, "fp8": 0.70}
 
@@ -64,8 +64,8 @@ _HOPPER_ATTN = 0.65
 # ~90% (A100 ~1.8 of 2.04 TB/s, H100 ~3.0 of 3.35 TB/s, nvbandwidth / BabelStream figures).
 _MEM_EFF = 0.80
 
-# Idle gap per dependent kernel: CUDA launch latency ~3-5 us, mostly hidden by asynchronous
-# launch, leaving ramp-up and tail of ~2-4 us (NVIDIA Nsight Systems traces of Megatron layers).
+# Idle gap per dependent kernel: CUDA launch latency is ~3-5 us but mostly hidden by asynchronous
+# launch; what remains is ramp-up and tail, an estimate of ~3 us per kernel.
 _LAUNCH_S = 3e-6
 
 GPU_CATALOG: dict[str, GPUSpec] = {

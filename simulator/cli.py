@@ -1,0 +1,83 @@
+"""The ``stepsim`` command line. Bad input prints one line and exits with status 2."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+
+from simulator import units
+from simulator.errors import ConfigError
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):
+        self.exit(2, f"stepsim: error: {message}\n")
+
+
+def _collective(args) -> int:
+    from simulator.collectives import ALGORITHMS, OPS, bus_factor, time_collective
+    from simulator.topology import build_cluster, load_topology
+
+    if args.op not in OPS:
+        raise ConfigError("--op", args.op, f"valid: {', '.join(OPS)}")
+    if args.algorithm not in ALGORITHMS:
+        raise ConfigError("--algorithm", args.algorithm, f"valid: {', '.join(ALGORITHMS)}")
+    if args.gpus < 2:
+        raise ConfigError("--gpus", args.gpus, "a collective needs at least 2 GPUs")
+    spec = load_topology(args.cluster)
+    num_nodes = math.ceil(args.gpus / spec.gpus_per_node)
+    cluster = build_cluster(spec, num_nodes, network_bandwidth_Gbps=args.network_bandwidth_Gbps,
+                            nvlink_bandwidth_GBps=args.nvlink_bandwidth_GBps,
+                            oversubscription=args.oversubscription)
+    sizes = [units.parse_size(s, "--sizes") for s in args.sizes.split(",") if s.strip()]
+    ranks = list(range(args.gpus))
+    if args.op == "send_recv":
+        ranks = [0, args.gpus - 1]
+    rows = []
+    for size in sizes:
+        t, _ = time_collective(cluster, args.op, ranks, size, args.algorithm)
+        algbw = size / t / 1e9
+        rows.append({"size_bytes": size, "time_s": t, "algbw_GBps": algbw,
+                     "busbw_GBps": algbw * bus_factor(args.op, len(ranks))})
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    print(f"# {args.op} over {args.gpus} GPUs of {cluster.spec.name} ({num_nodes} node(s)), "
+          f"algorithm {args.algorithm}")
+    print(f"{'size':>12} {'bytes':>14} {'time_us':>12} {'algbw_GB/s':>11} {'busbw_GB/s':>11}")
+    for r in rows:
+        print(f"{units.format_size(r['size_bytes']):>12} {r['size_bytes']:>14d} {r['time_s'] * 1e6:>12.2f} "
+              f"{r['algbw_GBps']:>11.2f} {r['busbw_GBps']:>11.2f}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="stepsim", description="Simulate one training step of a large model on a GPU cluster.")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    c = sub.add_parser("collective", help="time one collective on an idle cluster (like nccl-tests)")
+    c.add_argument("--op", default="all_reduce", help="all_reduce | reduce_scatter | all_gather | all_to_all | broadcast | send_recv")
+    c.add_argument("--gpus", type=int, default=8)
+    c.add_argument("--cluster", default="dgx-h100", help="topology name from topologies/ or a YAML path")
+    c.add_argument("--sizes", default="1MiB,16MiB,1GiB,8GiB", help="comma-separated sizes (nccl-tests conventions)")
+    c.add_argument("--algorithm", default="auto", help="auto (ring) | ring | hierarchical")
+    c.add_argument("--network-bandwidth-Gbps", dest="network_bandwidth_Gbps", type=float, default=None)
+    c.add_argument("--nvlink-bandwidth-GBps", dest="nvlink_bandwidth_GBps", type=float, default=None)
+    c.add_argument("--oversubscription", type=float, default=None)
+    c.add_argument("--json", action="store_true", help="print JSON")
+    c.set_defaults(func=_collective)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except ConfigError as err:
+        print(f"stepsim: error: {err}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        return 0

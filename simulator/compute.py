@@ -1,0 +1,381 @@
+"""Compute cost of one transformer layer on one GPU: a roofline per kernel, pure functions.
+
+Each kernel (``Op``) takes ``max(flops / (peak * eff), bytes / (hbm_bw * mem_eff)) + launch``
+(Williams, Waterman and Patterson 2009, "Roofline"), where ``eff`` depends on the GEMM shape
+(``gemm_efficiency``) and the per-GPU constants live in ``simulator.hardware``.
+
+Conventions:
+- ``Op.flops`` counts matrix-multiply FLOPs only (GEMMs and the attention matmuls actually
+  executed, causal half included); elementwise kernels count 0 FLOPs and are priced by bytes.
+- Sharding per GPU: ``T = micro_batch_size * seq_length / cp`` tokens. GEMMs are split by tp
+  (Megatron column/row parallel, Shoeybi et al. 2019). Norms and residual adds are replicated
+  across TP, or divided by tp with sequence parallelism (Korthikanti et al. 2022).
+- Activations are 16-bit; with ``precision="fp8"`` GEMMs use the FP8 peak and 1-byte operands
+  (Transformer Engine), attention and elementwise kernels stay 16-bit.
+- Backward: a GEMM Y = X W becomes dgrad dX = dY W^T and wgrad dW = X^T dY, each with the
+  forward's FLOPs; flash-attention backward is 2.5x its forward FLOPs (5 matmuls vs 2,
+  FlashAttention-2, Dao 2023); memory-bound kernels move 2x their forward bytes.
+- No dropout kernels: current recipes (Llama, NeMo GPT) train with dropout 0.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from simulator.config import ModelConfig, ParallelConfig, TrainingConfig
+from simulator.errors import ConfigError
+from simulator.hardware import GPUSpec, gemm_ceiling, peak
+
+ACT_BYTES = 2
+TILE_M, TILE_N = 128, 256
+K_HALF = 64
+ATTN_SEQ_HALF = 512
+FA_BWD_FLOP_RATIO = 2.5
+RECOMPUTE_MODES = ("none", "selective", "full")
+
+
+@dataclass(frozen=True)
+class Op:
+    """One kernel on one GPU, after sharding."""
+
+    name: str
+    flops: float
+    bytes: float
+    time_s: float
+
+
+@dataclass(frozen=True)
+class BlockCost:
+    ops: tuple[Op, ...] = ()
+
+    @property
+    def time_s(self) -> float:
+        return sum(op.time_s for op in self.ops)
+
+    @property
+    def flops(self) -> float:
+        return sum(op.flops for op in self.ops)
+
+
+@dataclass(frozen=True)
+class LayerCost:
+    attn_fwd: BlockCost
+    mlp_fwd: BlockCost
+    attn_bwd: BlockCost
+    mlp_bwd: BlockCost
+    attn_recompute: BlockCost
+    mlp_recompute: BlockCost
+
+    @property
+    def fwd_time_s(self) -> float:
+        return self.attn_fwd.time_s + self.mlp_fwd.time_s
+
+    @property
+    def bwd_time_s(self) -> float:
+        """Backward including whatever recompute re-runs first."""
+        return sum(b.time_s for b in (self.attn_bwd, self.mlp_bwd, self.attn_recompute, self.mlp_recompute))
+
+
+def _occupancy(ctas: float, num_sms: int) -> float:
+    """Busy fraction of the SMs over a kernel's waves, smoothed wave quantization.
+
+    With x = CTAs / SMs, one partial wave gives x (x <= 1); beyond that the last wave is on
+    average half full, x / (x + 0.5) (NVIDIA "Matrix Multiplication Background" guide, Sec. 3.2).
+    The two branches meet at x = 0.5, so the function is continuous and increasing.
+    """
+    x = ctas / num_sms
+    return min(x, x / (x + 0.5))
+
+
+def gemm_efficiency(m: float, n: float, k: float, gpu: GPUSpec, precision: str, groups: int = 1) -> float:
+    """Achieved fraction of peak for ``groups`` GEMMs (m x k) @ (k x n) run as one (grouped) kernel.
+
+    eff = MAMF * tile_fill * occupancy * k / (k + K_HALF), maximised over 128x256 and 256x128
+    output tiles (the cuBLAS large tiles, NVIDIA "Matrix Multiplication Background" Sec. 2.3):
+    tile_fill is the useful fraction of padded tiles (tile quantization, Sec. 3.1), occupancy
+    the smoothed wave quantization over the SMs (Sec. 3.2), and k / (k + 64) charges each
+    tile one 64-deep K step for filling its pipeline and writing back its output.
+    """
+    ceiling = gemm_ceiling(gpu, precision)
+    best = 0.0
+    for tm, tn in ((TILE_M, TILE_N), (TILE_N, TILE_M)):
+        mt, nt = math.ceil(m / tm), math.ceil(n / tn)
+        fill = (m / (mt * tm)) * (n / (nt * tn))
+        best = max(best, fill * _occupancy(groups * mt * nt, gpu.num_sms))
+    return ceiling * best * k / (k + K_HALF)
+
+
+def _roofline(flops: float, nbytes: float, gpu: GPUSpec, flop_rate: float) -> float:
+    compute = flops / flop_rate if flops else 0.0
+    memory = nbytes / (gpu.hbm_bandwidth_Bps * gpu.memory_efficiency)
+    return max(compute, memory) + gpu.launch_overhead_s
+
+
+def _gemm(name: str, m: float, n: float, k: float, gpu: GPUSpec, precision: str, groups: int = 1) -> Op:
+    in_bytes = 1 if precision == "fp8" else ACT_BYTES
+    flops = 2.0 * groups * m * n * k
+    nbytes = groups * (in_bytes * (m * k + k * n) + ACT_BYTES * m * n)
+    rate = peak(gpu, precision) * gemm_efficiency(m, n, k, gpu, precision, groups)
+    return Op(name, flops, nbytes, _roofline(flops, nbytes, gpu, rate))
+
+
+def _gemm_bwd(name: str, m: float, n: float, k: float, gpu: GPUSpec, precision: str, groups: int = 1) -> tuple[Op, Op]:
+    """dgrad (m x n)(n x k) and wgrad (k x m)(m x n) of the forward GEMM (m x k)(k x n)."""
+    return (
+        _gemm(f"{name}_dgrad", m, k, n, gpu, precision, groups),
+        _gemm(f"{name}_wgrad", k, n, m, gpu, precision, groups),
+    )
+
+
+def _mem(name: str, nbytes: float, gpu: GPUSpec) -> Op:
+    return Op(name, 0.0, nbytes, _roofline(0.0, nbytes, gpu, 1.0))
+
+
+def _attention_precision(precision: str) -> str:
+    return "fp16" if precision == "fp16" else "bf16"
+
+
+def _attn_core(model: ModelConfig, training: TrainingConfig, par: ParallelConfig, gpu: GPUSpec, backward: bool) -> Op:
+    """Fused causal flash attention on this GPU's heads (nq / tp) and queries (s / cp).
+
+    Forward FLOPs 4 * b * s^2 * h_attn / 2 before sharding (QK^T and PV, causal half;
+    h_attn = heads * head_dim), divided by tp and cp (load-balanced causal CP, Megatron-core).
+    Efficiency: attention_efficiency * occupancy(b * heads/tp * query tiles of 128)
+    * L / (L + 512) with L = s / cp the key length per kernel; FlashAttention-2 Fig. 5
+    shows causal throughput at s = 512 about half of that at 16k.
+    """
+    b, s = training.micro_batch_size, training.seq_length
+    tp, cp = par.tp, par.cp
+    tokens = b * s / cp
+    q_dim = model.num_attention_heads * model.head_dim / tp
+    kv_dim = max(model.num_key_value_heads, tp) * model.head_dim / tp
+    flops = 4.0 * b * s * s * q_dim / 2.0 / cp
+    nbytes = ACT_BYTES * (2 * tokens * q_dim + 2 * b * s * kv_dim)
+    seq = s / cp
+    ctas = b * (model.num_attention_heads / tp) * math.ceil(seq / TILE_M)
+    eff = gpu.attention_efficiency * _occupancy(ctas, gpu.num_sms) * seq / (seq + ATTN_SEQ_HALF)
+    rate = peak(gpu, _attention_precision(training.precision)) * eff
+    if backward:
+        flops, nbytes = FA_BWD_FLOP_RATIO * flops, 2.0 * nbytes
+    return Op("attn_core_bwd" if backward else "attn_core", flops, nbytes, _roofline(flops, nbytes, gpu, rate))
+
+
+@dataclass(frozen=True)
+class _Gemm:
+    name: str
+    m: float
+    n: float
+    k: float
+    groups: int = 1
+
+
+@dataclass(frozen=True)
+class _Mem:
+    name: str
+    nbytes: float
+
+
+@dataclass(frozen=True)
+class _AttnCore:
+    pass
+
+
+def _attn_plan(model: ModelConfig, tokens: float, tokens_norm: float, tp: int) -> list[_Gemm | _Mem | _AttnCore]:
+    h, hd = model.hidden_size, model.head_dim
+    q_dim = model.num_attention_heads * hd
+    kv_dim = max(model.num_key_value_heads, tp) * hd
+    return [
+        _Mem("input_norm", 2 * ACT_BYTES * tokens_norm * h),
+        _Gemm("qkv_proj", tokens, (q_dim + 2 * kv_dim) / tp, h),
+        _AttnCore(),
+        _Gemm("out_proj", tokens, h, q_dim / tp),
+        _Mem("attn_residual", 3 * ACT_BYTES * tokens_norm * h),
+    ]
+
+
+def _mlp_plan(model: ModelConfig, layer: int, tokens: float, tokens_norm: float, par: ParallelConfig) -> list[_Gemm | _Mem | _AttnCore]:
+    """Dense MLP, or MoE: router, routed experts as grouped GEMMs, shared experts as one MLP.
+
+    MoE per GPU: the EP group's T * topk routed token copies are spread over its ep ranks, each
+    holding E / ep experts, so a rank runs T * topk token copies (balanced routing), i.e.
+    T * topk * ep / E tokens per local expert, with expert GEMMs also split by tp (Megatron-core
+    expert tensor parallelism equal to tp). Permute and unpermute each read and write the
+    routed copies once. Shared experts (DeepSeek-MoE) are one dense MLP of
+    num_shared_experts * moe_intermediate_size on all local tokens.
+    """
+    h, tp, mm = model.hidden_size, par.tp, model.mlp_matrices
+    plan: list[_Gemm | _Mem | _AttnCore] = [_Mem("post_attn_norm", 2 * ACT_BYTES * tokens_norm * h)]
+    if model.is_moe_layer(layer):
+        topk, experts, ffe = model.num_experts_per_tok, model.num_experts, model.expert_intermediate_size
+        local_experts = max(1, experts // par.ep)
+        copies = tokens * topk
+        per_expert = copies / local_experts
+        plan += [
+            _Gemm("router", tokens_norm, experts, h),
+            _Mem("moe_permute", 2 * ACT_BYTES * copies * h),
+            _Gemm("expert_up", per_expert, (mm - 1) * ffe / tp, h, local_experts),
+            _Mem("expert_act", mm * ACT_BYTES * copies * ffe / tp),
+            _Gemm("expert_down", per_expert, h, ffe / tp, local_experts),
+            _Mem("moe_unpermute", 2 * ACT_BYTES * copies * h),
+        ]
+        if model.num_shared_experts:
+            ffs = model.num_shared_experts * ffe
+            plan += [
+                _Gemm("shared_up", tokens, (mm - 1) * ffs / tp, h),
+                _Mem("shared_act", mm * ACT_BYTES * tokens * ffs / tp),
+                _Gemm("shared_down", tokens, h, ffs / tp),
+            ]
+    else:
+        ff = model.intermediate_size
+        plan += [
+            _Gemm("mlp_up", tokens, (mm - 1) * ff / tp, h),
+            _Mem("mlp_act", mm * ACT_BYTES * tokens * ff / tp),
+            _Gemm("mlp_down", tokens, h, ff / tp),
+        ]
+    plan.append(_Mem("mlp_residual", 3 * ACT_BYTES * tokens_norm * h))
+    return plan
+
+
+def _run(plan: list, model: ModelConfig, training: TrainingConfig, par: ParallelConfig, gpu: GPUSpec, backward: bool) -> BlockCost:
+    ops: list[Op] = []
+    steps = reversed(plan) if backward else plan
+    for step in steps:
+        if isinstance(step, _Gemm):
+            if backward:
+                ops.extend(_gemm_bwd(step.name, step.m, step.n, step.k, gpu, training.precision, step.groups))
+            else:
+                ops.append(_gemm(step.name, step.m, step.n, step.k, gpu, training.precision, step.groups))
+        elif isinstance(step, _AttnCore):
+            ops.append(_attn_core(model, training, par, gpu, backward))
+        elif backward:
+            ops.append(_mem(f"{step.name}_bwd", 2.0 * step.nbytes, gpu))
+        else:
+            ops.append(_mem(step.name, step.nbytes, gpu))
+    return BlockCost(tuple(ops))
+
+
+def _local_tokens(training: TrainingConfig, par: ParallelConfig) -> tuple[float, float]:
+    tokens = training.micro_batch_size * training.seq_length / par.cp
+    return tokens, tokens / par.tp if par.sequence_parallel else tokens
+
+
+def layer_cost(model: ModelConfig, training: TrainingConfig, par: ParallelConfig, gpu: GPUSpec, layer: int) -> LayerCost:
+    """Forward, backward and recompute cost of transformer layer ``layer`` on one GPU.
+
+    Recompute (Korthikanti et al. 2022): "selective" re-runs the attention core forward before
+    the attention backward; "full" re-runs the whole attention and MLP forwards; "none" nothing.
+    """
+    if training.recompute not in RECOMPUTE_MODES:
+        raise ConfigError("training.recompute", training.recompute, f"valid: {', '.join(RECOMPUTE_MODES)}")
+    tokens, tokens_norm = _local_tokens(training, par)
+    attn = _attn_plan(model, tokens, tokens_norm, par.tp)
+    mlp = _mlp_plan(model, layer, tokens, tokens_norm, par)
+    attn_fwd = _run(attn, model, training, par, gpu, backward=False)
+    mlp_fwd = _run(mlp, model, training, par, gpu, backward=False)
+    if training.recompute == "full":
+        attn_re, mlp_re = attn_fwd, mlp_fwd
+    elif training.recompute == "selective":
+        attn_re = BlockCost(tuple(op for op in attn_fwd.ops if op.name == "attn_core"))
+        mlp_re = BlockCost()
+    else:
+        attn_re, mlp_re = BlockCost(), BlockCost()
+    return LayerCost(
+        attn_fwd=attn_fwd,
+        mlp_fwd=mlp_fwd,
+        attn_bwd=_run(attn, model, training, par, gpu, backward=True),
+        mlp_bwd=_run(mlp, model, training, par, gpu, backward=True),
+        attn_recompute=attn_re,
+        mlp_recompute=mlp_re,
+    )
+
+
+def embedding_cost(model: ModelConfig, training: TrainingConfig, par: ParallelConfig, gpu: GPUSpec) -> tuple[BlockCost, BlockCost]:
+    """Vocab-parallel embedding lookup on the first stage: forward, backward.
+
+    Forward gathers T rows of h and writes a T x h output. Backward scatter-adds the T x h
+    gradient into a dense (V / tp) x h bf16 weight gradient (PyTorch embedding_dense_backward:
+    zero-fill, write) that is then added into the fp32 main gradient (read 2 + 4, write 4):
+    12 bytes per local embedding weight per micro-batch, plus 2x the forward bytes.
+    """
+    tokens, _ = _local_tokens(training, par)
+    h = model.hidden_size
+    fwd_bytes = 2 * ACT_BYTES * tokens * h
+    weight_grad_bytes = 12.0 * model.vocab_size / par.tp * h
+    fwd = BlockCost((_mem("embedding", fwd_bytes, gpu),))
+    bwd = BlockCost((_mem("embedding_bwd", 2.0 * fwd_bytes + weight_grad_bytes, gpu),))
+    return fwd, bwd
+
+
+def head_cost(model: ModelConfig, training: TrainingConfig, par: ParallelConfig, gpu: GPUSpec) -> tuple[BlockCost, BlockCost]:
+    """Final norm, LM head GEMM (T x h) @ (h x V / tp) and vocab-parallel cross-entropy.
+
+    Cross-entropy is memory-bound over the T x V / tp logits: read 16-bit logits, write and
+    re-read fp32 softmax statistics, about 12 bytes per logit forward (Megatron
+    vocab_parallel_cross_entropy casts logits to fp32); backward 2x.
+    """
+    tokens, tokens_norm = _local_tokens(training, par)
+    h, vocab = model.hidden_size, model.vocab_size / par.tp
+    plan = [
+        _Mem("final_norm", 2 * ACT_BYTES * tokens_norm * h),
+        _Gemm("lm_head", tokens, vocab, h),
+        _Mem("cross_entropy", 12.0 * tokens * vocab),
+    ]
+    return (
+        _run(plan, model, training, par, gpu, backward=False),
+        _run(plan, model, training, par, gpu, backward=True),
+    )
+
+
+def optimizer_cost(num_params_local: float, gpu: GPUSpec, training: TrainingConfig) -> BlockCost:
+    """Mixed-precision Adam step as one memory-bound pass (Rajbhandari et al. 2020 layout).
+
+    Per parameter: read fp32 master, m, v (12) and the bf16 gradient (2); write master, m, v
+    (12) and the bf16 weight (2): 28 bytes. ``training`` is accepted for future precisions.
+    """
+    return BlockCost((_mem("adam", 28.0 * num_params_local, gpu),))
+
+
+def param_counts(model: ModelConfig) -> dict:
+    """Weight-matrix parameter counts (biases and norm gains, < 0.1%, are left out).
+
+    Keys: 'embedding', 'lm_head' (0 if tied), 'per_layer_dense', 'per_layer_moe' (all routed
+    experts), 'per_layer_moe_active' (top-k routed + shared + router), 'total', 'active'.
+    Attention: h * (nq + 2 nkv) * head_dim + nq * head_dim * h (GQA, Ainslie et al. 2023).
+    """
+    h, hd, mm = model.hidden_size, model.head_dim, model.mlp_matrices
+    attn = h * (model.num_attention_heads + 2 * model.num_key_value_heads) * hd + model.num_attention_heads * hd * h
+    dense = attn + mm * h * model.intermediate_size
+    expert = mm * h * model.expert_intermediate_size
+    shared = model.num_shared_experts * expert
+    router = h * model.num_experts
+    moe = attn + router + model.num_experts * expert + shared if model.is_moe else 0
+    moe_active = attn + router + model.num_experts_per_tok * expert + shared if model.is_moe else 0
+    embedding = model.vocab_size * h
+    lm_head = 0 if model.tie_word_embeddings else model.vocab_size * h
+    n_moe = sum(1 for layer in range(model.num_hidden_layers) if model.is_moe_layer(layer))
+    n_dense = model.num_hidden_layers - n_moe
+    return {
+        "embedding": embedding,
+        "lm_head": lm_head,
+        "per_layer_dense": dense,
+        "per_layer_moe": moe,
+        "per_layer_moe_active": moe_active,
+        "total": embedding + lm_head + n_dense * dense + n_moe * moe,
+        "active": embedding + lm_head + n_dense * dense + n_moe * moe_active,
+    }
+
+
+def model_flops_per_token(model: ModelConfig, seq_length: int) -> float:
+    """Training model FLOPs per token: 6 * N + 12 * L * h_attn * s (PaLM, Chowdhery et al. 2022, App. B).
+
+    N = active non-embedding weight parameters plus the LM head matrix (V * h, counted even when
+    tied, since the head GEMM runs). The attention term is NOT halved for causal masking, the
+    convention of Megatron-LM (Narayanan et al. 2021, Eq. 3) and NeMo's published MFU: GPT-3
+    175B at s = 2048 gives 2.20e15 FLOPs per sample, Llama-3.1-8B at s = 8192 gives 4.74e14.
+    Recompute is not counted (model FLOPs, not hardware FLOPs).
+    """
+    counts = param_counts(model)
+    n = counts["active"] - counts["embedding"] - counts["lm_head"] + model.vocab_size * model.hidden_size
+    h_attn = model.num_attention_heads * model.head_dim
+    return 6.0 * n + 12.0 * model.num_hidden_layers * h_attn * seq_length

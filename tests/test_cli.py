@@ -1,0 +1,46 @@
+"""The command line: real output, JSON contract, clean errors with exit code 2."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from simulator.cli import main
+
+
+def test_collective_json_contract(capsys):
+    assert main(["collective", "--op", "all_reduce", "--gpus", "8", "--cluster", "dgx-h100",
+                 "--sizes", "1MiB,16MiB,1GiB,8GiB", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["size_bytes"] for r in rows] == [2**20, 16 * 2**20, 2**30, 8 * 2**30]
+    for r in rows:
+        assert set(r) == {"size_bytes", "time_s", "algbw_GBps", "busbw_GBps"}
+        assert r["algbw_GBps"] == pytest.approx(r["size_bytes"] / r["time_s"] / 1e9)
+        assert r["busbw_GBps"] == pytest.approx(r["algbw_GBps"] * 2 * 7 / 8)
+    assert rows[-1]["busbw_GBps"] > rows[0]["busbw_GBps"]
+
+
+def test_collective_table_is_printed(capsys):
+    assert main(["collective", "--gpus", "16", "--op", "all_gather", "--sizes", "1GiB"]) == 0
+    out = capsys.readouterr().out
+    assert "busbw_GB/s" in out and "1GiB" in out
+
+
+@pytest.mark.parametrize("argv, field", [
+    (["collective", "--sizes", "12XB"], "--sizes"),
+    (["collective", "--op", "allreduce"], "--op"),
+    (["collective", "--cluster", "nope"], "cluster.topology"),
+    (["collective", "--gpus", "1"], "--gpus"),
+    (["collective", "--network-bandwidth-Gbps", "-4"], "cluster.network_bandwidth_Gbps"),
+])
+def test_bad_input_is_one_line_naming_the_field_and_exit_2(argv, field):
+    proc = subprocess.run([sys.executable, "-m", "simulator", *argv], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and field in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_console_script_and_module_agree():
+    a = subprocess.run([sys.executable, "-m", "simulator", "collective", "--sizes", "1GiB", "--json"],
+                       capture_output=True, text=True, check=True).stdout
+    assert json.loads(a)[0]["size_bytes"] == 2**30

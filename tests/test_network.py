@@ -1,0 +1,97 @@
+"""The fair-share flow model: exact timelines on tiny worlds."""
+
+import numpy as np
+import pytest
+import simpy
+from hypothesis import given, settings, strategies as st
+
+from simulator.network import Network, max_min_rates
+
+
+def run_transfers(capacity, specs):
+    """specs: (start_s, [route, ...], size_bytes, latency_s). Returns finish times."""
+    env = simpy.Environment()
+    net = Network(env, np.array(capacity, dtype=float))
+    finish = {}
+
+    def one(i, start, routes, size, lat):
+        yield env.timeout(start)
+        yield net.transfer([np.array(r) for r in routes], size, lat)
+        finish[i] = env.now
+
+    for i, spec in enumerate(specs):
+        env.process(one(i, *spec))
+    env.run()
+    return [finish[i] for i in range(len(specs))], net
+
+
+def test_one_transfer_alone_takes_size_over_bandwidth_plus_latency():
+    times, _ = run_transfers([100.0], [(0, [[0]], 1000, 0.5)])
+    assert times == [pytest.approx(10.5, rel=1e-12)]
+
+
+def test_two_equal_transfers_on_one_link_each_take_twice_as_long():
+    alone, _ = run_transfers([100.0], [(0, [[0]], 1000, 0)])
+    both, _ = run_transfers([100.0], [(0, [[0]], 1000, 0), (0, [[0]], 1000, 0)])
+    assert both == [pytest.approx(2 * alone[0], rel=1e-12)] * 2
+
+
+def test_transfer_on_disjoint_path_is_unaffected():
+    times, _ = run_transfers([100.0, 100.0, 100.0],
+                             [(0, [[0, 1]], 1000, 0), (0, [[0, 1]], 1000, 0), (0, [[2]], 1000, 0)])
+    assert times[2] == pytest.approx(10.0, rel=1e-12)
+    assert times[0] == pytest.approx(20.0, rel=1e-12)
+
+
+def test_three_transfers_with_different_bottlenecks_get_max_min_rates():
+    # links: A (cap 10), B (cap 4). f1 uses A and B, f2 uses B only, f3 uses A only.
+    # Progressive filling: B fills first at rate 2 (f1, f2 frozen at 2); f3 takes A's rest, 8.
+    rates = max_min_rates(np.array([10.0, 4.0]), np.array([0, 0, 1, 2]), np.array([0, 1, 1, 0]),
+                          np.ones(4), 3)
+    assert rates.tolist() == pytest.approx([2.0, 2.0, 8.0])
+    # As a timeline: 16 bytes each. f1, f2 end at 8 s; then f3 alone on A at 10 B/s.
+    times, _ = run_transfers([10.0, 4.0], [(0, [[0, 1]], 16, 0), (0, [[1]], 16, 0), (0, [[0]], 80, 0)])
+    assert times[0] == pytest.approx(8.0) and times[1] == pytest.approx(8.0)
+    # f3 moved 8*8 = 64 bytes by t=8, then 16 bytes at 10 B/s: ends at 9.6 s.
+    assert times[2] == pytest.approx(9.6)
+
+
+def test_a_late_arrival_slows_the_flow_already_running():
+    # 1000 bytes on cap 100: alone 10 s. A second identical flow joins at 5 s: each then gets 50.
+    # First has 500 left -> 10 s more: ends at 15; second has 500 left at 15, alone -> ends at 20.
+    times, _ = run_transfers([100.0], [(0, [[0]], 1000, 0), (5, [[0]], 1000, 0)])
+    assert times == [pytest.approx(15.0), pytest.approx(20.0)]
+
+
+def test_coupled_members_move_at_the_slowest_members_share():
+    # One transfer with members on links 0 and 1; another flow shares link 1.
+    # Link 1 (cap 100) is split 50/50, so the coupled pair runs at 50 on both of its links.
+    times, net = run_transfers([100.0, 100.0], [(0, [[0], [1]], 500, 0), (0, [[1]], 500, 0)])
+    assert times == [pytest.approx(10.0), pytest.approx(10.0)]
+    assert net.stats.bytes_carried.tolist() == [500.0, 1000.0]
+
+
+def test_a_member_crossing_one_link_twice_counts_twice():
+    rates = max_min_rates(np.array([90.0]), np.array([0]), np.array([0]), np.array([3.0]), 1)
+    assert rates[0] == pytest.approx(30.0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.lists(st.integers(0, 4), min_size=1, max_size=3, unique=True),
+                          st.floats(1, 1000)), min_size=1, max_size=8),
+       st.lists(st.floats(1, 100), min_size=5, max_size=5))
+def test_max_min_allocation_is_feasible_and_every_flow_has_a_bottleneck(flows, caps):
+    cap = np.array(caps)
+    eg = np.concatenate([[i] * len(r) for i, (r, _) in enumerate(flows)]).astype(int)
+    el = np.concatenate([r for r, _ in flows]).astype(int)
+    rates = max_min_rates(cap, eg, el, np.ones(len(el)), len(flows))
+    load = np.bincount(el, weights=rates[eg], minlength=5)
+    assert np.all(load <= cap * (1 + 1e-9))
+    for i, (route, _) in enumerate(flows):
+        # max-min: some link of the flow is full and no flow on it has a higher rate
+        ok = False
+        for link in route:
+            on_link = [j for j, (r, _) in enumerate(flows) if link in r]
+            if load[link] >= cap[link] * (1 - 1e-9) and rates[i] >= max(rates[on_link]) * (1 - 1e-9):
+                ok = True
+        assert ok

@@ -1,0 +1,98 @@
+"""Topology files, graph construction, validation and deterministic routing."""
+
+import networkx as nx
+import pytest
+
+from simulator.errors import ConfigError
+from simulator.topology import TOPOLOGY_DIR, build_cluster, load_topology, route_nodes
+
+SHIPPED = sorted(p.stem for p in TOPOLOGY_DIR.glob("*.yaml"))
+
+
+def test_the_four_named_topologies_ship():
+    assert {"dgx-a100", "dgx-h100", "omnipath-a100", "llama3-roce"} <= set(SHIPPED)
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+@pytest.mark.parametrize("nodes", [1, 2, 5, 40])
+def test_every_topology_scales_and_every_gpu_reaches_every_other(name, nodes):
+    spec = load_topology(name)
+    assert spec.source, "each topology cites where its numbers come from"
+    c = build_cluster(spec, nodes)
+    assert c.num_gpus == nodes * spec.gpus_per_node
+    assert nx.is_strongly_connected(c.graph)
+    assert (c.link_bw > 0).all() and (c.link_lat >= 0).all()
+    last = c.num_gpus - 1
+    for a, b in [(0, last), (last, 0), (0, 1)]:
+        if a != b:
+            route = c.route(a, b)
+            assert len(route) >= 2
+            names = route_nodes(c, a, b)
+            assert names[0] == c.gpu_name(a) and names[-1] == c.gpu_name(b)
+
+
+def test_worked_routing_example_from_the_docstring():
+    c = build_cluster(load_topology("dgx-h100"), 64)
+    assert route_nodes(c, 3, 323) == ["n0.g3", "n0.nic3", "pod0.leaf3", "pod0.spine8",
+                                      "pod0.leaf11", "n40.nic3", "n40.g3"]
+
+
+def test_intra_node_route_goes_through_the_nvswitch_at_nvlink_rate():
+    c = build_cluster(load_topology("dgx-a100"), 2)
+    route = c.route(0, 5)
+    assert [c.link_cls[e] for e in route] == ["nvlink", "nvlink"]
+    assert c.link_bw[route].tolist() == [300e9, 300e9]
+
+
+def test_nic_line_rate_and_shared_nics():
+    c = build_cluster(load_topology("omnipath-a100"), 2)
+    assert c.nic_of(0) == c.nic_of(1) == 0 and c.nic_of(7) == 3
+    route = c.route(1, 9)
+    nic_links = [e for e in route if c.link_cls[e] == "nic"]
+    assert c.link_bw[nic_links].tolist() == [100e9 / 8] * 2
+
+
+def test_llama3_crosses_the_oversubscribed_core_between_pods():
+    c = build_cluster(load_topology("llama3-roce"), 2 * 384)  # two pods of 3,072 GPUs
+    route = c.route(0, 384 * 8)
+    classes = [c.link_cls[e] for e in route]
+    assert classes.count("spine-core") == 2
+    spines = {n for n in c.graph if n.startswith("pod0.spine")}
+    cores_per_spine = {n for n in c.graph.successors("pod0.spine0") if n.startswith("core")}
+    assert len(spines) == 16 and len(cores_per_spine) == 28  # ceil(192 / 7) uplinks to the core
+
+
+def test_oversubscription_reduces_leaf_uplinks():
+    full = build_cluster(load_topology("dgx-h100"), 64)
+    half = build_cluster(load_topology("dgx-h100"), 64, oversubscription=2)
+    up = lambda c: sum(1 for n in c.graph.successors("pod0.leaf0") if "spine" in n)
+    assert (up(full), up(half)) == (32, 16)
+
+
+def test_routes_are_deterministic_and_cached():
+    a = build_cluster(load_topology("dgx-h100"), 16)
+    b = build_cluster(load_topology("dgx-h100"), 16)
+    assert a.route(3, 100).tolist() == b.route(3, 100).tolist()
+    assert a.route(3, 100) is a.route(3, 100)
+
+
+def test_unknown_topology_name_lists_the_valid_ones():
+    with pytest.raises(ConfigError, match="cluster.topology: got 'dgx-z900'; valid: .*dgx-h100"):
+        load_topology("dgx-z900")
+
+
+@pytest.mark.parametrize("text, field", [
+    ("nvlink_bandwidth_GBps: -5\n", "topology.nvlink_bandwidth_GBps"),
+    ("network_bandwidth_Gbps: 0\n", "topology.network_bandwidth_Gbps"),
+    ("oversubscription: 0.5\n", "topology.oversubscription"),
+    ("nics_per_node: 3\n", "topology.nics_per_node"),
+    ("nvlink_latency_us: -1\n", "topology.nvlink_latency_us"),
+    ("bandwith: 4\n", "topology.bandwith"),
+    ("[1, 2]\n", "cluster.topology"),
+])
+def test_bad_topology_file_gets_a_one_line_error_naming_the_field(tmp_path, text, field):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as err:
+        load_topology(str(path))
+    assert str(err.value).startswith(field) and "\n" not in str(err.value)
