@@ -88,7 +88,9 @@ def _occupancy(ctas: float, num_sms: int) -> float:
     return min(x, x / (x + 0.5))
 
 
-def gemm_efficiency(m: float, n: float, k: float, gpu: GPUSpec, precision: str, groups: int = 1) -> float:
+def gemm_efficiency(
+    m: float, n: float, k: float, gpu: GPUSpec, precision: str, groups: int = 1
+) -> float:
     """Achieved fraction of peak for ``groups`` GEMMs (m x k) @ (k x n) run as one (grouped) kernel.
 
     eff = MAMF * tile_fill * occupancy * k / (k + K_HALF), maximised over 128x256 and 256x128
@@ -112,7 +114,9 @@ def _roofline(flops: float, nbytes: float, gpu: GPUSpec, flop_rate: float) -> fl
     return max(compute, memory) + gpu.launch_overhead_s
 
 
-def _gemm(name: str, m: float, n: float, k: float, gpu: GPUSpec, precision: str, groups: int = 1) -> Op:
+def _gemm(
+    name: str, m: float, n: float, k: float, gpu: GPUSpec, precision: str, groups: int = 1
+) -> Op:
     in_bytes = 1 if precision == "fp8" else ACT_BYTES
     flops = 2.0 * groups * m * n * k
     nbytes = groups * (in_bytes * (m * k + k * n) + ACT_BYTES * m * n)
@@ -120,7 +124,9 @@ def _gemm(name: str, m: float, n: float, k: float, gpu: GPUSpec, precision: str,
     return Op(name, flops, nbytes, _roofline(flops, nbytes, gpu, rate))
 
 
-def _gemm_bwd(name: str, m: float, n: float, k: float, gpu: GPUSpec, precision: str, groups: int = 1) -> tuple[Op, Op]:
+def _gemm_bwd(
+    name: str, m: float, n: float, k: float, gpu: GPUSpec, precision: str, groups: int = 1
+) -> tuple[Op, Op]:
     """dgrad (m x n)(n x k) and wgrad (k x m)(m x n) of the forward GEMM (m x k)(k x n)."""
     return (
         _gemm(f"{name}_dgrad", m, k, n, gpu, precision, groups),
@@ -136,7 +142,9 @@ def _attention_precision(precision: str) -> str:
     return "fp16" if precision == "fp16" else "bf16"
 
 
-def _attn_core(model: ModelConfig, training: TrainingConfig, par: ParallelConfig, gpu: GPUSpec, backward: bool) -> Op:
+def _attn_core(
+    model: ModelConfig, training: TrainingConfig, par: ParallelConfig, gpu: GPUSpec, backward: bool
+) -> Op:
     """Fused causal flash attention on this GPU's heads (nq / tp) and queries (s / cp).
 
     Forward FLOPs 4 * b * s^2 * h_attn / 2 before sharding (QK^T and PV, causal half;
@@ -158,7 +166,8 @@ def _attn_core(model: ModelConfig, training: TrainingConfig, par: ParallelConfig
     rate = peak(gpu, _attention_precision(training.precision)) * eff
     if backward:
         flops, nbytes = FA_BWD_FLOP_RATIO * flops, 2.0 * nbytes
-    return Op("attn_core_bwd" if backward else "attn_core", flops, nbytes, _roofline(flops, nbytes, gpu, rate))
+    name = "attn_core_bwd" if backward else "attn_core"
+    return Op(name, flops, nbytes, _roofline(flops, nbytes, gpu, rate))
 
 
 @dataclass(frozen=True)
@@ -181,7 +190,10 @@ class _AttnCore:
     pass
 
 
-def _attn_plan(model: ModelConfig, tokens: float, tokens_norm: float, tp: int) -> list[_Gemm | _Mem | _AttnCore]:
+_Step = _Gemm | _Mem | _AttnCore
+
+
+def _attn_plan(model: ModelConfig, tokens: float, tokens_norm: float, tp: int) -> list[_Step]:
     h, hd = model.hidden_size, model.head_dim
     q_dim = model.num_attention_heads * hd
     kv_dim = max(model.num_key_value_heads, tp) * hd
@@ -194,7 +206,9 @@ def _attn_plan(model: ModelConfig, tokens: float, tokens_norm: float, tp: int) -
     ]
 
 
-def _mlp_plan(model: ModelConfig, layer: int, tokens: float, tokens_norm: float, par: ParallelConfig) -> list[_Gemm | _Mem | _AttnCore]:
+def _mlp_plan(
+    model: ModelConfig, layer: int, tokens: float, tokens_norm: float, par: ParallelConfig
+) -> list[_Step]:
     """Dense MLP, or MoE: router, routed experts as grouped GEMMs, shared experts as one MLP.
 
     MoE per GPU: the EP group's T * topk routed token copies are spread over its ep ranks, each
@@ -205,7 +219,7 @@ def _mlp_plan(model: ModelConfig, layer: int, tokens: float, tokens_norm: float,
     num_shared_experts * moe_intermediate_size on all local tokens.
     """
     h, tp, mm = model.hidden_size, par.tp, model.mlp_matrices
-    plan: list[_Gemm | _Mem | _AttnCore] = [_Mem("post_attn_norm", 2 * ACT_BYTES * tokens_norm * h)]
+    plan: list[_Step] = [_Mem("post_attn_norm", 2 * ACT_BYTES * tokens_norm * h)]
     if model.is_moe_layer(layer):
         topk, experts, ffe = model.num_experts_per_tok, model.num_experts, model.expert_intermediate_size
         local_experts = max(1, experts // par.ep)
@@ -237,7 +251,14 @@ def _mlp_plan(model: ModelConfig, layer: int, tokens: float, tokens_norm: float,
     return plan
 
 
-def _run(plan: list, model: ModelConfig, training: TrainingConfig, par: ParallelConfig, gpu: GPUSpec, backward: bool) -> BlockCost:
+def _run(
+    plan: list[_Step],
+    model: ModelConfig,
+    training: TrainingConfig,
+    par: ParallelConfig,
+    gpu: GPUSpec,
+    backward: bool,
+) -> BlockCost:
     ops: list[Op] = []
     steps = reversed(plan) if backward else plan
     for step in steps:
@@ -260,7 +281,9 @@ def _local_tokens(training: TrainingConfig, par: ParallelConfig) -> tuple[float,
     return tokens, tokens / par.tp if par.sequence_parallel else tokens
 
 
-def layer_cost(model: ModelConfig, training: TrainingConfig, par: ParallelConfig, gpu: GPUSpec, layer: int) -> LayerCost:
+def layer_cost(
+    model: ModelConfig, training: TrainingConfig, par: ParallelConfig, gpu: GPUSpec, layer: int
+) -> LayerCost:
     """Forward, backward and recompute cost of transformer layer ``layer`` on one GPU.
 
     Recompute (Korthikanti et al. 2022): "selective" re-runs the attention core forward before
@@ -290,7 +313,9 @@ def layer_cost(model: ModelConfig, training: TrainingConfig, par: ParallelConfig
     )
 
 
-def embedding_cost(model: ModelConfig, training: TrainingConfig, par: ParallelConfig, gpu: GPUSpec) -> tuple[BlockCost, BlockCost]:
+def embedding_cost(
+    model: ModelConfig, training: TrainingConfig, par: ParallelConfig, gpu: GPUSpec
+) -> tuple[BlockCost, BlockCost]:
     """Vocab-parallel embedding lookup on the first stage: forward, backward.
 
     Forward gathers T rows of h and writes a T x h output. Backward scatter-adds the T x h
@@ -307,7 +332,9 @@ def embedding_cost(model: ModelConfig, training: TrainingConfig, par: ParallelCo
     return fwd, bwd
 
 
-def head_cost(model: ModelConfig, training: TrainingConfig, par: ParallelConfig, gpu: GPUSpec) -> tuple[BlockCost, BlockCost]:
+def head_cost(
+    model: ModelConfig, training: TrainingConfig, par: ParallelConfig, gpu: GPUSpec
+) -> tuple[BlockCost, BlockCost]:
     """Final norm, LM head GEMM (T x h) @ (h x V / tp) and vocab-parallel cross-entropy.
 
     Cross-entropy is memory-bound over the T x V / tp logits: read 16-bit logits, write and
@@ -344,7 +371,8 @@ def param_counts(model: ModelConfig) -> dict:
     Attention: h * (nq + 2 nkv) * head_dim + nq * head_dim * h (GQA, Ainslie et al. 2023).
     """
     h, hd, mm = model.hidden_size, model.head_dim, model.mlp_matrices
-    attn = h * (model.num_attention_heads + 2 * model.num_key_value_heads) * hd + model.num_attention_heads * hd * h
+    nq, nkv = model.num_attention_heads, model.num_key_value_heads
+    attn = h * (nq + 2 * nkv) * hd + nq * hd * h
     dense = attn + mm * h * model.intermediate_size
     expert = mm * h * model.expert_intermediate_size
     shared = model.num_shared_experts * expert

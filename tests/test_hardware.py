@@ -1,0 +1,98 @@
+"""GPU catalog: datasheet numbers, aliases, errors that name the field and the valid values."""
+
+import dataclasses
+
+import pytest
+
+from simulator.errors import ConfigError
+from simulator.hardware import GPU_CATALOG, PRECISIONS, GPUSpec, gemm_ceiling, get_gpu, peak
+
+
+def test_h100_datasheet_numbers():
+    gpu = get_gpu("H100-SXM5-80GB")
+    assert gpu.peak_flops["bf16"] == 989e12
+    assert gpu.peak_flops["fp8"] == 1979e12
+    assert gpu.hbm_bandwidth_Bps == 3.35e12
+    assert gpu.hbm_capacity_bytes == 80 * 2**30
+    assert gpu.num_sms == 132
+
+
+def test_a100_datasheet_numbers():
+    gpu = get_gpu("A100-SXM4-80GB")
+    assert gpu.peak_flops["bf16"] == 312e12
+    assert gpu.num_sms == 108
+    assert get_gpu("A100-SXM4-40GB").hbm_capacity_bytes == 40 * 2**30
+
+
+@pytest.mark.parametrize(
+    "name, per_direction",
+    [("A100", 300e9), ("H100", 450e9), ("H800", 200e9), ("H200", 450e9), ("B200", 900e9)],
+)
+def test_nvlink_is_per_direction(name, per_direction):
+    assert get_gpu(name).nvlink_bandwidth_Bps == per_direction
+
+
+def test_h200_has_141_gb():
+    assert get_gpu("h200").hbm_capacity_bytes == 141 * 2**30
+
+
+@pytest.mark.parametrize(
+    "alias, canonical",
+    [
+        ("H100", "H100-SXM5-80GB"),
+        ("h100", "H100-SXM5-80GB"),
+        ("  a100 ", "A100-SXM4-80GB"),
+        ("a100-sxm4-40gb", "A100-SXM4-40GB"),
+        ("B200", "B200-SXM-180GB"),
+        ("h800-80gb", "H800-80GB"),
+    ],
+)
+def test_aliases_case_insensitive(alias, canonical):
+    assert get_gpu(alias) is GPU_CATALOG[canonical]
+
+
+def test_unknown_gpu_names_field_and_sorted_valid_list():
+    with pytest.raises(ConfigError) as err:
+        get_gpu("V100")
+    assert err.value.field == "cluster.gpu"
+    assert err.value.value == "V100"
+    listed = err.value.valid.removeprefix("valid: ").split(", ")
+    assert listed == sorted(listed)
+    assert "H100-SXM5-80GB" in listed
+
+
+def test_a100_has_no_fp8():
+    with pytest.raises(ConfigError) as err:
+        peak(get_gpu("A100"), "fp8")
+    assert err.value.field == "training.precision"
+    assert "bf16" in err.value.valid
+    with pytest.raises(ConfigError):
+        gemm_ceiling(get_gpu("A100"), "fp8")
+
+
+def test_peak_fp16_equals_bf16_and_fp8_doubles_on_hopper():
+    for gpu in GPU_CATALOG.values():
+        assert peak(gpu, "fp16") == peak(gpu, "bf16")
+        if "fp8" in gpu.peak_flops:
+            assert peak(gpu, "fp8") == pytest.approx(2 * peak(gpu, "bf16"), rel=1e-3)
+
+
+@pytest.mark.parametrize("gpu", list(GPU_CATALOG.values()), ids=list(GPU_CATALOG))
+def test_catalog_entries_are_complete_and_physical(gpu: GPUSpec):
+    assert set(gpu.peak_flops) <= set(PRECISIONS)
+    assert {"bf16", "fp16", "tf32"} <= set(gpu.peak_flops)
+    for precision in gpu.peak_flops:
+        assert 0.5 < gemm_ceiling(gpu, precision) < 1.0
+    assert 0.3 < gpu.attention_efficiency < 1.0
+    assert 0.5 < gpu.memory_efficiency < 1.0
+    assert 0 < gpu.launch_overhead_s < 20e-6
+    assert gpu.source
+
+
+def test_spec_is_frozen_and_hashable():
+    gpu = get_gpu("H100")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        gpu.num_sms = 1
+    assert {gpu: 1}[gpu] == 1
+    faster = dataclasses.replace(gpu, hbm_bandwidth_Bps=2 * gpu.hbm_bandwidth_Bps)
+    assert faster.hbm_bandwidth_Bps == 6.7e12
