@@ -29,6 +29,7 @@ Algorithms (what is modelled, and what is not):
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import Generator, Sequence
 
 import simpy
@@ -49,8 +50,27 @@ def bus_factor(op: str, n: int) -> float:
     return 1.0
 
 
+@dataclass(frozen=True)
+class Spec:
+    """One transfer of a phase: member flows along ``edges`` (src, dst GPU pairs), each moving
+    ``size`` bytes, plus ``latency`` seconds once."""
+
+    edges: tuple[tuple[int, int], ...]
+    size: float
+    latency: float
+
+
+Phase = list[Spec]
+
+
 class Collectives:
-    """Runs collectives over GPU ids of one cluster, on one network, as simpy generators."""
+    """Runs collectives over GPU ids of one cluster, on one network, as simpy generators.
+
+    Each op is first planned as phases (lists of :class:`Spec`) and then executed; phases of
+    several groups can run together, and with ``merge`` the specs at the same position of every
+    group become one coupled transfer: exact when the groups are symmetric (they then progress
+    at the same rate anyway) and much cheaper to simulate.
+    """
 
     def __init__(self, env: simpy.Environment, net: Network, cluster: Cluster, algorithm: str = "auto"):
         self.env = env
@@ -62,15 +82,11 @@ class Collectives:
         n = len(ring)
         return max(self.cluster.route_latency(ring[i], ring[(i + 1) % n]) for i in range(n))
 
-    def ring_transfer(self, ring: Sequence[int], per_step: float, steps: int, label=None) -> simpy.Event:
+    def ring_spec(self, ring: Sequence[int], per_step: float, steps: int) -> Spec:
         """``steps`` ring steps of ``per_step`` bytes per rank, as one coupled transfer."""
         n = len(ring)
-        if n < 2 or steps == 0:
-            ev = self.env.event()
-            ev.succeed()
-            return ev
-        routes = [self.cluster.route(ring[i], ring[(i + 1) % n]) for i in range(n)]
-        return self.net.transfer(routes, per_step * steps, steps * self.ring_step_latency(ring), label)
+        edges = tuple((ring[i], ring[(i + 1) % n]) for i in range(n))
+        return Spec(edges, per_step * steps, steps * self.ring_step_latency(ring))
 
     def _node_groups(self, ranks: Sequence[int]) -> list[list[int]] | None:
         """Ranks per node (nodes in order) if every node holds the same count, else None."""
@@ -81,7 +97,7 @@ class Collectives:
         return [by_node[k] for k in sorted(by_node)] if len(counts) == 1 else None
 
     def _hierarchy(self, ranks: Sequence[int]):
-        """(intra-node groups, inter-node rail groups) for the hierarchical form, or None for a flat ring."""
+        """(intra-node groups, inter-node rail groups) for the hierarchical form, or None for rings."""
         if self.algorithm != "hierarchical":
             return None
         nodes = self._node_groups(ranks)
@@ -90,11 +106,6 @@ class Collectives:
         k = len(nodes[0])
         rails = [[node[j] for node in nodes] for j in range(k)]
         return nodes, rails
-
-    def _phase(self, rings: list[list[int]], per_step: float, steps: int, label) -> Generator:
-        events = [self.ring_transfer(r, per_step, steps, label) for r in rings if len(r) > 1]
-        if events:
-            yield self.env.all_of(events)
 
     def channel_rings(self, ranks: Sequence[int]) -> list[list[int]]:
         """NCCL-style rings: one per rank position when every node holds the same count k > 1."""
@@ -105,83 +116,85 @@ class Collectives:
         k = len(nodes[0])
         return [[r for node in nodes for r in node[c:] + node[:c]] for c in range(k)]
 
-    def _ring_collective(self, ranks: list[int], size: float, steps_per_rank: int, label) -> Generator:
-        rings = self.channel_rings(ranks)
-        yield from self._phase(rings, size / len(rings) / len(ranks), steps_per_rank, label)
+    def _rings_phase(self, rings: list[list[int]], per_step: float, steps: int) -> Phase:
+        return [self.ring_spec(r, per_step, steps) for r in rings if len(r) > 1 and steps > 0]
 
-    def all_reduce(self, ranks: Sequence[int], size: float, label=None) -> Generator:
+    def phases(self, op: str, ranks: Sequence[int], size: float) -> list[Phase]:
+        """The phases of ``op`` over one group (see the module docstring for the algorithms)."""
+        if op == "send_recv":
+            a, b = ranks[0], ranks[-1]
+            return [] if a == b else [[Spec(((a, b),), size, self.cluster.route_latency(a, b))]]
         ranks = sorted(ranks)
         n = len(ranks)
         if n < 2:
-            return
+            return []
+        if op == "all_to_all":
+            return [[Spec(((a, b),), size / n, self.cluster.route_latency(a, b))
+                     for a in ranks for b in ranks if a != b]]
+        if op == "broadcast":
+            pairs = tuple(zip(ranks, ranks[1:]))
+            return [[Spec(pairs, size, sum(self.cluster.route_latency(a, b) for a, b in pairs))]]
+        steps = {"all_reduce": 2 * (n - 1), "reduce_scatter": n - 1, "all_gather": n - 1}[op]
         h = self._hierarchy(ranks)
         if h is None:
-            yield from self._ring_collective(ranks, size, 2 * (n - 1), label)
-            return
+            rings = self.channel_rings(ranks)
+            return [self._rings_phase(rings, size / len(rings) / n, steps)]
         nodes, rails = h
         k, m = len(nodes[0]), len(nodes)
-        yield from self._phase(nodes, size / k, k - 1, label)
-        yield from self._phase(rails, size / k / m, 2 * (m - 1), label)
-        yield from self._phase(nodes, size / k, k - 1, label)
+        intra = self._rings_phase(nodes, size / k, k - 1)
+        if op == "all_reduce":
+            return [intra, self._rings_phase(rails, size / k / m, 2 * (m - 1)), intra]
+        inter = self._rings_phase(rails, size / k / m, m - 1)
+        return [intra, inter] if op == "reduce_scatter" else [inter, intra]
 
-    def reduce_scatter(self, ranks: Sequence[int], size: float, label=None) -> Generator:
-        ranks = sorted(ranks)
-        n = len(ranks)
-        if n < 2:
-            return
-        h = self._hierarchy(ranks)
-        if h is None:
-            yield from self._ring_collective(ranks, size, n - 1, label)
-            return
-        nodes, rails = h
-        k, m = len(nodes[0]), len(nodes)
-        yield from self._phase(nodes, size / k, k - 1, label)
-        yield from self._phase(rails, size / k / m, m - 1, label)
+    def _start(self, spec_group: list[Spec], label) -> simpy.Event:
+        routes = [self.cluster.route(a, b) for s in spec_group for a, b in s.edges]
+        return self.net.transfer(routes, spec_group[0].size, max(s.latency for s in spec_group), label)
 
-    def all_gather(self, ranks: Sequence[int], size: float, label=None) -> Generator:
-        ranks = sorted(ranks)
-        n = len(ranks)
-        if n < 2:
+    def execute(self, per_group: list[list[Phase]], merge: bool = False, label=None) -> Generator:
+        """Run the phases of several groups together; each phase waits for all of its transfers."""
+        per_group = [g for g in per_group if g]
+        if not per_group:
             return
-        h = self._hierarchy(ranks)
-        if h is None:
-            yield from self._ring_collective(ranks, size, n - 1, label)
+        shapes = {tuple(len(ph) for ph in g) for g in per_group}
+        mergeable = merge and len(shapes) == 1 and all(
+            len({g[i][j].size for g in per_group}) == 1
+            for i in range(len(per_group[0])) for j in range(len(per_group[0][i])))
+        if not mergeable and len(per_group) > 1:
+            yield self.env.all_of([self.env.process(self.execute([g], False, label)) for g in per_group])
             return
-        nodes, rails = h
-        k, m = len(nodes[0]), len(nodes)
-        yield from self._phase(rails, size / k / m, m - 1, label)
-        yield from self._phase(nodes, size / k, k - 1, label)
+        for i in range(len(per_group[0])):
+            width = len(per_group[0][i])
+            events = [self._start([g[i][j] for g in per_group], label) for j in range(width)]
+            if events:
+                yield self.env.all_of(events)
 
-    def all_to_all(self, ranks: Sequence[int], size: float, label=None) -> Generator:
-        ranks = sorted(ranks)
-        n = len(ranks)
-        if n < 2:
-            return
-        events = [self.net.transfer([self.cluster.route(a, b)], size / n, self.cluster.route_latency(a, b), label)
-                  for a in ranks for b in ranks if a != b]
-        yield self.env.all_of(events)
-
-    def broadcast(self, ranks: Sequence[int], size: float, root: int | None = None, label=None) -> Generator:
-        ranks = sorted(ranks)
-        if len(ranks) < 2:
-            return
-        root = ranks[0] if root is None else root
-        i = ranks.index(root)
-        chain = ranks[i:] + ranks[:i]
-        routes = [self.cluster.route(a, b) for a, b in zip(chain, chain[1:])]
-        latency = sum(self.cluster.route_latency(a, b) for a, b in zip(chain, chain[1:]))
-        yield self.net.transfer(routes, size, latency, label)
-
-    def send_recv(self, src: int, dst: int, size: float, label=None) -> Generator:
-        if src == dst:
-            return
-        yield self.net.transfer([self.cluster.route(src, dst)], size, self.cluster.route_latency(src, dst), label)
+    def run_groups(self, op: str, groups: Sequence[Sequence[int]], size: float, merge: bool = False,
+                   label=None) -> Generator:
+        """One op over several groups at once (for example every TP group of a pipeline stage)."""
+        yield from self.execute([self.phases(op, g, size) for g in groups], merge, label)
 
     def run(self, op: str, ranks: Sequence[int], size: float, label=None) -> Generator:
-        """Dispatch by op name (for the command line and sweeps)."""
-        if op == "send_recv":
-            return self.send_recv(ranks[0], ranks[-1], size, label)
-        return getattr(self, op)(ranks, size, label=label)
+        yield from self.execute([self.phases(op, list(ranks), size)], False, label)
+
+    def all_reduce(self, ranks: Sequence[int], size: float, label=None) -> Generator:
+        return self.run("all_reduce", ranks, size, label)
+
+    def reduce_scatter(self, ranks: Sequence[int], size: float, label=None) -> Generator:
+        return self.run("reduce_scatter", ranks, size, label)
+
+    def all_gather(self, ranks: Sequence[int], size: float, label=None) -> Generator:
+        return self.run("all_gather", ranks, size, label)
+
+    def all_to_all(self, ranks: Sequence[int], size: float, label=None) -> Generator:
+        return self.run("all_to_all", ranks, size, label)
+
+    def broadcast(self, ranks: Sequence[int], size: float, label=None) -> Generator:
+        """Pipelined chain from the lowest rank."""
+        return self.run("broadcast", ranks, size, label)
+
+    def send_recv(self, src: int, dst: int, size: float, label=None) -> Generator:
+        return self.run("send_recv", [src, dst], size, label)
 
 
 # Closed forms (alpha-beta), the test oracles. alpha: latency per step; bw: bytes/s per rank link.

@@ -1,0 +1,412 @@
+"""The training step as simpy processes: each rank walks its pipeline schedule.
+
+Every rank (or, folded, one representative per pipeline stage) is a generator that computes
+with the compute model and communicates through the network model, so TP, PP, DP, CP and EP
+traffic all contend for the same links. The engine only appends rows to a trace; analysis lives
+in ``simulator.report``.
+
+Folding (``SimOptions.fold``): in a regular layout all ranks of one pipeline stage run the same
+program on the same link loads (every TP rank, DP replica, CP rank and EP rank of the stage).
+The folded engine runs one process per stage and, at each communication, starts the flows of
+*every* group of the stage, so link loads are exactly those of the full run; with ``merge`` the
+identical groups of one collective become one coupled transfer. Tests compare folded, merged and
+unfolded runs on small clusters.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Generator
+
+import simpy
+
+from simulator.collectives import Collectives
+from simulator.config import Scenario
+from simulator.hardware import get_gpu
+from simulator.network import Network
+from simulator.plan import Plan
+from simulator.schedules import SCHEDULES, virtual_stage
+from simulator.topology import Cluster, build_cluster, load_topology
+from simulator.workload import GRAD_BYTES, PARAM_BYTES, Workload, build_workload
+
+
+@dataclass(frozen=True)
+class SimOptions:
+    communication: bool = True  # False: every transfer takes no time (for closed-form checks)
+    extras: bool = True  # embedding, LM head, loss and optimizer step
+    fold: bool = True
+    merge: bool = True
+    algorithm: str = "auto"
+
+
+@dataclass(frozen=True)
+class Row:
+    """One interval on one rank's stream. ``kind``: F, B, R (recompute), embed, head, opt, wait,
+    idle (waiting on a pipeline dependency), comm. ``axis``: tp, pp, dp, cp, ep, fsdp or ''."""
+
+    rank: int
+    stage: int
+    stream: str
+    kind: str
+    axis: str
+    start: float
+    end: float
+    microbatch: int = -1
+    chunk: int = -1
+    layer: int = -1
+    label: str = ""
+    nbytes: float = 0.0
+    flops: float = 0.0
+
+
+@dataclass
+class Trace:
+    rows: list[Row] = field(default_factory=list)
+
+    def add(self, row: Row) -> None:
+        if row.end > row.start or row.kind in ("F", "B"):
+            self.rows.append(row)
+
+
+@dataclass(frozen=True)
+class SimResult:
+    scenario: Scenario
+    options: SimOptions
+    plan: Plan
+    cluster: Cluster
+    workload: Workload
+    trace: tuple[Row, ...]
+    step_time_s: float
+    stage_end_s: tuple[float, ...]
+    simulated_ranks: tuple[int, ...]
+    events: int
+    link_bytes: object
+    transfers: int
+
+
+class StepEngine:
+    def __init__(self, s: Scenario, options: SimOptions, cluster: Cluster | None = None):
+        self.s = s
+        self.opt = options
+        par = s.parallelism
+        self.gpu = get_gpu(s.cluster.gpu)
+        self.cluster = cluster or build_cluster(
+            load_topology(s.cluster.topology), s.cluster.num_nodes, gpus_per_node=s.cluster.gpus_per_node,
+            nvlink_bandwidth_GBps=s.cluster.nvlink_bandwidth_GBps,
+            network_bandwidth_Gbps=s.cluster.network_bandwidth_Gbps, oversubscription=s.cluster.oversubscription)
+        self.plan = Plan.build(par.tp, par.pp, s.dp, par.cp, par.ep)
+        self.work = build_workload(s, self.gpu)
+        self.m = s.num_microbatches
+        self.env = simpy.Environment()
+        self.net = Network(self.env, self.cluster.link_bw)
+        self.coll = Collectives(self.env, self.net, self.cluster, options.algorithm)
+        self.trace = Trace()
+        self._mail: dict = {}
+        self._rendezvous: dict = {}
+        self._seq: dict = defaultdict(int)
+        self._groups: dict = {}
+        self.stage_end: dict[int, float] = {}
+
+    # communication -------------------------------------------------------------------------
+
+    def _stage_groups(self, stage: int, kind: str):
+        key = (stage, kind)
+        if key not in self._groups:
+            self._groups[key] = self.plan.groups_on_stage(stage, kind)
+        return self._groups[key]
+
+    def _group_of(self, rank: int, kind: str):
+        return {"tp": self.plan.tp_group, "cp": self.plan.cp_group, "dpcp": self.plan.dp_cp_group,
+                "ep": self.plan.ep_group, "edp": self.plan.expert_dp_group}[kind](rank)
+
+    def _done(self) -> simpy.Event:
+        ev = self.env.event()
+        ev.succeed()
+        return ev
+
+    def launch(self, rank: int, kind: str, op: str, size: float, axis: str) -> simpy.Event:
+        """Start this rank's part of a collective; the event fires when its group is done."""
+        if not self.opt.communication or size <= 0:
+            return self._done()
+        if self.opt.fold:
+            groups = self._stage_groups(self.plan.stage_of(rank), kind)
+            if len(groups[0]) < 2:
+                return self._done()
+            return self.env.process(self.coll.run_groups(op, groups, size, self.opt.merge, axis))
+        group = self._group_of(rank, kind)
+        if len(group) < 2:
+            return self._done()
+        seq_key = (rank, kind, group)
+        key = (kind, group, self._seq[seq_key])
+        self._seq[seq_key] += 1
+        arrived, event = self._rendezvous.setdefault(key, (set(), self.env.event()))
+        arrived.add(rank)
+        if len(arrived) == len(group):
+            del self._rendezvous[key]
+            proc = self.env.process(self.coll.run_groups(op, [group], size, False, axis))
+            proc.callbacks.append(lambda _e, ev=event: ev.succeed())
+        return event
+
+    def wait(self, rank: int, event: simpy.Event, axis: str, **where) -> Generator:
+        start = self.env.now
+        yield event
+        self.trace.add(Row(rank, self.plan.stage_of(rank), "compute", "wait", axis, start, self.env.now, **where))
+
+    def collective(self, rank: int, kind: str, op: str, size: float, axis: str, **where) -> Generator:
+        yield from self.wait(rank, self.launch(rank, kind, op, size, axis), axis, **where)
+
+    def _mailbox(self, key) -> list:
+        """[arrival event, time the transfer started or None]."""
+        return self._mail.setdefault(key, [self.env.event(), None])
+
+    def send(self, rank: int, dst_stage: int, vstage: int, mb: int, kind: str) -> None:
+        """Post activations (kind F) or gradients (B) for ``vstage`` of micro-batch ``mb``.
+
+        Folded, the representative also starts the transfers of every other rank of its stage."""
+        box = self._mailbox((self.plan.pp_peer(rank, dst_stage), vstage, mb, kind))
+        box[1] = self.env.now
+        stage = self.plan.stage_of(rank)
+        sources = self.plan.stage_ranks(stage) if self.opt.fold else [rank]
+        specs = [self.coll.phases("send_recv", [int(a), self.plan.pp_peer(int(a), dst_stage)], self.work.pp_bytes)
+                 for a in sources]
+        if not self.opt.communication or not any(specs):
+            box[0].succeed()
+            return
+        proc = self.env.process(self.coll.execute(specs, self.opt.merge, "pp"))
+        proc.callbacks.append(lambda _e, ev=box[0]: ev.succeed())
+
+    def recv(self, rank: int, vstage: int, mb: int, kind: str, chunk: int) -> Generator:
+        box = self._mailbox((rank, vstage, mb, kind))
+        start = self.env.now
+        yield box[0]
+        posted = box[1] if box[1] is not None else start
+        stage = self.plan.stage_of(rank)
+        split = min(max(posted, start), self.env.now)
+        self.trace.add(Row(rank, stage, "compute", "idle", "", start, split, mb, chunk))
+        self.trace.add(Row(rank, stage, "compute", "wait", "pp", split, self.env.now, mb, chunk))
+
+    # compute ----------------------------------------------------------------------------------
+
+    def compute(self, rank: int, kind: str, block, label: str, microbatch=-1, chunk=-1, layer=-1) -> Generator:
+        if block.time_s <= 0:
+            return
+        start = self.env.now
+        yield self.env.timeout(block.time_s)
+        self.trace.add(Row(rank, self.plan.stage_of(rank), "compute", kind, "", start, self.env.now,
+                           microbatch, chunk, layer, label, flops=block.flops))
+
+    def layer_forward(self, rank: int, layer: int, mb: int, chunk: int, kind: str = "F") -> Generator:
+        s, w = self.s, self.work
+        cost = w.layer_costs[layer]
+        sp = s.parallelism.sequence_parallel and s.parallelism.tp > 1
+        at = dict(microbatch=mb, chunk=chunk, layer=layer)
+        if sp:
+            yield from self.collective(rank, "tp", "all_gather", w.tp_bytes, "tp", **at)
+        cp_ev = self.launch(rank, "cp", "all_gather", w.cp_bytes * s.parallelism.cp, "cp")
+        yield from self.compute(rank, kind, cost.attn_fwd, "attention", mb, chunk, layer)
+        yield from self.wait(rank, cp_ev, "cp", **at)
+        yield from self.collective(rank, "tp", "reduce_scatter" if sp else "all_reduce", w.tp_bytes, "tp", **at)
+        if sp:
+            yield from self.collective(rank, "tp", "all_gather", w.tp_bytes, "tp", **at)
+        moe = s.model.is_moe_layer(layer)
+        if moe:
+            yield from self.collective(rank, "ep", "all_to_all", w.ep_bytes, "ep", **at)
+        yield from self.compute(rank, kind, cost.mlp_fwd, "moe" if moe else "mlp", mb, chunk, layer)
+        if moe:
+            yield from self.collective(rank, "ep", "all_to_all", w.ep_bytes, "ep", **at)
+        yield from self.collective(rank, "tp", "reduce_scatter" if sp else "all_reduce", w.tp_bytes, "tp", **at)
+
+    def layer_backward(self, rank: int, layer: int, mb: int, chunk: int) -> Generator:
+        s, w = self.s, self.work
+        cost = w.layer_costs[layer]
+        sp = s.parallelism.sequence_parallel and s.parallelism.tp > 1
+        at = dict(microbatch=mb, chunk=chunk, layer=layer)
+        if s.training.recompute == "full":
+            yield from self.layer_forward(rank, layer, mb, chunk, kind="R")
+        moe = s.model.is_moe_layer(layer)
+        if sp:
+            yield from self.collective(rank, "tp", "all_gather", w.tp_bytes, "tp", **at)
+        if moe:
+            yield from self.collective(rank, "ep", "all_to_all", w.ep_bytes, "ep", **at)
+        yield from self.compute(rank, "B", cost.mlp_bwd, "moe" if moe else "mlp", mb, chunk, layer)
+        if moe:
+            yield from self.collective(rank, "ep", "all_to_all", w.ep_bytes, "ep", **at)
+        yield from self.collective(rank, "tp", "reduce_scatter" if sp else "all_reduce", w.tp_bytes, "tp", **at)
+        if sp:
+            yield from self.collective(rank, "tp", "all_gather", w.tp_bytes, "tp", **at)
+        if s.training.recompute == "selective":
+            yield from self.compute(rank, "R", cost.attn_recompute, "attention", mb, chunk, layer)
+        cp_ev = self.launch(rank, "cp", "all_gather", 2 * w.cp_bytes * s.parallelism.cp, "cp")
+        yield from self.compute(rank, "B", cost.attn_bwd, "attention", mb, chunk, layer)
+        yield from self.wait(rank, cp_ev, "cp", **at)
+        yield from self.collective(rank, "tp", "reduce_scatter" if sp else "all_reduce", w.tp_bytes, "tp", **at)
+
+    # data-parallel stream -----------------------------------------------------------------------
+
+    def dp_stream(self, rank: int, queue: simpy.Store) -> Generator:
+        """Gradient and parameter collectives, one after another on their own stream."""
+        while True:
+            item = yield queue.get()
+            if item is None:
+                return
+            kind, op, size, axis, done = item
+            start = self.env.now
+            yield self.launch(rank, kind, op, size, axis)
+            self.trace.add(Row(rank, self.plan.stage_of(rank), "dp", "comm", axis, start, self.env.now,
+                               label=op, nbytes=size))
+            done.succeed()
+
+    def _grad_ops(self, bucket, zero: int):
+        op = "all_reduce" if zero == 0 else "reduce_scatter"
+        out = []
+        if bucket.dense_params:
+            out.append(("dpcp", op, bucket.dense_params * GRAD_BYTES))
+        if bucket.expert_params:
+            out.append(("edp", op, bucket.expert_params * GRAD_BYTES))
+        return out
+
+    def _param_ops(self, bucket):
+        out = []
+        if bucket.dense_params:
+            out.append(("dpcp", "all_gather", bucket.dense_params * PARAM_BYTES))
+        if bucket.expert_params:
+            out.append(("edp", "all_gather", bucket.expert_params * PARAM_BYTES))
+        return out
+
+    # the rank -----------------------------------------------------------------------------------
+
+    def rank_process(self, rank: int) -> Generator:
+        s, w, plan = self.s, self.work, self.plan
+        par = s.parallelism
+        p, v = par.pp, par.vp
+        stage = plan.stage_of(rank)
+        nvs = p * v
+        zero = par.zero_stage
+        steps = SCHEDULES[s.schedule](stage, p, self.m, v)
+        last_b = {}
+        for i, st in enumerate(steps):
+            if st.kind == "B":
+                last_b[st.chunk] = i
+        queue = simpy.Store(self.env)
+        dp_proc = self.env.process(self.dp_stream(rank, queue))
+        pending: list[simpy.Event] = []
+
+        def enqueue(kind, op, size, axis):
+            done = self.env.event()
+            queue.put((kind, op, size, axis, done))
+            pending.append(done)
+            return done
+
+        param_ready: dict[int, simpy.Event] = {}
+        if zero in (1, 2):
+            for chunk in range(v):
+                vs = virtual_stage(stage, p, chunk)
+                for bucket in reversed(w.buckets[vs]):
+                    ev = None
+                    for kind, op, size in self._param_ops(bucket):
+                        ev = enqueue(kind, op, size, "dp")
+                    for layer in bucket.layers:
+                        if ev is not None:
+                            param_ready[layer] = ev
+        fsdp_ready: dict = {}
+
+        def fsdp_gather(layer, key):
+            if zero != 3 or key in fsdp_ready:
+                return
+            size = (w.layer_dense_params[layer]) * PARAM_BYTES
+            fsdp_ready[key] = self.launch(rank, "dpcp", "all_gather", size, "fsdp")
+
+        for i, st in enumerate(steps):
+            vs = virtual_stage(stage, p, st.chunk)
+            layers = w.layers(vs)
+            at = dict(microbatch=st.microbatch, chunk=st.chunk)
+            if st.kind == "F":
+                if vs > 0:
+                    yield from self.recv(rank, vs, st.microbatch, "F", st.chunk)
+                start = self.env.now
+                if vs == 0 and self.opt.extras:
+                    yield from self.compute(rank, "embed", w.embedding[0], "embedding", **at)
+                for layer in layers:
+                    if layer in param_ready:
+                        yield from self.wait(rank, param_ready.pop(layer), "dp", layer=layer, **at)
+                    fsdp_gather(layer, ("F", st.microbatch, layer))
+                    if zero == 3 and layer + 1 in layers:
+                        fsdp_gather(layer + 1, ("F", st.microbatch, layer + 1))
+                    if zero == 3:
+                        yield from self.wait(rank, fsdp_ready.pop(("F", st.microbatch, layer)), "fsdp", layer=layer, **at)
+                    yield from self.layer_forward(rank, layer, st.microbatch, st.chunk)
+                if vs == nvs - 1 and self.opt.extras:
+                    yield from self.compute(rank, "head", w.head[0], "lm_head+loss", **at)
+                self.trace.add(Row(rank, stage, "step", "F", "", start, self.env.now, st.microbatch, st.chunk))
+                if vs < nvs - 1:
+                    self.send(rank, (stage + 1) % p, vs + 1, st.microbatch, "F")
+            else:
+                if vs < nvs - 1:
+                    yield from self.recv(rank, vs, st.microbatch, "B", st.chunk)
+                start = self.env.now
+                if vs == nvs - 1 and self.opt.extras:
+                    yield from self.compute(rank, "head", w.head[1], "lm_head+loss", **at)
+                final = last_b[st.chunk] == i
+                grads_of = {layer: b for b in w.buckets[vs] for layer in b.layers}
+                for layer in reversed(layers):
+                    if zero == 3:
+                        fsdp_gather(layer, ("B", st.microbatch, layer))
+                        if layer - 1 in layers:
+                            fsdp_gather(layer - 1, ("B", st.microbatch, layer - 1))
+                        yield from self.wait(rank, fsdp_ready.pop(("B", st.microbatch, layer)), "fsdp", layer=layer, **at)
+                    yield from self.layer_backward(rank, layer, st.microbatch, st.chunk)
+                    if zero == 3:
+                        ev = self.launch(rank, "dpcp", "reduce_scatter", w.layer_dense_params[layer] * GRAD_BYTES, "fsdp")
+                        pending.append(ev)
+                    elif final and grads_of[layer].layers[-1] == layer:
+                        for kind, op, size in self._grad_ops(grads_of[layer], zero):
+                            enqueue(kind, op, size, "dp")
+                if vs == 0 and self.opt.extras:
+                    yield from self.compute(rank, "embed", w.embedding[1], "embedding", **at)
+                if final and zero != 3:
+                    for bucket in w.buckets[vs]:
+                        if not bucket.layers:
+                            for kind, op, size in self._grad_ops(bucket, zero):
+                                enqueue(kind, op, size, "dp")
+                self.trace.add(Row(rank, stage, "step", "B", "", start, self.env.now, st.microbatch, st.chunk))
+                if vs > 0:
+                    self.send(rank, (stage - 1) % p, vs - 1, st.microbatch, "B")
+        queue.put(None)
+        if pending:
+            yield from self.wait(rank, self.env.all_of(pending), "fsdp" if zero == 3 else "dp")
+        yield dp_proc
+        if self.opt.extras:
+            yield from self.compute(rank, "opt", w.optimizer[stage], "optimizer")
+        self.stage_end[rank] = self.env.now
+
+    def run(self) -> SimResult:
+        plan = self.plan
+        ranks = ([int(plan.grid[st, 0, 0, 0]) for st in range(plan.pp)] if self.opt.fold
+                 else list(range(plan.world)))
+        for r in ranks:
+            self.env.process(self.rank_process(r))
+        events = 0
+        while True:
+            try:
+                self.env.step()
+            except simpy.core.EmptySchedule:
+                break
+            events += 1
+        if len(self.stage_end) != len(ranks):
+            stuck = sorted(set(ranks) - set(self.stage_end))
+            raise RuntimeError(f"simulation deadlocked: ranks {stuck[:8]} did not finish")
+        step = max(self.stage_end.values())
+        stage_end = [0.0] * plan.pp
+        for r, t in self.stage_end.items():
+            st = plan.stage_of(r)
+            stage_end[st] = max(stage_end[st], t)
+        return SimResult(
+            scenario=self.s, options=self.opt, plan=plan, cluster=self.cluster, workload=self.work,
+            trace=tuple(self.trace.rows), step_time_s=step, stage_end_s=tuple(stage_end),
+            simulated_ranks=tuple(ranks), events=events, link_bytes=self.net.stats.bytes_carried,
+            transfers=self.net.stats.transfers)
+
+
+def simulate(s: Scenario, options: SimOptions = SimOptions(), cluster: Cluster | None = None) -> SimResult:
+    return StepEngine(s, options, cluster).run()

@@ -1,0 +1,88 @@
+"""The parallel plan: the rank grid as one numpy array, and process groups as slices of it.
+
+Megatron-LM orders ranks TP fastest, then CP, then DP, then PP (``initialize_model_parallel``),
+so ``grid[pp, dp, cp, tp]`` is the global rank and, with 8 GPUs per node and tp <= 8, a TP group
+stays inside a node. Rank r runs on GPU r (nodes hold consecutive GPUs). Expert parallelism is
+carved out of DP x CP for the expert layers: the dp*cp ranks of one (pp, tp) slice are split into
+consecutive EP groups of ``ep`` ranks; the ranks holding the same experts form the expert-DP group.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True, eq=False)
+class Plan:
+    """Degrees and the rank grid ``grid[pp, dp, cp, tp]``."""
+
+    tp: int
+    pp: int
+    dp: int
+    cp: int
+    ep: int
+    grid: np.ndarray
+
+    @classmethod
+    def build(cls, tp: int, pp: int, dp: int, cp: int = 1, ep: int = 1) -> "Plan":
+        grid = np.arange(tp * pp * dp * cp).reshape(pp, dp, cp, tp)
+        grid.setflags(write=False)
+        return cls(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, grid=grid)
+
+    @property
+    def world(self) -> int:
+        return self.grid.size
+
+    def coords(self, rank: int) -> tuple[int, int, int, int]:
+        """(pp, dp, cp, tp) of a global rank."""
+        p, d, c, t = np.unravel_index(rank, self.grid.shape)
+        return int(p), int(d), int(c), int(t)
+
+    def stage_of(self, rank: int) -> int:
+        return rank // (self.dp * self.cp * self.tp)
+
+    def tp_group(self, rank: int) -> tuple[int, ...]:
+        p, d, c, _ = self.coords(rank)
+        return tuple(int(x) for x in self.grid[p, d, c, :])
+
+    def cp_group(self, rank: int) -> tuple[int, ...]:
+        p, d, _, t = self.coords(rank)
+        return tuple(int(x) for x in self.grid[p, d, :, t])
+
+    def dp_group(self, rank: int) -> tuple[int, ...]:
+        p, _, c, t = self.coords(rank)
+        return tuple(int(x) for x in self.grid[p, :, c, t])
+
+    def dp_cp_group(self, rank: int) -> tuple[int, ...]:
+        """The group Megatron's distributed optimizer shards over (DP x CP)."""
+        p, _, _, t = self.coords(rank)
+        return tuple(int(x) for x in self.grid[p, :, :, t].ravel())
+
+    def ep_group(self, rank: int) -> tuple[int, ...]:
+        dpcp = self.dp_cp_group(rank)
+        i = dpcp.index(rank) // self.ep
+        return dpcp[i * self.ep:(i + 1) * self.ep]
+
+    def expert_dp_group(self, rank: int) -> tuple[int, ...]:
+        dpcp = self.dp_cp_group(rank)
+        j = dpcp.index(rank) % self.ep
+        return dpcp[j::self.ep]
+
+    def pp_peer(self, rank: int, stage: int) -> int:
+        """The rank holding the same (dp, cp, tp) position on another pipeline stage."""
+        _, d, c, t = self.coords(rank)
+        return int(self.grid[stage % self.pp, d, c, t])
+
+    def stage_ranks(self, stage: int) -> np.ndarray:
+        return self.grid[stage].ravel()
+
+    def groups_on_stage(self, stage: int, kind: str) -> list[tuple[int, ...]]:
+        """Every distinct group of one kind among the ranks of a pipeline stage, in rank order."""
+        fn = {"tp": self.tp_group, "cp": self.cp_group, "dp": self.dp_group, "dpcp": self.dp_cp_group,
+              "ep": self.ep_group, "edp": self.expert_dp_group}[kind]
+        seen: dict[tuple[int, ...], None] = {}
+        for r in self.stage_ranks(stage):
+            seen.setdefault(fn(int(r)), None)
+        return list(seen)

@@ -1,0 +1,98 @@
+"""Step metrics from a simulated trace: pure functions of a :class:`SimResult`.
+
+Conventions:
+- ``model_tflops_per_gpu`` and ``mfu`` use model FLOPs, 6N + 12 L h s per token (see
+  ``compute.model_flops_per_token``: N active non-embedding weights plus the LM head, attention
+  not halved for causal masking, recompute not counted), over the dense peak of the run's
+  precision. ``hfu`` counts the FLOPs the simulated kernels executed, recompute included.
+- Per stage, the step time splits into compute (kernels), exposed communication by axis (time
+  the compute stream waited on a transfer, after the transfer had started) and idle (waiting
+  for a pipeline dependency, or done before the slowest stage). ``bubble_fraction`` of a stage is
+  its idle share; the step's is the mean over stages. With uniform stages and free communication
+  this is (p-1)/(m+p-1) for 1F1B and GPipe and (p-1)/(v m+p-1) interleaved.
+- Stage figures come from the rank at dp = cp = tp = 0 of each stage.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from simulator.compute import model_flops_per_token
+from simulator.engine import SimResult
+from simulator.hardware import get_gpu, peak
+
+AXES = ("tp", "pp", "dp", "fsdp", "cp", "ep")
+COMPUTE_KINDS = ("F", "B", "R", "embed", "head", "opt")
+
+
+def stage_breakdown(result: SimResult) -> list[dict]:
+    step = result.step_time_s
+    reps = {result.plan.stage_of(r): r for r in sorted(result.simulated_ranks, reverse=True)}
+    out = []
+    for stage in range(result.plan.pp):
+        rank = reps[stage]
+        compute = 0.0
+        exposed = defaultdict(float)
+        flops = 0.0
+        for row in result.trace:
+            if row.rank != rank or row.stream != "compute":
+                continue
+            if row.kind in COMPUTE_KINDS:
+                compute += row.end - row.start
+                flops += row.flops
+            elif row.kind == "wait":
+                exposed[row.axis] += row.end - row.start
+        comm = sum(exposed.values())
+        idle = max(0.0, step - compute - comm)
+        out.append({
+            "stage": stage,
+            "compute_s": compute,
+            "exposed_comm_s": {a: exposed.get(a, 0.0) for a in AXES},
+            "idle_s": idle,
+            "bubble_fraction": idle / step if step > 0 else 0.0,
+            "flops": flops,
+        })
+    return out
+
+
+def step_report(result: SimResult, wall_s: float | None = None) -> dict:
+    s = result.scenario
+    step = result.step_time_s
+    world = result.plan.world
+    tokens = s.training.global_batch_size * s.training.seq_length
+    gpu = get_gpu(s.cluster.gpu)
+    peak_flops = peak(gpu, s.training.precision)
+    model_flops = model_flops_per_token(s.model, s.training.seq_length) * tokens
+    stages = stage_breakdown(result)
+    n = len(stages)
+    flops_per_gpu = sum(st["flops"] for st in stages) / n  # every GPU of a stage runs its representative's kernels
+    breakdown = {
+        "compute_s": sum(st["compute_s"] for st in stages) / n,
+        "exposed_comm_s": {a: sum(st["exposed_comm_s"][a] for st in stages) / n for a in AXES},
+        "idle_s": sum(st["idle_s"] for st in stages) / n,
+    }
+    report = {
+        "name": s.name,
+        "step_time_s": step,
+        "tokens_per_step": tokens,
+        "tokens_per_s": tokens / step,
+        "tokens_per_s_per_gpu": tokens / step / world,
+        "model_tflops_per_gpu": model_flops / step / world / 1e12,
+        "mfu": model_flops / (step * world * peak_flops),
+        "hfu": flops_per_gpu / (step * peak_flops),
+        "bubble_fraction": sum(st["bubble_fraction"] for st in stages) / n,
+        "bubble_fraction_per_stage": [st["bubble_fraction"] for st in stages],
+        "time_breakdown_s": breakdown,
+        "stages": stages,
+        "num_gpus": world,
+        "num_microbatches": s.num_microbatches,
+        "layout": {"tp": s.parallelism.tp, "pp": s.parallelism.pp, "dp": s.dp, "cp": s.parallelism.cp,
+                   "ep": s.parallelism.ep, "vp": s.parallelism.vp, "zero_stage": s.parallelism.zero_stage,
+                   "sequence_parallel": s.parallelism.sequence_parallel, "schedule": s.schedule},
+        "events": result.events,
+        "transfers": result.transfers,
+        "simulated_ranks": len(result.simulated_ranks),
+    }
+    if wall_s is not None:
+        report["sim_wall_s"] = wall_s
+    return report
