@@ -1,0 +1,388 @@
+"""Memory per GPU, per pipeline stage: model states, activations, buffers; pure functions.
+
+Model states (Rajbhandari et al. 2020, "ZeRO"): mixed-precision Adam keeps 2 (16-bit weights)
++ 2 (16-bit gradients) + 12 (fp32 master weights, Adam m and v) bytes per parameter. ZeRO-1
+shards the 12 over the data-parallel group, ZeRO-2 also the gradients, ZeRO-3 also the weights.
+Dense parameters shard over DP x CP (Megatron's distributed optimizer: CP ranks hold the same
+weights); expert parameters over the expert-data-parallel group, DP x CP / EP.
+
+Parameters per GPU on a stage: its layers (num_hidden_layers / pp, in vp chunks), matrices
+divided by tp (Megatron column/row parallel; GQA K/V heads replicated when tp > kv heads),
+norm gains replicated; MoE layers hold num_experts / ep experts, each divided by tp (expert
+TP = TP), and a replicated router. The first stage adds the vocab-parallel embedding
+(V h / tp); the last the LM head (V h / tp) and final norm. With tied embeddings and pp > 1
+the last stage still holds its own copy of the embedding (Megatron-LM).
+
+Activations per layer and micro-batch follow Korthikanti et al. 2022 term by term (Sec. 4.1,
+Table 2), 16-bit tensors and 1-byte dropout masks; ``korthikanti_activation_bytes`` is
+Table 2 as printed and ``layer_activation_bytes`` is the same accounting generalised to GQA,
+SwiGLU and MoE: it equals Table 2 exactly on GPT-shaped layers (multi-head attention, a 4h
+GeLU MLP). The report uses it as-is, so it keeps the paper's 5as^2b attention-score term and
+dropout masks: with flash attention (no stored score matrix) and dropout 0, as modern recipes
+train, it overestimates activations without selective recompute. CP divides the sequence:
+every term uses s / cp. Activations on a stage = per-layer bytes x layers per chunk x chunk
+activations in flight (``microbatches_in_flight``), plus the embedding dropout mask on the
+first stage, the LM-head input and fp32 logits (4 s b V / t, Megatron's vocab-parallel cross
+entropy keeps fp32 softmax) on the last, plus the recompute working set: the tensors of one
+layer and one micro-batch that recompute re-materialises during its backward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from simulator.config import ModelConfig, Scenario
+from simulator.errors import ConfigError
+from simulator.schedules import check_schedule_args
+from simulator.units import GiB
+
+RECOMPUTE_MODES = ("none", "selective", "full")
+ZERO_STAGES = (0, 1, 2, 3)
+COMPONENTS = ("weights", "gradients", "optimizer", "activations", "other")
+
+ACT_BYTES = 2
+MASK_BYTES = 1
+LOGIT_BYTES = 4
+ROUTER_PROB_BYTES = 4  # Megatron-core computes router logits and probabilities in fp32
+
+# Megatron-core DistributedDataParallelConfig.bucket_size default: max(40e6, 1e6 * dp) params.
+DDP_BUCKET_MIN_PARAMS = 40_000_000
+DDP_BUCKET_PARAMS_PER_RANK = 1_000_000
+# Framework margin, an estimate, the same for every scenario: CUDA context with the loaded
+# cuBLAS / cuDNN / Transformer Engine kernels and workspaces (~1 GiB per process on A100/H100),
+# NCCL buffers for the TP, PP, DP, CP and EP communicators (NCCL_BUFFSIZE = 4 MiB per channel
+# and peer, tens of channels per communicator: ~1.5 GiB), and the caching allocator's
+# fragmentation (reserved above allocated), taken as 5% of the tensor bytes.
+CUDA_CONTEXT_BYTES = 1.0 * GiB
+NCCL_BUFFER_BYTES = 1.5 * GiB
+ALLOCATOR_FRAGMENTATION = 0.05
+
+
+def model_state_bytes(
+    params: float, dp: int, zero_stage: int, weight_bytes: float = 2, grad_bytes: float = 2,
+    optimizer_bytes: float = 12,
+) -> float:
+    """Bytes per GPU of weights + gradients + optimizer states for ``params`` replicated dp ways.
+
+    Rajbhandari et al. 2020, Fig. 1: with Psi = 7.5e9, dp = 64 and 2 + 2 + 12 bytes this is
+    120, 31.4, 16.6 and 1.9 GB for ZeRO stages 0 to 3.
+    """
+    return sum(_state_components(params, dp, zero_stage, weight_bytes, grad_bytes, optimizer_bytes))
+
+
+def _state_components(
+    params: float, shards: int, zero_stage: int, weight_bytes: float, grad_bytes: float,
+    optimizer_bytes: float,
+) -> tuple[float, float, float]:
+    if zero_stage not in ZERO_STAGES:
+        raise ConfigError("parallelism.zero_stage", zero_stage, "valid: 0, 1, 2, 3")
+    w = params * weight_bytes / (shards if zero_stage >= 3 else 1)
+    g = params * grad_bytes / (shards if zero_stage >= 2 else 1)
+    o = params * optimizer_bytes / (shards if zero_stage >= 1 else 1)
+    return w, g, o
+
+
+def korthikanti_activation_bytes(
+    s: float, b: float, h: float, a: float, t: int, sp: bool, recompute: str
+) -> float:
+    """Activation bytes of one transformer layer for one micro-batch: Korthikanti et al. 2022, Table 2.
+
+    none: sbh(10 + 24/t + 5as/(ht)) with TP only, sbh/t (34 + 5as/h) with sequence parallelism;
+    selective: sbh(10 + 24/t), or 34 sbh/t with SP; full: 2 sbh, the layer input (the paper's
+    row has no SP; with SP the stored input is itself split, 2 sbh/t). t = 1 without SP gives
+    the paper's no-parallelism row sbh(34 + 5as/h).
+    """
+    if recompute == "full":
+        return 2 * s * b * h / (t if sp else 1)
+    if recompute == "selective":
+        return 34 * s * b * h / t if sp else s * b * h * (10 + 24 / t)
+    if recompute == "none":
+        if sp:
+            return s * b * h / t * (34 + 5 * a * s / h)
+        return s * b * h * (10 + 24 / t + 5 * a * s / (h * t))
+    raise ConfigError("training.recompute", recompute, f"valid: {', '.join(RECOMPUTE_MODES)}")
+
+
+def layer_activation_bytes(
+    model: ModelConfig, layer: int, s: float, b: float, t: int, sp: bool, recompute: str
+) -> float:
+    """Korthikanti et al. 2022's per-layer accounting (Sec. 4.1) for GQA, SwiGLU and MoE layers.
+
+    Attention: norm input 2sbh, QKV input 2sbh, Q 2sb(a d)/t, K and V 2sb(kv d)/t each (kv
+    heads replicated up to t), scores 5asb s/t (softmax 2, dropout mask 1, dropout output 2),
+    output-projection input 2sb(a d)/t, dropout mask sbh. MLP: norm input 2sbh, input 2sbh,
+    (matrices - 1) x 2sbf/t into the activation (GeLU input, or SwiGLU gate and up), 2sbf/t
+    into the down projection, dropout mask sbh. Terms without /t are replicated across TP
+    unless sequence parallelism splits them. MoE layers: the router input and fp32
+    probabilities, then per routed token copy (s b k copies on each GPU: balanced routing,
+    TP ranks see all tokens, Megatron-core) a 2h expert input and the expert MLP terms with
+    f = moe_intermediate_size, plus shared experts as one MLP. Selective recompute drops the
+    score term; full recompute keeps the layer input, 2sbh (/t with SP).
+    """
+    if recompute not in RECOMPUTE_MODES:
+        raise ConfigError("training.recompute", recompute, f"valid: {', '.join(RECOMPUTE_MODES)}")
+    h, d, a = model.hidden_size, model.head_dim, model.num_attention_heads
+    tokens = s * b
+    rep = 1 / t if sp else 1.0
+    if recompute == "full":
+        return ACT_BYTES * tokens * h * rep
+    q, kv = a * d, max(model.num_key_value_heads, t) * d
+    attn = (2 * ACT_BYTES * tokens * h * rep
+            + ACT_BYTES * tokens * (2 * q + 2 * kv) / t
+            + MASK_BYTES * tokens * h * rep)
+    if recompute == "none":
+        attn += (ACT_BYTES + MASK_BYTES + ACT_BYTES) * a * s * tokens / t
+    mlp = 2 * ACT_BYTES * tokens * h * rep + MASK_BYTES * tokens * h * rep
+    if model.is_moe_layer(layer):
+        copies = tokens * model.num_experts_per_tok
+        mlp += ROUTER_PROB_BYTES * tokens * model.num_experts * rep
+        mlp += ACT_BYTES * copies * h + _ffn_bytes(model, copies, model.expert_intermediate_size, t)
+        mlp += _ffn_bytes(model, tokens, model.num_shared_experts * model.expert_intermediate_size, t)
+    else:
+        mlp += _ffn_bytes(model, tokens, model.intermediate_size, t)
+    return attn + mlp
+
+
+def _ffn_bytes(model: ModelConfig, tokens: float, f: float, t: int) -> float:
+    return ACT_BYTES * tokens * f * model.mlp_matrices / t
+
+
+def microbatches_in_flight(
+    schedule: str, stage: int, stages: int, microbatches: int, chunks: int = 1
+) -> int:
+    """Chunk activations stage ``stage`` holds at its peak (one chunk = 1/chunks of its layers).
+
+    1F1B: min(p - s, m) (Narayanan et al. 2021); GPipe: m; interleaved (Megatron-LM):
+    min(2 (p - s - 1) + (v - 1) p + 1, m v), its warm-up forwards plus one; with one chunk
+    Megatron runs plain 1F1B, and so does ``schedules.interleaved_1f1b``.
+    """
+    check_schedule_args(schedule, stages, microbatches, chunks)
+    if schedule == "gpipe":
+        return microbatches
+    if schedule == "interleaved" and chunks > 1:
+        return min(2 * (stages - stage - 1) + (chunks - 1) * stages + 1, microbatches * chunks)
+    return min(stages - stage, microbatches)
+
+
+@dataclass(frozen=True)
+class StageMemory:
+    """Bytes per GPU on one pipeline stage, by component."""
+
+    stage: int
+    weights: float
+    gradients: float
+    optimizer: float
+    activations: float
+    other: float
+    in_flight: int
+
+    @property
+    def total(self) -> float:
+        return self.weights + self.gradients + self.optimizer + self.activations + self.other
+
+    @property
+    def biggest(self) -> str:
+        return max(COMPONENTS, key=lambda c: getattr(self, c))
+
+
+@dataclass(frozen=True)
+class _Params:
+    """Parameters per GPU on a stage: dense (sharded over DP x CP) and expert (over EDP)."""
+
+    dense: float
+    expert: float
+    largest_unit: float  # one layer, the embedding or the head: what ZeRO-3 gathers at once
+
+
+def _layer_params(model: ModelConfig, layer: int, tp: int, ep: int) -> tuple[float, float]:
+    """(dense, expert) parameters of one layer per GPU; norm gains (2h) replicated over TP."""
+    h, d = model.hidden_size, model.head_dim
+    q, kv = model.num_attention_heads * d, max(model.num_key_value_heads, tp) * d
+    dense = 2 * h + (h * (q + 2 * kv) + q * h) / tp
+    mm = model.mlp_matrices
+    if not model.is_moe_layer(layer):
+        return dense + mm * h * model.intermediate_size / tp, 0.0
+    expert = mm * h * model.expert_intermediate_size
+    dense += h * model.num_experts + model.num_shared_experts * expert / tp
+    return dense, model.num_experts / ep * expert / tp
+
+
+def stage_layers(model: ModelConfig, stage: int, pp: int, vp: int = 1) -> list[int]:
+    """Layer indices on ``stage``: chunk c holds virtual stage c * pp + stage (Megatron-LM)."""
+    per_chunk = model.num_hidden_layers // (pp * vp)
+    return [(c * pp + stage) * per_chunk + i for c in range(vp) for i in range(per_chunk)]
+
+
+def _stage_params(s: Scenario, stage: int) -> _Params:
+    m, par = s.model, s.parallelism
+    tp, pp = par.tp, par.pp
+    units = [_layer_params(m, layer, tp, par.ep) for layer in stage_layers(m, stage, pp, par.vp)]
+    dense = sum(u[0] for u in units)
+    expert = sum(u[1] for u in units)
+    largest = max((u[0] + u[1] for u in units), default=0.0)
+    table = m.vocab_size * m.hidden_size / tp
+    if stage == 0:
+        dense += table
+        largest = max(largest, table)
+    if stage == pp - 1:
+        dense += m.hidden_size
+        if not m.tie_word_embeddings or pp > 1:
+            dense += table
+            largest = max(largest, table)
+    return _Params(dense, expert, largest)
+
+
+def _check(s: Scenario) -> None:
+    par, m, tr = s.parallelism, s.model, s.training
+    for name in ("tp", "pp", "cp", "ep", "vp"):
+        value = getattr(par, name)
+        if not isinstance(value, int) or value < 1:
+            raise ConfigError(f"parallelism.{name}", value, "must be a positive integer")
+    if s.dp < 1:
+        raise ConfigError("parallelism.dp", s.dp, "must be at least 1: use more GPUs or smaller tp x pp x cp")
+    if par.zero_stage not in ZERO_STAGES:
+        raise ConfigError("parallelism.zero_stage", par.zero_stage, "valid: 0, 1, 2, 3")
+    if tr.recompute not in RECOMPUTE_MODES:
+        raise ConfigError("training.recompute", tr.recompute, f"valid: {', '.join(RECOMPUTE_MODES)}")
+    for name in ("seq_length", "micro_batch_size"):
+        if getattr(tr, name) < 1:
+            raise ConfigError(f"training.{name}", getattr(tr, name), "must be a positive integer")
+    if m.num_hidden_layers < par.pp * par.vp or m.num_hidden_layers % (par.pp * par.vp):
+        raise ConfigError("model.num_hidden_layers", m.num_hidden_layers,
+                          f"must be a multiple of pp x vp = {par.pp * par.vp}")
+    if m.is_moe:
+        if m.num_experts % par.ep:
+            raise ConfigError("parallelism.ep", par.ep, f"must divide num_experts = {m.num_experts}")
+        if (s.dp * par.cp) % par.ep:
+            raise ConfigError("parallelism.ep", par.ep, f"must divide dp x cp = {s.dp * par.cp}")
+    check_schedule_args(s.schedule, par.pp, s.num_microbatches, par.vp)
+
+
+def stage_memory(
+    s: Scenario, stage: int, weight_bytes: float = 2, grad_bytes: float = 2,
+    optimizer_bytes: float = 12,
+) -> StageMemory:
+    """Peak bytes per GPU of pipeline stage ``stage`` (module docstring has the accounting).
+
+    other = communication buffers (one DDP gradient bucket of max(40e6, 1e6 x DP x CP)
+    parameters, Megatron-core's default bucket size, capped at the stage's parameters; with
+    ZeRO-3 instead the FSDP buffers: two gathered units in flight for prefetch plus one
+    unsharded gradient unit before its reduce-scatter, Zhao et al. 2023) + CUDA context + NCCL
+    buffers + allocator fragmentation on all tensor bytes.
+    """
+    _check(s)
+    par, tr, m = s.parallelism, s.training, s.model
+    tp, pp, vp, zero = par.tp, par.pp, par.vp, par.zero_stage
+    dense_group = s.dp * par.cp
+    expert_group = dense_group // par.ep if m.is_moe else dense_group
+    params = _stage_params(s, stage)
+    dense_states = _state_components(params.dense, dense_group, zero, weight_bytes, grad_bytes, optimizer_bytes)
+    expert_states = _state_components(params.expert, expert_group, zero, weight_bytes, grad_bytes, optimizer_bytes)
+    weights, grads, optim = (d + e for d, e in zip(dense_states, expert_states))
+
+    seq, b, sp, rc = tr.seq_length / par.cp, tr.micro_batch_size, par.sequence_parallel, tr.recompute
+    layers = stage_layers(m, stage, pp, vp)
+    per_mb = [layer_activation_bytes(m, layer, seq, b, tp, sp, rc) for layer in layers]
+    in_flight = microbatches_in_flight(s.schedule, stage, pp, s.num_microbatches, vp)
+    activations = sum(per_mb) / vp * in_flight
+    working_set = [layer_activation_bytes(m, layer, seq, b, tp, sp, "none") - a for layer, a in zip(layers, per_mb)]
+    activations += max(working_set, default=0.0)
+    rep = 1 / tp if sp else 1.0
+    if stage == 0:
+        activations += MASK_BYTES * seq * b * m.hidden_size * rep * min(in_flight, s.num_microbatches)
+    if stage == pp - 1:
+        head_in_flight = s.num_microbatches if s.schedule == "gpipe" else 1
+        head = 2 * ACT_BYTES * seq * b * m.hidden_size * rep + LOGIT_BYTES * seq * b * m.vocab_size / tp
+        activations += head * head_in_flight
+
+    stage_params = params.dense + params.expert
+    if zero >= 3:
+        buffers = params.largest_unit * (2 * weight_bytes + grad_bytes)
+    else:
+        bucket = max(DDP_BUCKET_MIN_PARAMS, DDP_BUCKET_PARAMS_PER_RANK * dense_group)
+        buffers = min(bucket, stage_params) * grad_bytes
+    tensors = weights + grads + optim + activations + buffers
+    other = buffers + CUDA_CONTEXT_BYTES + NCCL_BUFFER_BYTES + ALLOCATOR_FRAGMENTATION * tensors
+    return StageMemory(stage, weights, grads, optim, activations, other, in_flight)
+
+
+def memory_report(
+    s: Scenario, gpu_capacity_bytes: float | None = None, weight_bytes: float = 2,
+    grad_bytes: float = 2, optimizer_bytes: float = 12,
+) -> dict:
+    """Per-stage memory per GPU in GiB (2**30 bytes), the peak and the OOM verdict (issue 5 JSON).
+
+    ``gpu_capacity_bytes`` defaults to the HBM capacity of ``s.cluster.gpu``.
+    """
+    if gpu_capacity_bytes is None:
+        from simulator.hardware import get_gpu
+
+        gpu_capacity_bytes = get_gpu(s.cluster.gpu).hbm_capacity_bytes
+    if not gpu_capacity_bytes > 0:
+        raise ConfigError("gpu_capacity_bytes", gpu_capacity_bytes, "must be a positive byte count")
+    for name, value in (("weight_bytes", weight_bytes), ("grad_bytes", grad_bytes),
+                        ("optimizer_bytes", optimizer_bytes)):
+        if value < 0:
+            raise ConfigError(name, value, "bytes per parameter cannot be negative")
+    stages = [stage_memory(s, st, weight_bytes, grad_bytes, optimizer_bytes)
+              for st in range(s.parallelism.pp)]
+    capacity = gpu_capacity_bytes / GiB
+    rows = [_stage_row(st, capacity) for st in stages]
+    par = s.parallelism
+    return {
+        "stages": rows,
+        "peak_gib": max(r["total_gib"] for r in rows),
+        "fits": all(r["fits"] for r in rows),
+        "assumptions": {
+            "bytes_per_param": {"weights": weight_bytes, "gradients": grad_bytes, "optimizer": optimizer_bytes},
+            "zero_stage": par.zero_stage,
+            "dense_shard_group": s.dp * par.cp,
+            "expert_shard_group": s.dp * par.cp // par.ep if s.model.is_moe else s.dp * par.cp,
+            "activations": "Korthikanti et al. 2022 Table 2 per layer, generalised to GQA/SwiGLU/MoE; "
+                           "attention scores stored (no flash-attention credit), 16-bit, s / cp",
+            "recompute": s.training.recompute,
+            "sequence_parallel": par.sequence_parallel,
+            "schedule": s.schedule,
+            "microbatches": s.num_microbatches,
+            "microbatches_in_flight": [st.in_flight for st in stages],
+            "cuda_context_gib": CUDA_CONTEXT_BYTES / GiB,
+            "nccl_buffers_gib": NCCL_BUFFER_BYTES / GiB,
+            "allocator_fragmentation": ALLOCATOR_FRAGMENTATION,
+            "comm_buffers": "FSDP: 2 gathered units + 1 unsharded gradient unit" if par.zero_stage >= 3
+                            else "one DDP bucket of max(40e6, 1e6 x dp x cp) params",
+        },
+    }
+
+
+def _stage_row(st: StageMemory, capacity_gib: float) -> dict:
+    total = st.total / GiB
+    return {
+        "stage": st.stage,
+        "weights_gib": _gib(st.weights),
+        "gradients_gib": _gib(st.gradients),
+        "optimizer_gib": _gib(st.optimizer),
+        "activations_gib": _gib(st.activations),
+        "other_gib": _gib(st.other),
+        "total_gib": round(total, 4),
+        "capacity_gib": round(capacity_gib, 4),
+        "fits": total <= capacity_gib,
+        "biggest": st.biggest,
+    }
+
+
+def _gib(n_bytes: float) -> float:
+    return round(n_bytes / GiB, 4)
+
+
+def format_memory_table(report: dict) -> str:
+    """Per-stage table in GiB, one row per stage, then the peak and the verdict."""
+    cols = ("weights", "gradients", "optimizer", "activations", "other", "total")
+    header = f"{'stage':>5} " + " ".join(f"{c:>11}" for c in cols) + f" {'capacity':>9}  {'fits':<4}  biggest"
+    lines = [header]
+    for r in report["stages"]:
+        values = " ".join(f"{r[c + '_gib']:>11.2f}" for c in cols)
+        fits = "yes" if r["fits"] else "NO"
+        lines.append(f"{r['stage']:>5} {values} {r['capacity_gib']:>9.1f}  {fits:<4}  {r['biggest']}")
+    verdict = "fits" if report["fits"] else "does NOT fit"
+    lines.append(f"peak {report['peak_gib']:.2f} GiB per GPU: {verdict}")
+    return "\n".join(lines)

@@ -1,0 +1,366 @@
+"""Memory per GPU: the ZeRO paper's example, Korthikanti et al.'s formulas, schedules, properties."""
+
+import dataclasses
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from simulator.compute import param_counts
+from simulator.config import ClusterConfig, ModelConfig, ParallelConfig, Scenario, TrainingConfig
+from simulator.errors import ConfigError
+from simulator.memory import (
+    format_memory_table,
+    korthikanti_activation_bytes,
+    layer_activation_bytes,
+    memory_report,
+    microbatches_in_flight,
+    model_state_bytes,
+    stage_layers,
+    stage_memory,
+)
+from simulator.schedules import SCHEDULES
+from simulator.units import GiB
+
+GPT3 = ModelConfig(
+    hidden_size=12288, num_hidden_layers=96, num_attention_heads=96, num_key_value_heads=96,
+    intermediate_size=4 * 12288, vocab_size=51200,
+)
+TINY = ModelConfig(
+    hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=4,
+    intermediate_size=256, vocab_size=100,
+)
+MOE = ModelConfig(
+    hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+    intermediate_size=256, vocab_size=100, hidden_act="silu", num_experts=8, num_experts_per_tok=2,
+    moe_intermediate_size=32, num_shared_experts=1, first_k_dense_replace=1,
+)
+A100_1024 = ClusterConfig(topology="dgx-a100", num_nodes=128, gpus_per_node=8, gpu="A100-SXM4-80GB")
+
+
+def gpt3_scenario(**parallel) -> Scenario:
+    """GPT-3 175B on 1024 A100-80GB, Megatron-LM's recipe (Narayanan et al. 2021, Korthikanti et al. 2022)."""
+    par = dict(tp=8, pp=8, sequence_parallel=True, zero_stage=1)
+    par.update(parallel)
+    return Scenario(
+        name="gpt3-175b",
+        model=GPT3,
+        cluster=A100_1024,
+        training=TrainingConfig(seq_length=2048, micro_batch_size=1, global_batch_size=1536, recompute="selective"),
+        parallelism=ParallelConfig(**par),
+    )
+
+
+def tiny_scenario(model=TINY, schedule="1f1b", gpus=8, gbs=16, recompute="none", **parallel) -> Scenario:
+    return Scenario(
+        name="tiny",
+        model=model,
+        cluster=ClusterConfig(num_nodes=1, gpus_per_node=gpus, gpu="H100"),
+        training=TrainingConfig(seq_length=32, micro_batch_size=1, global_batch_size=gbs, recompute=recompute),
+        parallelism=ParallelConfig(**parallel),
+        schedule=schedule,
+    )
+
+
+# --- ZeRO (Rajbhandari et al. 2020, Fig. 1) ------------------------------------------------------
+
+
+@pytest.mark.parametrize("zero_stage, expected_gb", [(0, 120.0), (1, 31.4), (2, 16.6), (3, 1.9)])
+def test_zero_paper_example(zero_stage, expected_gb):
+    assert round(model_state_bytes(7.5e9, 64, zero_stage) / 1e9, 1) == expected_gb
+
+
+def test_model_state_bytes_configurable():
+    assert model_state_bytes(1e9, 8, 0, weight_bytes=2, grad_bytes=4, optimizer_bytes=12) == 18e9
+    assert model_state_bytes(1e9, 8, 3, weight_bytes=2, grad_bytes=4, optimizer_bytes=12) == 18e9 / 8
+    with pytest.raises(ConfigError, match="zero_stage"):
+        model_state_bytes(1e9, 8, 4)
+
+
+# --- Activations (Korthikanti et al. 2022, Table 2) ----------------------------------------------
+
+# (s, b, h, a, t): the paper's 22B, 175B, 530B and 1T models (Table 3) and small odd values.
+SHAPES = [
+    (2048, 4, 6144, 64, 8),
+    (2048, 1, 12288, 96, 8),
+    (2048, 1, 20480, 128, 8),
+    (2048, 1, 25600, 160, 8),
+    (512, 3, 1024, 16, 2),
+    (128, 2, 64, 4, 1),
+]
+
+
+def table2(s, b, h, a, t):
+    """Table 2, row by row, written out independently of simulator.memory."""
+    return {
+        ("none", False): s * b * h * (10 + 24 / t + 5 * a * s / (h * t)),
+        ("none", True): s * b * h / t * (34 + 5 * a * s / h),
+        ("selective", False): s * b * h * (10 + 24 / t),
+        ("selective", True): 34 * s * b * h / t,
+        ("full", False): 2 * s * b * h,
+    }
+
+
+@pytest.mark.parametrize("s, b, h, a, t", SHAPES)
+def test_korthikanti_table2_exact(s, b, h, a, t):
+    for (recompute, sp), expected in table2(s, b, h, a, t).items():
+        assert korthikanti_activation_bytes(s, b, h, a, t, sp, recompute) == pytest.approx(expected, rel=1e-12)
+    no_parallelism = s * b * h * (34 + 5 * a * s / h)
+    assert korthikanti_activation_bytes(s, b, h, a, 1, False, "none") == pytest.approx(no_parallelism, rel=1e-12)
+    assert korthikanti_activation_bytes(s, b, h, a, t, True, "full") == 2 * s * b * h / t
+
+
+def test_korthikanti_175b_by_hand():
+    """34 sbh / t for s = 2048, b = 1, h = 12288, t = 8: 106,954,752 bytes (~102 MiB) per layer."""
+    assert korthikanti_activation_bytes(2048, 1, 12288, 96, 8, True, "selective") == 106_954_752
+
+
+@pytest.mark.parametrize("s, b, h, a, t", SHAPES)
+def test_layer_accounting_equals_table2_on_gpt_layers(s, b, h, a, t):
+    model = ModelConfig(hidden_size=h, num_hidden_layers=1, num_attention_heads=a, num_key_value_heads=a,
+                        intermediate_size=4 * h, vocab_size=1000)
+    for recompute in ("none", "selective", "full"):
+        for sp in (False, True):
+            expected = korthikanti_activation_bytes(s, b, h, a, t, sp, recompute)
+            assert layer_activation_bytes(model, 0, s, b, t, sp, recompute) == pytest.approx(expected, rel=1e-12)
+
+
+def test_gqa_swiglu_layer_by_hand():
+    """Llama-style layer: K/V shrink with GQA, the MLP stores gate, up and down inputs (6 sbf / t)."""
+    h, a, kv, f, s, b, t = 64, 4, 2, 256, 32, 1, 2
+    model = ModelConfig(hidden_size=h, num_hidden_layers=1, num_attention_heads=a, num_key_value_heads=kv,
+                        intermediate_size=f, vocab_size=100, hidden_act="silu")
+    d = h // a
+    replicated = (4 + 1 + 4 + 1) * s * b * h
+    split = 2 * s * b * (2 * a * d + 2 * kv * d) / t + 6 * s * b * f / t
+    assert layer_activation_bytes(model, 0, s, b, t, False, "selective") == replicated + split
+
+
+def test_moe_layer_stores_routed_copies():
+    dense = layer_activation_bytes(MOE, 0, 32, 1, 1, False, "selective")
+    moe = layer_activation_bytes(MOE, 1, 32, 1, 1, False, "selective")
+    assert dense != moe
+    k, fe, h, tokens, a, kv, d, experts = 2, 32, 64, 32, 4, 2, 16, 8
+    ffn = 2 * tokens * k * h + 6 * tokens * k * fe + 6 * tokens * fe  # routed copies + shared expert
+    non_ffn = (4 + 1 + 4 + 1) * tokens * h + 2 * tokens * (2 * a * d + 2 * kv * d) + 4 * tokens * experts
+    assert moe == non_ffn + ffn
+
+
+# --- Micro-batches in flight ---------------------------------------------------------------------
+
+
+def peak_in_flight(steps):
+    """Walk a schedule: most chunk activations held at once (forwards minus backwards)."""
+    held = peak = 0
+    for step in steps:
+        held += 1 if step.kind == "F" else -1
+        peak = max(peak, held)
+    return peak
+
+
+def test_in_flight_closed_forms():
+    assert [microbatches_in_flight("1f1b", s, 4, 8) for s in range(4)] == [4, 3, 2, 1]
+    assert [microbatches_in_flight("1f1b", s, 4, 2) for s in range(4)] == [2, 2, 2, 1]
+    assert [microbatches_in_flight("gpipe", s, 4, 8) for s in range(4)] == [8, 8, 8, 8]
+    # 2 (p - s - 1) + (v - 1) p + 1 with p = 4, v = 2
+    assert [microbatches_in_flight("interleaved", s, 4, 8, 2) for s in range(4)] == [11, 9, 7, 5]
+    assert microbatches_in_flight("interleaved", 0, 4, 4, 3) == 12  # capped at m v
+    assert microbatches_in_flight("interleaved", 0, 4, 8, 1) == 4  # one chunk: plain 1F1B
+
+
+@pytest.mark.parametrize("name", sorted(SCHEDULES))
+@pytest.mark.parametrize("stages, microbatches", [(1, 1), (2, 4), (4, 4), (4, 8), (8, 16), (3, 9)])
+def test_in_flight_matches_schedule_walk(name, stages, microbatches):
+    for chunks in ((1, 2, 3) if name == "interleaved" else (1,)):
+        for stage in range(stages):
+            steps = SCHEDULES[name](stage, stages, microbatches, chunks)
+            expected = peak_in_flight(steps)
+            assert microbatches_in_flight(name, stage, stages, microbatches, chunks) == expected
+
+
+def test_first_stage_of_1f1b_holds_most_activations():
+    stages = memory_report(gpt3_scenario())["stages"]
+    acts = [r["activations_gib"] for r in stages]
+    assert acts[0] == max(acts)
+    assert acts == sorted(acts, reverse=True)
+
+
+def test_gpipe_holds_more_than_1f1b():
+    base = tiny_scenario(pp=4, gbs=16)
+    one_f = memory_report(base, 80 * GiB)["stages"]
+    gp = memory_report(dataclasses.replace(base, schedule="gpipe"), 80 * GiB)["stages"]
+    assert all(g["activations_gib"] >= o["activations_gib"] for g, o in zip(gp, one_f))
+    assert gp[-1]["activations_gib"] > one_f[-1]["activations_gib"]
+
+
+# --- Model states on stages ----------------------------------------------------------------------
+
+
+def test_stage_layers_megatron_interleaved_assignment():
+    assert stage_layers(TINY, 1, 2) == [2, 3]
+    assert stage_layers(TINY, 1, 2, vp=2) == [1, 3]
+
+
+def test_parameters_per_gpu_add_up_to_the_model():
+    """Weights at 1 byte per parameter, ZeRO-0: the stages hold the model plus norm gains (2h per layer + h)."""
+    for model in (TINY, dataclasses.replace(TINY, tie_word_embeddings=True), MOE):
+        s = tiny_scenario(model=model, pp=2, gpus=2, gbs=4)
+        held = sum(stage_memory(s, st, 1, 0, 0).weights for st in range(2))
+        norms = 2 * model.hidden_size * model.num_hidden_layers + model.hidden_size
+        tied_copy = model.vocab_size * model.hidden_size if model.tie_word_embeddings else 0
+        assert held == pytest.approx(param_counts(model)["total"] + norms + tied_copy)
+
+
+def test_tied_embeddings_single_stage_keep_one_copy():
+    model = dataclasses.replace(TINY, tie_word_embeddings=True)
+    s = tiny_scenario(model=model, gpus=1, gbs=1)
+    norms = 2 * model.hidden_size * model.num_hidden_layers + model.hidden_size
+    assert stage_memory(s, 0, 1, 0, 0).weights == param_counts(model)["total"] + norms
+
+
+def test_expert_weights_split_over_ep():
+    ep1 = tiny_scenario(model=MOE, gpus=4, gbs=4)
+    ep4 = dataclasses.replace(ep1, parallelism=ParallelConfig(ep=4))
+    experts_per_layer = 8 * 3 * 64 * 32
+    moe_layers = 3
+    diff = stage_memory(ep1, 0, 1, 0, 0).weights - stage_memory(ep4, 0, 1, 0, 0).weights
+    assert diff == pytest.approx(moe_layers * experts_per_layer * (1 - 1 / 4))
+
+
+def test_expert_optimizer_states_shard_over_expert_data_parallel_group():
+    """dp 4, ep 4: dense states shard 4 ways, expert states 4 / 4 = 1 way (not at all)."""
+    s = dataclasses.replace(tiny_scenario(model=MOE, gpus=4, gbs=4), parallelism=ParallelConfig(ep=4, zero_stage=1))
+    optim = stage_memory(s, 0, 0, 0, 1).optimizer
+    weights = stage_memory(s, 0, 1, 0, 0).weights
+    experts = 3 * 2 * 3 * 64 * 32
+    assert optim == pytest.approx((weights - experts) / 4 + experts)
+
+
+def test_zero3_less_than_zero1():
+    z1 = memory_report(gpt3_scenario(zero_stage=1))
+    z3 = memory_report(gpt3_scenario(zero_stage=3))
+    for a, b in zip(z3["stages"], z1["stages"]):
+        assert a["total_gib"] < b["total_gib"]
+    assert z3["peak_gib"] < z1["peak_gib"]
+
+
+def test_more_tp_less_memory_per_gpu():
+    peaks = []
+    for tp in (1, 2, 4, 8):
+        s = tiny_scenario(tp=tp, pp=1, dp=1, gpus=tp, gbs=4, sequence_parallel=True)
+        peaks.append(memory_report(s, 80 * GiB)["peak_gib"])
+    assert peaks == sorted(peaks, reverse=True) and len(set(peaks)) == 4
+
+
+def test_context_parallel_halves_sequence_activations():
+    one = gpt3_scenario()
+    two = dataclasses.replace(one, parallelism=dataclasses.replace(one.parallelism, cp=2))
+    a1 = stage_memory(one, 3).activations
+    a2 = stage_memory(two, 3).activations
+    assert a2 / a1 == pytest.approx(0.5, rel=0.05)
+
+
+# --- Report contract -----------------------------------------------------------------------------
+
+STAGE_KEYS = ["stage", "weights_gib", "gradients_gib", "optimizer_gib", "activations_gib", "other_gib",
+              "total_gib", "capacity_gib", "fits", "biggest"]
+
+
+def test_json_field_names():
+    report = memory_report(gpt3_scenario())
+    assert list(report) == ["stages", "peak_gib", "fits", "assumptions"]
+    assert [list(r) for r in report["stages"]] == [STAGE_KEYS] * 8
+    assert [r["stage"] for r in report["stages"]] == list(range(8))
+    assert json.loads(json.dumps(report)) == report
+    row = report["stages"][0]
+    parts = sum(row[k] for k in ("weights_gib", "gradients_gib", "optimizer_gib", "activations_gib", "other_gib"))
+    assert row["total_gib"] == pytest.approx(parts, abs=1e-3)
+    assert row["biggest"] in ("weights", "gradients", "optimizer", "activations", "other")
+    assert report["peak_gib"] == max(r["total_gib"] for r in report["stages"])
+
+
+def test_gpt3_175b_tp8_pp8_fits_on_a100_80gb():
+    report = memory_report(gpt3_scenario())
+    assert report["fits"]
+    assert all(r["capacity_gib"] == 80.0 for r in report["stages"])
+    assert 20 < report["peak_gib"] < 40
+    assert report["stages"][0]["biggest"] == "activations"
+
+
+def test_gpt3_175b_without_model_parallelism_does_not_fit():
+    report = memory_report(gpt3_scenario(tp=1, pp=1, sequence_parallel=False))
+    assert not report["fits"]
+    assert report["stages"][0]["biggest"] == "weights"
+    assert report["peak_gib"] > 350e9 / GiB
+
+
+def test_fits_against_given_capacity():
+    s = gpt3_scenario()
+    peak = memory_report(s)["peak_gib"]
+    assert memory_report(s, (peak + 0.01) * GiB)["fits"]
+    assert not memory_report(s, (peak - 0.01) * GiB)["fits"]
+
+
+def test_same_report_twice():
+    assert json.dumps(memory_report(gpt3_scenario())) == json.dumps(memory_report(gpt3_scenario()))
+
+
+def test_format_memory_table():
+    text = format_memory_table(memory_report(gpt3_scenario()))
+    lines = text.splitlines()
+    assert lines[0].split()[:7] == ["stage", "weights", "gradients", "optimizer", "activations", "other", "total"]
+    assert len(lines) == 1 + 8 + 1
+    assert lines[-1].startswith("peak") and "fits" in lines[-1]
+
+
+# --- Bad input -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("change, field", [
+    (dict(pp=3), "model.num_hidden_layers"),
+    (dict(zero_stage=5), "parallelism.zero_stage"),
+    (dict(tp=0), "parallelism.tp"),
+    (dict(tp=16, pp=1, dp=None), "parallelism.dp"),
+])
+def test_bad_plans_raise_config_error(change, field):
+    s = tiny_scenario(gpus=8, gbs=16)
+    s = dataclasses.replace(s, parallelism=dataclasses.replace(s.parallelism, **change))
+    with pytest.raises(ConfigError) as err:
+        memory_report(s, 80 * GiB)
+    assert err.value.field == field
+
+
+def test_bad_recompute_and_ep():
+    s = dataclasses.replace(tiny_scenario(), training=TrainingConfig(recompute="some"))
+    with pytest.raises(ConfigError, match="training.recompute"):
+        memory_report(s, 80 * GiB)
+    s = dataclasses.replace(tiny_scenario(model=MOE), parallelism=ParallelConfig(ep=3))
+    with pytest.raises(ConfigError, match="parallelism.ep"):
+        memory_report(s, 80 * GiB)
+
+
+@settings(max_examples=1000, deadline=None)
+@given(
+    tp=st.sampled_from([1, 2, 4, 8]), pp=st.sampled_from([1, 2, 3, 4]), cp=st.sampled_from([1, 2]),
+    ep=st.sampled_from([1, 2, 4, 8]), vp=st.sampled_from([1, 2]), nodes=st.integers(1, 4),
+    gbs=st.integers(1, 64), zero=st.integers(0, 3), sp=st.booleans(),
+    recompute=st.sampled_from(["none", "selective", "full"]),
+    schedule=st.sampled_from(["gpipe", "1f1b", "interleaved"]), moe=st.booleans(),
+)
+def test_random_plans_report_or_config_error(tp, pp, cp, ep, vp, nodes, gbs, zero, sp, recompute, schedule, moe):
+    s = Scenario(
+        name="random",
+        model=MOE if moe else TINY,
+        cluster=ClusterConfig(num_nodes=nodes, gpus_per_node=8, gpu="H100"),
+        training=TrainingConfig(seq_length=64, micro_batch_size=1, global_batch_size=gbs, recompute=recompute),
+        parallelism=ParallelConfig(tp=tp, pp=pp, cp=cp, ep=ep, vp=vp, sequence_parallel=sp, zero_stage=zero),
+        schedule=schedule,
+    )
+    try:
+        report = memory_report(s)
+    except ConfigError:
+        return
+    assert len(report["stages"]) == pp
+    for row in report["stages"]:
+        assert row["total_gib"] > 0 and all(row[k] >= 0 for k in STAGE_KEYS if k.endswith("_gib"))
