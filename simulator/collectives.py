@@ -32,6 +32,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Generator, Sequence
 
+import numpy as np
 import simpy
 
 from simulator.network import Network
@@ -77,6 +78,7 @@ class Collectives:
         self.net = net
         self.cluster = cluster
         self.algorithm = algorithm
+        self._prepared: dict = {}
 
     def ring_step_latency(self, ring: Sequence[int]) -> float:
         n = len(ring)
@@ -147,35 +149,66 @@ class Collectives:
         inter = self._rings_phase(rails, size / k / m, m - 1)
         return [intra, inter] if op == "reduce_scatter" else [inter, intra]
 
-    def _start(self, spec_group: list[Spec], label) -> simpy.Event:
-        routes = [self.cluster.route(a, b) for s in spec_group for a, b in s.edges]
-        return self.net.transfer(routes, spec_group[0].size, max(s.latency for s in spec_group), label)
+    def _merged(self, per_group: list[list[Phase]], merge: bool) -> list[list[tuple]] | None:
+        """Phases as lists of (links, multiplicities, size, latency), one entry per transfer.
+
+        With ``merge`` the specs at the same position of every group become one transfer, if all
+        groups have the same shape and sizes (else None: run the groups separately)."""
+        shapes = {tuple(len(ph) for ph in g) for g in per_group}
+        if len(per_group) > 1 and not (merge and len(shapes) == 1):
+            return None
+        out = []
+        for i in range(len(per_group[0])):
+            transfers = []
+            for j in range(len(per_group[0][i])):
+                specs = [g[i][j] for g in per_group]
+                if len({s.size for s in specs}) > 1:
+                    return None
+                routes = [self.cluster.route(a, b) for s in specs for a, b in s.edges]
+                links, mult = np.unique(np.concatenate(routes), return_counts=True)
+                transfers.append((links, mult.astype(float), specs[0].size, max(s.latency for s in specs),
+                                  len(routes)))
+            out.append(transfers)
+        return out
+
+    def prepare(self, op: str, groups: Sequence[Sequence[int]], size: float, merge: bool):
+        """The planned transfers of ``op`` over ``groups`` (cached: steps repeat the same collectives)."""
+        key = (op, tuple(tuple(g) for g in groups), size, merge)
+        hit = self._prepared.get(key)
+        if hit is None:
+            per_group = [ph for ph in (self.phases(op, list(g), size) for g in groups) if ph]
+            merged = self._merged(per_group, merge) if per_group else []
+            hit = (merged, per_group)
+            self._prepared[key] = hit
+        return hit
 
     def execute(self, per_group: list[list[Phase]], merge: bool = False, label=None) -> Generator:
         """Run the phases of several groups together; each phase waits for all of its transfers."""
         per_group = [g for g in per_group if g]
         if not per_group:
             return
-        shapes = {tuple(len(ph) for ph in g) for g in per_group}
-        mergeable = merge and len(shapes) == 1 and all(
-            len({g[i][j].size for g in per_group}) == 1
-            for i in range(len(per_group[0])) for j in range(len(per_group[0][i])))
-        if not mergeable and len(per_group) > 1:
+        merged = self._merged(per_group, merge)
+        yield from self._run_merged(merged, per_group, label)
+
+    def _run_merged(self, merged, per_group, label) -> Generator:
+        if merged is None:
             yield self.env.all_of([self.env.process(self.execute([g], False, label)) for g in per_group])
             return
-        for i in range(len(per_group[0])):
-            width = len(per_group[0][i])
-            events = [self._start([g[i][j] for g in per_group], label) for j in range(width)]
+        for transfers in merged:
+            events = [self.net.transfer_links(links, mult, size, lat, label, members)
+                      for links, mult, size, lat, members in transfers]
             if events:
                 yield self.env.all_of(events)
 
     def run_groups(self, op: str, groups: Sequence[Sequence[int]], size: float, merge: bool = False,
                    label=None) -> Generator:
         """One op over several groups at once (for example every TP group of a pipeline stage)."""
-        yield from self.execute([self.phases(op, g, size) for g in groups], merge, label)
+        merged, per_group = self.prepare(op, groups, size, merge)
+        if per_group:
+            yield from self._run_merged(merged, per_group, label)
 
     def run(self, op: str, ranks: Sequence[int], size: float, label=None) -> Generator:
-        yield from self.execute([self.phases(op, list(ranks), size)], False, label)
+        yield from self.run_groups(op, [ranks], size, False, label)
 
     def all_reduce(self, ranks: Sequence[int], size: float, label=None) -> Generator:
         return self.run("all_reduce", ranks, size, label)

@@ -168,12 +168,11 @@ class StepEngine:
         box[1] = self.env.now
         stage = self.plan.stage_of(rank)
         sources = self.plan.stage_ranks(stage) if self.opt.fold else [rank]
-        specs = [self.coll.phases("send_recv", [int(a), self.plan.pp_peer(int(a), dst_stage)], self.work.pp_bytes)
-                 for a in sources]
-        if not self.opt.communication or not any(specs):
+        pairs = [(int(a), self.plan.pp_peer(int(a), dst_stage)) for a in sources]
+        if not self.opt.communication or all(a == b for a, b in pairs):
             box[0].succeed()
             return
-        proc = self.env.process(self.coll.execute(specs, self.opt.merge, "pp"))
+        proc = self.env.process(self.coll.run_groups("send_recv", pairs, self.work.pp_bytes, self.opt.merge, "pp"))
         proc.callbacks.append(lambda _e, ev=box[0]: ev.succeed())
 
     def recv(self, rank: int, vstage: int, mb: int, kind: str, chunk: int) -> Generator:

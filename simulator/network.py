@@ -92,18 +92,23 @@ class Network:
     def transfer(self, routes: Sequence[np.ndarray], size: float, latency: float = 0.0,
                  label: object = None) -> simpy.Event:
         """Start a transfer of ``size`` bytes on each route; the event fires when all arrive."""
-        done = self.env.event()
         if size <= 0 or not routes:
+            return self.transfer_links(np.zeros(0, dtype=np.int64), np.zeros(0), size, latency, label)
+        links, mult = np.unique(np.concatenate(routes), return_counts=True)
+        return self.transfer_links(links, mult.astype(float), size, latency, label, len(routes))
+
+    def transfer_links(self, links: np.ndarray, mult: np.ndarray, size: float, latency: float = 0.0,
+                       label: object = None, members: int = 1) -> simpy.Event:
+        """As :meth:`transfer`, with the routes given as distinct links and member counts on each."""
+        done = self.env.event()
+        if size <= 0 or len(links) == 0:
             self._after(latency, done)
             return done
-        all_links = np.concatenate(routes)
-        links, mult = np.unique(all_links, return_counts=True)
         self.stats.bytes_carried[links] += mult * size
         self.stats.transfers += 1
         self._advance()
-        self.active.append(Transfer(links=links, mult=mult.astype(float), size=float(size),
-                                    latency=latency, done=done, label=label, remaining=float(size),
-                                    start=self.env.now, members=len(routes)))
+        self.active.append(Transfer(links=links, mult=mult, size=float(size), latency=latency, done=done,
+                                    label=label, remaining=float(size), start=self.env.now, members=members))
         if not self._flush_pending:
             self._flush_pending = True
             ev = self.env.timeout(0)

@@ -166,7 +166,11 @@ class Cluster:
         return hit
 
     def route_latency(self, src: int, dst: int) -> float:
-        return float(self.link_lat[self.route(src, dst)].sum())
+        key = (src, dst, "latency")
+        hit = self._route_cache.get(key)
+        if hit is None:
+            hit = self._route_cache[key] = float(self.link_lat[self.route(src, dst)].sum())
+        return hit
 
     def links_of_class(self, cls: str) -> np.ndarray:
         return np.array([i for i, c in enumerate(self.link_cls) if c == cls], dtype=np.int64)
