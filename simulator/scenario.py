@@ -1,0 +1,467 @@
+"""Scenario files: YAML in, a checked frozen :class:`Scenario` out, and the plan's validity rules.
+
+``load_scenario`` reads a file, applies ``--set key.path=value`` overrides and checks every
+field once (type and range, one-line :class:`ConfigError` naming the dotted field).
+``validate_plan`` then checks that the parallel layout can run at all (divisibility rules as
+Megatron-LM enforces them) and returns warnings for layouts that run but use slow links.
+
+Model fields use Hugging Face ``config.json`` names. Accepted aliases: ``num_local_experts``
+(Mixtral) and ``n_routed_experts`` (DeepSeek) for ``num_experts``, ``n_shared_experts`` for
+``num_shared_experts``. ``num_key_value_heads`` defaults to ``num_attention_heads``.
+``hf_config: path/to/config.json`` (relative to the scenario file) loads the model fields from a
+Hugging Face config, ignoring the keys stepsim does not model (``rope_theta``, ...); fields written
+next to it in the scenario override the file's.
+
+Cluster fields left out (``gpu``, ``gpus_per_node``) come from the topology file, so a
+``dgx-a100`` cluster gets A100s without saying so twice.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import MISSING, asdict, fields
+from functools import partial
+from pathlib import Path
+
+import yaml
+
+from simulator.config import ClusterConfig, ModelConfig, ParallelConfig, Scenario, TrainingConfig
+from simulator.errors import ConfigError
+from simulator.schedules import SCHEDULES, check_schedule_args
+from simulator.topology import load_topology
+
+HIDDEN_ACTS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "silu", "swiglu")
+PRECISIONS = ("bf16", "fp16", "fp8")
+RECOMPUTE = ("none", "selective", "full")
+ZERO_STAGES = (0, 1, 2, 3)
+
+MODEL_ALIASES = {
+    "num_local_experts": "num_experts",
+    "n_routed_experts": "num_experts",
+    "n_shared_experts": "num_shared_experts",
+}
+HF_CONFIG = "hf_config"
+SECTIONS = {
+    "model": ModelConfig,
+    "cluster": ClusterConfig,
+    "training": TrainingConfig,
+    "parallelism": ParallelConfig,
+}
+TOP_LEVEL_SCALARS = ("name", "schedule")
+
+
+# --- field checkers: (dotted field, value) -> value, or ConfigError ---------------------------
+
+def _whole(field: str, value: object, minimum: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ConfigError(field, value, f"must be a whole number >= {minimum}")
+    return value
+
+
+def _optional_whole(field: str, value: object, minimum: int) -> int | None:
+    return None if value is None else _whole(field, value, minimum)
+
+
+def _optional_number(field: str, value: object, minimum: float, inclusive: bool) -> float | None:
+    if value is None:
+        return None
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or value < minimum or (value == minimum and not inclusive):
+        bound = f">= {minimum:g}" if inclusive else f"> {minimum:g}"
+        raise ConfigError(field, value, f"must be a number {bound} or null")
+    return value
+
+
+def _choice(field: str, value: object, choices: tuple) -> object:
+    if not any(type(value) is type(c) and value == c for c in choices):
+        raise ConfigError(field, value, f"valid: {', '.join(str(c) for c in choices)}")
+    return value
+
+
+def _boolean(field: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(field, value, "must be true or false")
+    return value
+
+
+def _text(field: str, value: object) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(field, value, "must be a non-empty string")
+    return value
+
+
+_POSITIVE = partial(_whole, minimum=1)
+_COUNT = partial(_whole, minimum=0)
+Checker = Callable[[str, object], object]
+
+_CHECKS: dict[str, dict[str, Checker]] = {
+    "model": {
+        "hidden_size": _POSITIVE,
+        "num_hidden_layers": _POSITIVE,
+        "num_attention_heads": _POSITIVE,
+        "num_key_value_heads": _POSITIVE,
+        "intermediate_size": _POSITIVE,
+        "vocab_size": _POSITIVE,
+        "hidden_act": partial(_choice, choices=HIDDEN_ACTS),
+        "tie_word_embeddings": _boolean,
+        "num_experts": _COUNT,
+        "num_experts_per_tok": _COUNT,
+        "moe_intermediate_size": partial(_optional_whole, minimum=1),
+        "num_shared_experts": _COUNT,
+        "first_k_dense_replace": _COUNT,
+    },
+    "cluster": {
+        "topology": _text,
+        "num_nodes": _POSITIVE,
+        "gpus_per_node": _POSITIVE,
+        "gpu": _text,
+        "nvlink_bandwidth_GBps": partial(_optional_number, minimum=0, inclusive=False),
+        "network_bandwidth_Gbps": partial(_optional_number, minimum=0, inclusive=False),
+        "oversubscription": partial(_optional_number, minimum=1, inclusive=True),
+    },
+    "training": {
+        "seq_length": _POSITIVE,
+        "micro_batch_size": _POSITIVE,
+        "global_batch_size": _POSITIVE,
+        "precision": partial(_choice, choices=PRECISIONS),
+        "recompute": partial(_choice, choices=RECOMPUTE),
+    },
+    "parallelism": {
+        "tp": _POSITIVE,
+        "pp": _POSITIVE,
+        "dp": partial(_optional_whole, minimum=1),
+        "cp": _POSITIVE,
+        "ep": _POSITIVE,
+        "vp": _POSITIVE,
+        "sequence_parallel": _boolean,
+        "zero_stage": partial(_choice, choices=ZERO_STAGES),
+    },
+}
+
+
+def valid_keys(section: str) -> tuple[str, ...]:
+    """Keys a scenario section accepts, sorted (the model section includes aliases and hf_config)."""
+    keys = set(_CHECKS[section])
+    if section == "model":
+        keys |= set(MODEL_ALIASES) | {HF_CONFIG}
+    return tuple(sorted(keys))
+
+
+def _unknown(field: str, value: object, valid: Iterable[str]) -> ConfigError:
+    return ConfigError(field, value, f"unknown key; valid: {', '.join(valid)}")
+
+
+# --- loading -----------------------------------------------------------------------------------
+
+def load_scenario(path: str, overrides: Iterable[str] = ()) -> Scenario:
+    """Read a scenario YAML file, apply ``--set`` overrides, and check every field."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError("scenario", str(path), "no such file")
+    try:
+        raw = yaml.safe_load(p.read_text())
+    except (yaml.YAMLError, UnicodeDecodeError) as err:
+        raise ConfigError("scenario", str(path), f"is not valid YAML ({err.__class__.__name__})") from None
+    if not isinstance(raw, dict):
+        raise ConfigError("scenario", str(path), "must be a YAML mapping of name, model, cluster, "
+                          "training, parallelism and schedule")
+    return scenario_from_dict(raw, overrides, base_dir=p.parent, default_name=p.stem)
+
+
+def apply_overrides(d: dict, overrides: Iterable[str]) -> dict:
+    """A copy of ``d`` with each ``key.path=value`` applied; values are parsed as YAML scalars.
+
+    ``parallelism.tp=8`` sets an int, ``parallelism.dp=null`` sets None, ``name=x`` a top-level
+    value. Setting a model field drops its aliases (``model.num_experts=16`` replaces a
+    ``num_local_experts`` written in the file).
+    """
+    out = copy.deepcopy(d)
+    for item in overrides:
+        key, sep, text = str(item).partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ConfigError("--set", item, "expected key.path=value, e.g. parallelism.tp=8")
+        try:
+            value = yaml.safe_load(text)
+        except yaml.YAMLError:
+            value = text
+        parts = key.split(".")
+        head = parts[0]
+        if head in TOP_LEVEL_SCALARS:
+            if len(parts) != 1:
+                raise ConfigError(key, value, f"{head} is a single value: use --set {head}=...")
+            out[head] = value
+            continue
+        if head not in SECTIONS:
+            raise _unknown(key, value, [*TOP_LEVEL_SCALARS, *(f"{s}.<key>" for s in SECTIONS)])
+        if len(parts) != 2:
+            raise ConfigError(key, value, f"expected {head}.<key>; valid keys: {', '.join(valid_keys(head))}")
+        name = parts[1]
+        if name not in valid_keys(head):
+            raise _unknown(key, value, valid_keys(head))
+        section = out.get(head)
+        if section is None:
+            section = out[head] = {}
+        if not isinstance(section, dict):
+            raise ConfigError(head, section, "must be a mapping of keys")
+        if head == "model":
+            canonical = MODEL_ALIASES.get(name, name)
+            for other in [k for k in section if k != name and MODEL_ALIASES.get(k, k) == canonical]:
+                del section[other]
+        section[name] = value
+    return out
+
+
+def scenario_from_dict(d: dict, overrides: Iterable[str] = (), *, base_dir: str | Path | None = None,
+                       default_name: str = "scenario") -> Scenario:
+    """Build a checked :class:`Scenario` from a parsed scenario mapping.
+
+    ``base_dir`` is where relative ``hf_config`` and topology paths are looked up (the scenario
+    file's folder; the working directory when None).
+    """
+    if not isinstance(d, dict):
+        raise ConfigError("scenario", type(d).__name__, "must be a mapping of name, model, cluster, "
+                          "training, parallelism and schedule")
+    d = apply_overrides(d, overrides)
+    known = (*TOP_LEVEL_SCALARS, *SECTIONS)
+    for key in d:
+        if key not in known:
+            raise _unknown(str(key), d[key], known)
+    base = Path(base_dir) if base_dir is not None else Path(".")
+    sections = {}
+    for name in SECTIONS:
+        raw = d.get(name)
+        if raw is None:
+            raw = {}
+        if not isinstance(raw, dict):
+            raise ConfigError(name, raw, f"must be a mapping; valid keys: {', '.join(valid_keys(name))}")
+        sections[name] = raw
+    if "model" not in d:
+        raise ConfigError("model", None, "required: Hugging Face config.json fields or hf_config: path")
+    return Scenario(
+        name=_text("name", d.get("name", default_name)),
+        model=_model(sections["model"], base),
+        cluster=_cluster(sections["cluster"], base),
+        training=_section("training", sections["training"], TrainingConfig),
+        parallelism=_section("parallelism", sections["parallelism"], ParallelConfig),
+        schedule=_choice("schedule", d.get("schedule", "1f1b"), tuple(SCHEDULES)),
+    )
+
+
+def _section(name: str, raw: dict, cls: type):
+    checks = _CHECKS[name]
+    for key in raw:
+        if key not in checks:
+            raise _unknown(f"{name}.{key}", raw[key], sorted(checks))
+    values = {}
+    for f in fields(cls):
+        if f.name in raw:
+            values[f.name] = checks[f.name](f"{name}.{f.name}", raw[f.name])
+        elif f.default is MISSING and f.default_factory is MISSING:
+            raise ConfigError(f"{name}.{f.name}", None, "required")
+    return cls(**values)
+
+
+def _model(raw: dict, base: Path) -> ModelConfig:
+    for key in raw:
+        if key not in valid_keys("model"):
+            raise _unknown(f"model.{key}", raw[key], valid_keys("model"))
+    merged: dict = {}
+    if raw.get(HF_CONFIG) is not None:
+        merged.update(_hf_fields(raw[HF_CONFIG], base))
+    written: dict[str, str] = {}
+    for key, value in raw.items():
+        if key == HF_CONFIG:
+            continue
+        canonical = MODEL_ALIASES.get(key, key)
+        if canonical in written and raw[written[canonical]] != value:
+            raise ConfigError(f"model.{key}", value,
+                              f"conflicts with model.{written[canonical]} ({raw[written[canonical]]!r}): give one")
+        written[canonical] = key
+        merged[canonical] = value
+    if merged.get("num_key_value_heads") is None and "num_attention_heads" in merged:
+        merged["num_key_value_heads"] = merged["num_attention_heads"]
+    model = _section("model", merged, ModelConfig)
+    if model.hidden_size % model.num_attention_heads:
+        raise ConfigError("model.hidden_size", model.hidden_size,
+                          f"must be a multiple of num_attention_heads ({model.num_attention_heads})")
+    if model.num_attention_heads % model.num_key_value_heads:
+        raise ConfigError("model.num_key_value_heads", model.num_key_value_heads,
+                          f"must divide num_attention_heads ({model.num_attention_heads})")
+    if model.num_experts and not 1 <= model.num_experts_per_tok <= model.num_experts:
+        raise ConfigError("model.num_experts_per_tok", model.num_experts_per_tok,
+                          f"must be between 1 and num_experts ({model.num_experts})")
+    if not model.num_experts and (model.num_experts_per_tok or model.num_shared_experts):
+        field = "num_experts_per_tok" if model.num_experts_per_tok else "num_shared_experts"
+        raise ConfigError(f"model.{field}", getattr(model, field),
+                          "must be 0 for a dense model (num_experts is 0)")
+    if model.first_k_dense_replace > model.num_hidden_layers:
+        raise ConfigError("model.first_k_dense_replace", model.first_k_dense_replace,
+                          f"must be at most num_hidden_layers ({model.num_hidden_layers})")
+    return model
+
+
+def _hf_fields(path_value: object, base: Path) -> dict:
+    """The fields stepsim models, read from a Hugging Face config.json; other keys are ignored."""
+    _text("model.hf_config", path_value)
+    path = Path(path_value)
+    if not path.is_absolute():
+        path = base / path
+    if not path.is_file():
+        raise ConfigError("model.hf_config", str(path_value), f"no such file ({path})")
+    try:
+        hf = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ConfigError("model.hf_config", str(path_value), f"is not valid JSON ({err.__class__.__name__})") from None
+    if not isinstance(hf, dict):
+        raise ConfigError("model.hf_config", str(path_value), "must be a JSON object of config fields")
+    out = {}
+    # Canonical names first, so an alias never shadows a field the file also gives by its own name.
+    for key in sorted(hf, key=lambda k: k in MODEL_ALIASES):
+        canonical = MODEL_ALIASES.get(key, key)
+        if canonical in _CHECKS["model"] and hf[key] is not None and canonical not in out:
+            out[canonical] = hf[key]
+    return out
+
+
+def _cluster(raw: dict, base: Path) -> ClusterConfig:
+    raw = dict(raw)
+    topology = raw.get("topology", ClusterConfig.topology)
+    if isinstance(topology, str) and Path(topology).suffix and not Path(topology).is_absolute():
+        candidate = base / topology
+        if candidate.is_file():
+            raw["topology"] = str(candidate)
+    if "gpu" not in raw or "gpus_per_node" not in raw:
+        spec = load_topology(_text("cluster.topology", raw.get("topology", topology)))
+        raw.setdefault("gpu", spec.gpu)
+        raw.setdefault("gpus_per_node", spec.gpus_per_node)
+    return _section("cluster", raw, ClusterConfig)
+
+
+def scenario_to_dict(s: Scenario) -> dict:
+    """Every field of ``s`` as plain data; ``scenario_from_dict`` of it gives ``s`` back."""
+    out: dict = {"name": s.name}
+    for name in SECTIONS:
+        out[name] = asdict(getattr(s, name))
+    out["schedule"] = s.schedule
+    return out
+
+
+# --- plan validation ---------------------------------------------------------------------------
+
+def validate_plan(s: Scenario) -> list[str]:
+    """Raise ConfigError if the parallel plan cannot run; return warnings for slow layouts.
+
+    Rules (Megatron-LM's, in this order): GPU and topology known, precision supported; world size
+    = tp x pp x dp x cp; tp divides the attention heads, and divides the KV heads or is a multiple
+    of them (Megatron replicates each KV head over tp / kv ranks when kv < tp); pp x vp divides the
+    layers; ep divides the experts and dp x cp (the expert-parallel group is carved out of the
+    data x context ranks); micro_batch_size x dp divides the global batch; with cp > 1 the sequence
+    splits into 2 x cp chunks (load-balanced causal attention); with sequence parallelism each TP
+    rank holds seq / (cp x tp) tokens; vp > 1 needs pp > 1 and the interleaved schedule, whose
+    own rules ``schedules.check_schedule_args`` applies. Interleaved with vp 1 is plain 1F1B.
+
+    Warnings name the slower link a TP or EP group falls back to when it spans nodes (ranks are
+    laid out TP fastest, then CP/DP with EP consecutive right after TP).
+    """
+    from simulator.hardware import get_gpu, peak
+
+    s = scenario_from_dict(scenario_to_dict(s))
+    m, c, t, p = s.model, s.cluster, s.training, s.parallelism
+    peak(get_gpu(c.gpu), t.precision)
+    spec = load_topology(c.topology)
+    if c.gpus_per_node > spec.nics_per_node and c.gpus_per_node % spec.nics_per_node:
+        raise ConfigError("cluster.gpus_per_node", c.gpus_per_node,
+                          f"{spec.name} has {spec.nics_per_node} NICs per node, which must be shared evenly: "
+                          f"use a multiple of {spec.nics_per_node} or at most {spec.nics_per_node}")
+
+    world = c.num_gpus
+    base = p.tp * p.pp * p.cp
+    if p.dp is None:
+        if world % base:
+            step = base // math.gcd(base, c.gpus_per_node)
+            raise ConfigError("cluster.num_nodes", c.num_nodes,
+                              f"{world} GPUs ({_nodes(c.num_nodes)} x {c.gpus_per_node}) are not divisible by "
+                              f"tp x pp x cp = {base}: use a multiple of {step} nodes")
+    elif base * p.dp != world:
+        if world % base == 0:
+            fix = f"set dp to {world // base} or null"
+        elif (base * p.dp) % c.gpus_per_node == 0:
+            fix = f"set cluster.num_nodes to {base * p.dp // c.gpus_per_node}"
+        else:
+            fix = f"tp x pp x cp = {base} does not divide the GPU count either"
+        raise ConfigError("parallelism.dp", p.dp,
+                          f"tp x pp x dp x cp = {base * p.dp} must equal the {world} GPUs "
+                          f"({_nodes(c.num_nodes)} x {c.gpus_per_node}): {fix}")
+    dp = s.dp
+
+    if m.num_attention_heads % p.tp:
+        raise ConfigError("parallelism.tp", p.tp, f"must divide num_attention_heads ({m.num_attention_heads}); "
+                          f"valid: {_listing(_divisors(m.num_attention_heads))}")
+    kv = m.num_key_value_heads
+    if kv % p.tp and p.tp % kv:
+        raise ConfigError("parallelism.tp", p.tp, f"must divide num_key_value_heads ({kv}) or be a multiple "
+                          "of it (Megatron then replicates each KV head)")
+    layers = m.num_hidden_layers
+    if layers % p.pp:
+        raise ConfigError("parallelism.pp", p.pp, f"must divide num_hidden_layers ({layers}); "
+                          f"valid: {_listing(_divisors(layers))}")
+    if layers % (p.pp * p.vp):
+        raise ConfigError("parallelism.vp", p.vp, f"pp x vp must divide num_hidden_layers ({layers}); "
+                          f"valid vp with pp {p.pp}: {_listing(_divisors(layers // p.pp))}")
+    if p.ep > 1 and not m.is_moe:
+        raise ConfigError("parallelism.ep", p.ep, "must be 1 for a dense model (model.num_experts is 0)")
+    if m.is_moe and m.num_experts % p.ep:
+        raise ConfigError("parallelism.ep", p.ep, f"must divide num_experts ({m.num_experts}); "
+                          f"valid: {_listing(_divisors(m.num_experts))}")
+    if (dp * p.cp) % p.ep:
+        raise ConfigError("parallelism.ep", p.ep, f"must divide dp x cp = {dp * p.cp} (Megatron carves the "
+                          f"expert-parallel group out of the data x context parallel ranks); "
+                          f"valid: {_listing(_divisors(math.gcd(dp * p.cp, m.num_experts or 1)))}")
+    unit = t.micro_batch_size * dp
+    if t.global_batch_size % unit:
+        below = t.global_batch_size // unit * unit
+        near = f"{below} or {below + unit}" if below else f"{unit}"
+        raise ConfigError("training.global_batch_size", t.global_batch_size,
+                          f"must be a multiple of micro_batch_size x dp = {t.micro_batch_size} x {dp} = {unit}, "
+                          f"e.g. {near}")
+    if p.cp > 1 and t.seq_length % (2 * p.cp):
+        raise ConfigError("training.seq_length", t.seq_length,
+                          f"must be a multiple of 2 x cp = {2 * p.cp} (load-balanced causal context "
+                          f"parallelism cuts the sequence into 2 x cp chunks)")
+    if p.sequence_parallel and p.tp > 1 and t.seq_length % (p.cp * p.tp):
+        raise ConfigError("training.seq_length", t.seq_length,
+                          f"with sequence_parallel each TP rank holds seq_length / (cp x tp) tokens: "
+                          f"must be a multiple of cp x tp = {p.cp * p.tp}")
+    if p.vp > 1 and p.pp == 1:
+        raise ConfigError("parallelism.vp", p.vp, "virtual pipeline stages need pp > 1: set vp to 1")
+    check_schedule_args(s.schedule, p.pp, s.num_microbatches, p.vp)
+
+    nvlink = c.nvlink_bandwidth_GBps or spec.nvlink_bandwidth_GBps
+    network = c.network_bandwidth_Gbps or spec.network_bandwidth_Gbps
+    slower = f"the {network:g} Gb/s network instead of {nvlink:g} GB/s NVLink"
+    warnings = []
+    if c.gpus_per_node % p.tp:
+        warnings.append(f"parallelism.tp: got {p.tp}; TP group spans nodes of {c.gpus_per_node} GPUs: "
+                        f"its collectives cross {slower}")
+    if p.ep > 1 and c.gpus_per_node % (p.ep * p.tp):
+        warnings.append(f"parallelism.ep: got {p.ep}; EP group spans nodes (ep x tp = {p.ep * p.tp} consecutive "
+                        f"ranks, {c.gpus_per_node} GPUs per node): its all-to-alls cross {slower}")
+    return warnings
+
+
+def _nodes(n: int) -> str:
+    return f"{n} node" if n == 1 else f"{n} nodes"
+
+
+def _divisors(n: int) -> list[int]:
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+def _listing(values: list[int], limit: int = 16) -> str:
+    shown = ", ".join(str(v) for v in values[:limit])
+    return shown if len(values) <= limit else f"{shown}, ..."
