@@ -53,6 +53,58 @@ def _collective(args) -> int:
     return 0
 
 
+def _load(args):
+    from simulator.scenario import load_scenario, validate_plan
+
+    s = load_scenario(args.scenario, args.set or [])
+    warnings = validate_plan(s)
+    for w in warnings:
+        print(f"stepsim: warning: {w}", file=sys.stderr)
+    return s, warnings
+
+
+def _check_memory(s, args) -> dict:
+    from simulator.memory import memory_report
+
+    mem = memory_report(s)
+    if not mem["fits"] and not args.allow_oom:
+        worst = max(mem["stages"], key=lambda st: st["total_gib"])
+        raise ConfigError("memory", f"{worst['total_gib']:.1f} GiB on stage {worst['stage']}",
+                          f"exceeds the {worst['capacity_gib']:.1f} GiB of {s.cluster.gpu}; biggest component: "
+                          f"{worst['biggest']} ({worst[worst['biggest'] + '_gib']:.1f} GiB); "
+                          "shard more (tp, pp, zero_stage), recompute, or pass --allow-oom")
+    return mem
+
+
+def _run(args) -> int:
+    import time
+
+    from simulator.engine import SimOptions, simulate
+    from simulator.report import format_summary, step_report
+
+    s, warnings = _load(args)
+    mem = _check_memory(s, args)
+    t0 = time.perf_counter()
+    result = simulate(s, SimOptions(fold=not args.no_fold, algorithm=args.algorithm))
+    report = step_report(result, time.perf_counter() - t0)
+    report["memory_gib_per_gpu"] = mem
+    report["warnings"] = warnings
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print(format_summary(report))
+    return 0
+
+
+def _memory(args) -> int:
+    from simulator.memory import format_memory_table, memory_report
+
+    s, _ = _load(args)
+    mem = memory_report(s)
+    print(json.dumps(mem, indent=2) if args.json else format_memory_table(mem))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="stepsim", description="Simulate one training step of a large model on a GPU cluster.")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -68,6 +120,20 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--oversubscription", type=float, default=None)
     c.add_argument("--json", action="store_true", help="print JSON")
     c.set_defaults(func=_collective)
+
+    for name, func, text in (("run", _run, "simulate one training step of a scenario"),
+                             ("memory", _memory, "memory per GPU and pipeline stage of a scenario")):
+        r = sub.add_parser(name, help=text)
+        r.add_argument("scenario", help="scenario YAML file")
+        r.add_argument("--set", action="append", metavar="KEY=VALUE",
+                       help="override a scenario key, e.g. --set parallelism.tp=8 (repeatable)")
+        r.add_argument("--json", action="store_true", help="print the report as JSON")
+        r.set_defaults(func=func)
+        if name == "run":
+            r.add_argument("--allow-oom", action="store_true", help="simulate even if the plan does not fit in memory")
+            r.add_argument("--no-fold", action="store_true",
+                           help="simulate every rank instead of one per pipeline stage (slow; for checking)")
+            r.add_argument("--algorithm", default="auto", help="collective algorithm: auto (ring) | ring | hierarchical")
     return p
 
 

@@ -94,6 +94,13 @@ class Scenario:
     schedule: str = "1f1b"  # gpipe | 1f1b | interleaved
 
     @property
+    def pipeline_schedule(self) -> str:
+        """The schedule that runs: vp > 1 means interleaved 1F1B, whether written 1f1b or interleaved."""
+        if self.schedule == "1f1b" and self.parallelism.vp > 1:
+            return "interleaved"
+        return self.schedule
+
+    @property
     def dp(self) -> int:
         """Data-parallel degree: given, or derived from the GPU count."""
         p = self.parallelism

@@ -282,7 +282,7 @@ class StepEngine:
         stage = plan.stage_of(rank)
         nvs = p * v
         zero = par.zero_stage
-        steps = SCHEDULES[s.schedule](stage, p, self.m, v)
+        steps = SCHEDULES[s.pipeline_schedule](stage, p, self.m, v)
         last_b = {}
         for i, st in enumerate(steps):
             if st.kind == "B":

@@ -42,6 +42,7 @@ COMPONENTS = ("weights", "gradients", "optimizer", "activations", "other")
 
 ACT_BYTES = 2
 MASK_BYTES = 1
+REPORT_ACTIVATIONS = {"flash_attention": True, "dropout": False}  # as the compute model runs
 LOGIT_BYTES = 4
 ROUTER_PROB_BYTES = 4  # Megatron-core computes router logits and probabilities in fp32
 
@@ -104,7 +105,8 @@ def korthikanti_activation_bytes(
 
 
 def layer_activation_bytes(
-    model: ModelConfig, layer: int, s: float, b: float, t: int, sp: bool, recompute: str
+    model: ModelConfig, layer: int, s: float, b: float, t: int, sp: bool, recompute: str,
+    flash_attention: bool = False, dropout: bool = True,
 ) -> float:
     """Korthikanti et al. 2022's per-layer accounting (Sec. 4.1) for GQA, SwiGLU and MoE layers.
 
@@ -118,6 +120,11 @@ def layer_activation_bytes(
     TP ranks see all tokens, Megatron-core) a 2h expert input and the expert MLP terms with
     f = moe_intermediate_size, plus shared experts as one MLP. Selective recompute drops the
     score term; full recompute keeps the layer input, 2sbh (/t with SP).
+
+    The defaults are the paper's (unfused attention, dropout 0.1). The report passes
+    ``flash_attention=True, dropout=False`` to match the compute model: a fused flash-attention
+    kernel keeps only its fp32 log-sum-exp statistics (4 a s b / t bytes) instead of the 5 a s^2 b / t
+    score term (Dao et al. 2022), and recipes without dropout store no masks.
     """
     if recompute not in RECOMPUTE_MODES:
         raise ConfigError("training.recompute", recompute, f"valid: {', '.join(RECOMPUTE_MODES)}")
@@ -127,12 +134,13 @@ def layer_activation_bytes(
     if recompute == "full":
         return ACT_BYTES * tokens * h * rep
     q, kv = a * d, max(model.num_key_value_heads, t) * d
-    attn = (2 * ACT_BYTES * tokens * h * rep
-            + ACT_BYTES * tokens * (2 * q + 2 * kv) / t
-            + MASK_BYTES * tokens * h * rep)
-    if recompute == "none":
+    mask = MASK_BYTES * tokens * h * rep if dropout else 0.0
+    attn = 2 * ACT_BYTES * tokens * h * rep + ACT_BYTES * tokens * (2 * q + 2 * kv) / t + mask
+    if flash_attention:
+        attn += 4 * a * tokens / t
+    elif recompute == "none":
         attn += (ACT_BYTES + MASK_BYTES + ACT_BYTES) * a * s * tokens / t
-    mlp = 2 * ACT_BYTES * tokens * h * rep + MASK_BYTES * tokens * h * rep
+    mlp = 2 * ACT_BYTES * tokens * h * rep + mask
     if model.is_moe_layer(layer):
         copies = tokens * model.num_experts_per_tok
         mlp += ROUTER_PROB_BYTES * tokens * model.num_experts * rep
@@ -255,7 +263,7 @@ def _check(s: Scenario) -> None:
             raise ConfigError("parallelism.ep", par.ep, f"must divide num_experts = {m.num_experts}")
         if (s.dp * par.cp) % par.ep:
             raise ConfigError("parallelism.ep", par.ep, f"must divide dp x cp = {s.dp * par.cp}")
-    check_schedule_args(s.schedule, par.pp, s.num_microbatches, par.vp)
+    check_schedule_args(s.pipeline_schedule, par.pp, s.num_microbatches, par.vp)
 
 
 def stage_memory(
@@ -282,16 +290,17 @@ def stage_memory(
 
     seq, b, sp, rc = tr.seq_length / par.cp, tr.micro_batch_size, par.sequence_parallel, tr.recompute
     layers = stage_layers(m, stage, pp, vp)
-    per_mb = [layer_activation_bytes(m, layer, seq, b, tp, sp, rc) for layer in layers]
-    in_flight = microbatches_in_flight(s.schedule, stage, pp, s.num_microbatches, vp)
+    per_mb = [layer_activation_bytes(m, layer, seq, b, tp, sp, rc, **REPORT_ACTIVATIONS) for layer in layers]
+    in_flight = microbatches_in_flight(s.pipeline_schedule, stage, pp, s.num_microbatches, vp)
     activations = sum(per_mb) / vp * in_flight
-    working_set = [layer_activation_bytes(m, layer, seq, b, tp, sp, "none") - a for layer, a in zip(layers, per_mb)]
+    working_set = [layer_activation_bytes(m, layer, seq, b, tp, sp, "none", **REPORT_ACTIVATIONS) - a
+                   for layer, a in zip(layers, per_mb)]
     activations += max(working_set, default=0.0)
     rep = 1 / tp if sp else 1.0
     if stage == 0:
         activations += MASK_BYTES * seq * b * m.hidden_size * rep * min(in_flight, s.num_microbatches)
     if stage == pp - 1:
-        head_in_flight = s.num_microbatches if s.schedule == "gpipe" else 1
+        head_in_flight = s.num_microbatches if s.pipeline_schedule == "gpipe" else 1
         head = 2 * ACT_BYTES * seq * b * m.hidden_size * rep + LOGIT_BYTES * seq * b * m.vocab_size / tp
         activations += head * head_in_flight
 

@@ -96,3 +96,31 @@ def step_report(result: SimResult, wall_s: float | None = None) -> dict:
     if wall_s is not None:
         report["sim_wall_s"] = wall_s
     return report
+
+
+def format_summary(report: dict) -> str:
+    """A readable summary of a step report."""
+    lay = report["layout"]
+    b = report["time_breakdown_s"]
+    lines = [
+        f"{report['name']}: {report['num_gpus']} GPUs, TP{lay['tp']} PP{lay['pp']} DP{lay['dp']} CP{lay['cp']} "
+        f"EP{lay['ep']} VP{lay['vp']}, ZeRO-{lay['zero_stage']}, {lay['schedule']}, "
+        f"{report['num_microbatches']} micro-batches per pipeline",
+        f"  step time          {report['step_time_s']:.4f} s",
+        f"  throughput         {report['tokens_per_s']:,.0f} tokens/s ({report['tokens_per_s_per_gpu']:,.1f} per GPU)",
+        f"  model TFLOP/s/GPU  {report['model_tflops_per_gpu']:.1f}   MFU {report['mfu']:.1%}   HFU {report['hfu']:.1%}",
+        f"  bubble             {report['bubble_fraction']:.1%} (per stage: "
+        + ", ".join(f"{x:.1%}" for x in report["bubble_fraction_per_stage"]) + ")",
+        "  time per GPU (mean over stages):",
+        f"    compute          {b['compute_s']:.4f} s",
+    ]
+    for axis, t in b["exposed_comm_s"].items():
+        if t > 0:
+            lines.append(f"    exposed {axis:<8} {t:.4f} s")
+    lines.append(f"    idle             {b['idle_s']:.4f} s")
+    mem = report.get("memory_gib_per_gpu")
+    if mem:
+        lines.append(f"  memory peak        {mem['peak_gib']:.1f} GiB per GPU ({'fits' if mem['fits'] else 'DOES NOT FIT'})")
+    if "sim_wall_s" in report:
+        lines.append(f"  simulated in       {report['sim_wall_s']:.2f} s wall, {report['events']:,} events")
+    return "\n".join(lines)

@@ -438,7 +438,7 @@ def validate_plan(s: Scenario) -> list[str]:
                           f"must be a multiple of cp x tp = {p.cp * p.tp}")
     if p.vp > 1 and p.pp == 1:
         raise ConfigError("parallelism.vp", p.vp, "virtual pipeline stages need pp > 1: set vp to 1")
-    check_schedule_args(s.schedule, p.pp, s.num_microbatches, p.vp)
+    check_schedule_args(s.pipeline_schedule, p.pp, s.num_microbatches, p.vp)
 
     nvlink = c.nvlink_bandwidth_GBps or spec.nvlink_bandwidth_GBps
     network = c.network_bandwidth_Gbps or spec.network_bandwidth_Gbps

@@ -293,7 +293,7 @@ def test_cluster_defaults_come_from_the_topology():
     (["training.global_batch_size=7"], "training.global_batch_size"),
     (["parallelism.cp=2", "parallelism.dp=1", "training.seq_length=1026"], "training.seq_length"),
     (["parallelism.sequence_parallel=true", "training.seq_length=1023"], "training.seq_length"),
-    (["parallelism.vp=2"], "parallelism.vp"),
+    (["parallelism.vp=2", "schedule=gpipe"], "parallelism.vp"),
     (["parallelism.vp=2", "parallelism.pp=1", "parallelism.dp=4", "schedule=interleaved"], "parallelism.vp"),
     (["parallelism.vp=2", "schedule=interleaved", "training.global_batch_size=2"], "training.global_batch_size"),
     (["cluster.topology=no-such-fabric", "cluster.gpu=H100"], "cluster.topology"),
@@ -446,3 +446,16 @@ def test_random_scenarios_validate_or_raise_config_error(d, overrides):
     assert s.parallelism.tp * s.parallelism.pp * s.dp * s.parallelism.cp == s.cluster.num_gpus
     assert s.num_microbatches >= 1
     assert scenario_from_dict(scenario_to_dict(s)) == s
+
+
+def test_vp_above_one_with_1f1b_means_interleaved_as_the_issue_example_says(tmp_path):
+    from simulator.scenario import scenario_from_dict, validate_plan
+    s = scenario_from_dict({
+        "name": "gpt3-175b-128xh100",
+        "model": {"hidden_size": 12288, "num_hidden_layers": 96, "num_attention_heads": 96,
+                  "num_key_value_heads": 96, "intermediate_size": 49152, "vocab_size": 51200},
+        "cluster": {"topology": "dgx-h100", "num_nodes": 16, "gpus_per_node": 8, "gpu": "H100-SXM5-80GB"},
+        "training": {"seq_length": 2048, "micro_batch_size": 1, "global_batch_size": 256},
+        "parallelism": {"tp": 4, "pp": 8, "dp": None, "vp": 12, "sequence_parallel": True, "zero_stage": 1},
+        "schedule": "1f1b"})
+    assert validate_plan(s) == [] and s.pipeline_schedule == "interleaved"
