@@ -82,6 +82,8 @@ class ParallelConfig:
     vp: int = 1
     sequence_parallel: bool = False
     zero_stage: int = 0
+    first_pipeline_num_layers: int | None = None  # Megatron-core decoder_first_pipeline_num_layers
+    last_pipeline_num_layers: int | None = None  # decoder_last_pipeline_num_layers
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 from simulator.config import ModelConfig, Scenario
 from simulator.errors import ConfigError
+from simulator.plan import vstage_layers
 from simulator.schedules import check_schedule_args
 from simulator.units import GiB
 
@@ -215,16 +216,17 @@ def _layer_params(model: ModelConfig, layer: int, tp: int, ep: int) -> tuple[flo
     return dense, model.num_experts / ep * expert / tp
 
 
-def stage_layers(model: ModelConfig, stage: int, pp: int, vp: int = 1) -> list[int]:
+def stage_layers(model: ModelConfig, stage: int, pp: int, vp: int = 1, first: int | None = None,
+                 last: int | None = None) -> list[int]:
     """Layer indices on ``stage``: chunk c holds virtual stage c * pp + stage (Megatron-LM)."""
-    per_chunk = model.num_hidden_layers // (pp * vp)
-    return [(c * pp + stage) * per_chunk + i for c in range(vp) for i in range(per_chunk)]
+    vstages = vstage_layers(model.num_hidden_layers, pp, vp, first, last)
+    return [layer for c in range(vp) for layer in vstages[c * pp + stage]]
 
 
 def _stage_params(s: Scenario, stage: int) -> _Params:
     m, par = s.model, s.parallelism
     tp, pp = par.tp, par.pp
-    units = [_layer_params(m, layer, tp, par.ep) for layer in stage_layers(m, stage, pp, par.vp)]
+    units = [_layer_params(m, layer, tp, par.ep) for layer in stage_layers(m, stage, pp, par.vp, par.first_pipeline_num_layers, par.last_pipeline_num_layers)]
     dense = sum(u[0] for u in units)
     expert = sum(u[1] for u in units)
     largest = max((u[0] + u[1] for u in units), default=0.0)
@@ -255,9 +257,7 @@ def _check(s: Scenario) -> None:
     for name in ("seq_length", "micro_batch_size"):
         if getattr(tr, name) < 1:
             raise ConfigError(f"training.{name}", getattr(tr, name), "must be a positive integer")
-    if m.num_hidden_layers < par.pp * par.vp or m.num_hidden_layers % (par.pp * par.vp):
-        raise ConfigError("model.num_hidden_layers", m.num_hidden_layers,
-                          f"must be a multiple of pp x vp = {par.pp * par.vp}")
+    vstage_layers(m.num_hidden_layers, par.pp, par.vp, par.first_pipeline_num_layers, par.last_pipeline_num_layers)
     if m.is_moe:
         if m.num_experts % par.ep:
             raise ConfigError("parallelism.ep", par.ep, f"must divide num_experts = {m.num_experts}")
@@ -289,7 +289,7 @@ def stage_memory(
     weights, grads, optim = (d + e for d, e in zip(dense_states, expert_states))
 
     seq, b, sp, rc = tr.seq_length / par.cp, tr.micro_batch_size, par.sequence_parallel, tr.recompute
-    layers = stage_layers(m, stage, pp, vp)
+    layers = stage_layers(m, stage, pp, vp, par.first_pipeline_num_layers, par.last_pipeline_num_layers)
     per_mb = [layer_activation_bytes(m, layer, seq, b, tp, sp, rc, **REPORT_ACTIVATIONS) for layer in layers]
     in_flight = microbatches_in_flight(s.pipeline_schedule, stage, pp, s.num_microbatches, vp)
     activations = sum(per_mb) / vp * in_flight

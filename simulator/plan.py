@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from simulator.errors import ConfigError
+
 
 @dataclass(frozen=True, eq=False)
 class Plan:
@@ -86,3 +88,36 @@ class Plan:
         for r in self.stage_ranks(stage):
             seen.setdefault(fn(int(r)), None)
         return list(seen)
+
+
+def vstage_layers(num_layers: int, pp: int, vp: int = 1, first: int | None = None,
+                  last: int | None = None) -> tuple[range, ...]:
+    """Layers of each virtual stage (chunk c of stage s is virtual stage c * pp + s, Megatron-LM).
+
+    Even split by default. Like Megatron-core's ``decoder_first_pipeline_num_layers`` and
+    ``decoder_last_pipeline_num_layers``, ``first`` / ``last`` fix the layer count of the first and
+    last virtual stage (for example fewer layers where the embedding and the LM head sit, as BLOOM
+    and Llama 3 did); the other virtual stages share the rest evenly.
+    """
+    n = pp * vp
+    fixed = {i: k for i, k in ((0, first), (n - 1, last)) if k is not None}
+    if n == 1:
+        fixed = {}
+    free = n - len(fixed)
+    rest = num_layers - sum(fixed.values())
+    if any(k < 0 for k in fixed.values()) or rest < 0 or (free and rest % free) or (not free and rest):
+        field = "parallelism.pp" if not fixed and vp == 1 else ("parallelism.vp" if not fixed else
+                                                                 "parallelism.first_pipeline_num_layers")
+        value = {"parallelism.pp": pp, "parallelism.vp": vp}.get(field, first)
+        if fixed:
+            need = f"the layers left after first/last ({rest}) must split evenly over the other {free} virtual stages"
+        else:
+            need = f"pp x vp ({n}) must divide num_hidden_layers ({num_layers}), or set first/last_pipeline_num_layers"
+        raise ConfigError(field, value, need)
+    each = rest // free if free else 0
+    out, start = [], 0
+    for i in range(n):
+        k = fixed.get(i, each)
+        out.append(range(start, start + k))
+        start += k
+    return tuple(out)

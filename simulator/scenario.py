@@ -30,6 +30,7 @@ import yaml
 
 from simulator.config import ClusterConfig, ModelConfig, ParallelConfig, Scenario, TrainingConfig
 from simulator.errors import ConfigError
+from simulator.plan import vstage_layers
 from simulator.schedules import SCHEDULES, check_schedule_args
 from simulator.topology import load_topology
 
@@ -138,6 +139,8 @@ _CHECKS: dict[str, dict[str, Checker]] = {
         "vp": _POSITIVE,
         "sequence_parallel": _boolean,
         "zero_stage": partial(_choice, choices=ZERO_STAGES),
+        "first_pipeline_num_layers": partial(_optional_whole, minimum=0),
+        "last_pipeline_num_layers": partial(_optional_whole, minimum=0),
     },
 }
 
@@ -406,10 +409,13 @@ def validate_plan(s: Scenario) -> list[str]:
         raise ConfigError("parallelism.tp", p.tp, f"must divide num_key_value_heads ({kv}) or be a multiple "
                           "of it (Megatron then replicates each KV head)")
     layers = m.num_hidden_layers
-    if layers % p.pp:
+    uneven = p.first_pipeline_num_layers is not None or p.last_pipeline_num_layers is not None
+    if uneven:
+        vstage_layers(layers, p.pp, p.vp, p.first_pipeline_num_layers, p.last_pipeline_num_layers)
+    elif layers % p.pp:
         raise ConfigError("parallelism.pp", p.pp, f"must divide num_hidden_layers ({layers}); "
-                          f"valid: {_listing(_divisors(layers))}")
-    if layers % (p.pp * p.vp):
+                          f"valid: {_listing(_divisors(layers))}, or set first/last_pipeline_num_layers")
+    elif layers % (p.pp * p.vp):
         raise ConfigError("parallelism.vp", p.vp, f"pp x vp must divide num_hidden_layers ({layers}); "
                           f"valid vp with pp {p.pp}: {_listing(_divisors(layers // p.pp))}")
     if p.ep > 1 and not m.is_moe:

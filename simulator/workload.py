@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from simulator.compute import BlockCost, LayerCost, embedding_cost, head_cost, layer_cost, optimizer_cost, param_counts
 from simulator.config import Scenario
 from simulator.hardware import GPUSpec
+from simulator.plan import vstage_layers
 
 GRAD_BYTES = 2
 PARAM_BYTES = 2
@@ -44,7 +45,7 @@ class Bucket:
 @dataclass(frozen=True)
 class Workload:
     scenario: Scenario
-    layers_per_vstage: int
+    vstages: tuple[range, ...]  # layers of each virtual stage
     layer_costs: dict[int, LayerCost]  # by layer index
     embedding: tuple[BlockCost, BlockCost]
     head: tuple[BlockCost, BlockCost]
@@ -59,14 +60,14 @@ class Workload:
     params_per_stage: dict[int, float] = field(default_factory=dict)  # per GPU, before ZeRO sharding
 
     def layers(self, vstage: int) -> range:
-        return range(vstage * self.layers_per_vstage, (vstage + 1) * self.layers_per_vstage)
+        return self.vstages[vstage]
 
 
 def build_workload(s: Scenario, gpu: GPUSpec) -> Workload:
     m, t, par = s.model, s.training, s.parallelism
     p, v = par.pp, par.vp
     nvs = p * v
-    lpv = m.num_hidden_layers // nvs
+    vstages = vstage_layers(m.num_hidden_layers, p, v, par.first_pipeline_num_layers, par.last_pipeline_num_layers)
     costs: dict[bool, LayerCost] = {}
     layer_costs = {}
     counts = param_counts(m)
@@ -93,7 +94,7 @@ def build_workload(s: Scenario, gpu: GPUSpec) -> Workload:
     buckets = {}
     for vs in range(nvs):
         out, cur, cur_d, cur_e = [], [], 0.0, 0.0
-        for layer in reversed(range(vs * lpv, (vs + 1) * lpv)):
+        for layer in reversed(vstages[vs]):
             cur.append(layer)
             cur_d += dense_params[layer]
             cur_e += expert_params[layer]
@@ -107,9 +108,9 @@ def build_workload(s: Scenario, gpu: GPUSpec) -> Workload:
 
     params_per_stage, optimizer = {}, {}
     for stage in range(p):
-        vstages = [c * p + stage for c in range(v)]
-        dense = sum(b.dense_params for vs in vstages for b in buckets[vs])
-        expert = sum(b.expert_params for vs in vstages for b in buckets[vs])
+        mine = [c * p + stage for c in range(v)]
+        dense = sum(b.dense_params for vs in mine for b in buckets[vs])
+        expert = sum(b.expert_params for vs in mine for b in buckets[vs])
         params_per_stage[stage] = dense + expert
         if par.zero_stage >= 1:
             local = dense / (dp * par.cp) + expert / max(1, dp * par.cp // par.ep)
@@ -122,7 +123,7 @@ def build_workload(s: Scenario, gpu: GPUSpec) -> Workload:
     kv = 2 * b * (seq / par.cp) * max(m.num_key_value_heads, par.tp) * m.head_dim / par.tp * 2
     topk = max(1, m.num_experts_per_tok)
     return Workload(
-        scenario=s, layers_per_vstage=lpv, layer_costs=layer_costs,
+        scenario=s, vstages=vstages, layer_costs=layer_costs,
         embedding=embedding_cost(m, t, par, gpu), head=head_cost(m, t, par, gpu),
         optimizer=optimizer, buckets=buckets, layer_dense_params=dense_params,
         layer_expert_params=expert_params, tp_bytes=act, pp_bytes=act / par.tp, cp_bytes=kv,

@@ -102,3 +102,22 @@ def test_full_recompute_is_slower_than_selective_and_none():
     times = {rc: simulate(scenario(nodes=1, tp=8, m=2, recompute=rc, sp=True)).step_time_s
              for rc in ("none", "selective", "full")}
     assert times["none"] <= times["selective"] < times["full"]
+
+
+def test_first_and_last_pipeline_layers_split_the_rest_evenly():
+    from simulator.plan import vstage_layers
+    assert [len(r) for r in vstage_layers(70, 12, 1, 5, 5)] == [5] + [6] * 10 + [5]
+    assert [len(r) for r in vstage_layers(126, 16, 8, 0, 0)] == [0] + [1] * 126 + [0]
+    assert [r.start for r in vstage_layers(8, 2, 2)] == [0, 2, 4, 6]
+    with pytest.raises(Exception, match="split evenly"):
+        vstage_layers(70, 12, 1, 4, 5)
+
+
+def test_uneven_stages_run_and_the_lighter_stages_idle_more():
+    s = scenario(nodes=1, pp=4, dp=2, m=8)
+    s = dataclasses.replace(s, model=dataclasses.replace(DENSE, num_hidden_layers=14),
+                            parallelism=dataclasses.replace(s.parallelism, first_pipeline_num_layers=2,
+                                                            last_pipeline_num_layers=2))
+    r = step_report(simulate(s, UNIFORM))
+    per_stage = r["bubble_fraction_per_stage"]
+    assert per_stage[0] > per_stage[1] and per_stage[3] > per_stage[2]

@@ -318,7 +318,7 @@ def test_format_memory_table():
 
 
 @pytest.mark.parametrize("change, field", [
-    (dict(pp=3), "model.num_hidden_layers"),
+    (dict(pp=3), "parallelism.pp"),
     (dict(zero_stage=5), "parallelism.zero_stage"),
     (dict(tp=0), "parallelism.tp"),
     (dict(tp=16, pp=1, dp=None), "parallelism.dp"),
