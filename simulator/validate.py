@@ -1,0 +1,189 @@
+"""Predict published training runs: turn each case of a public-runs file into a scenario and simulate it.
+
+The case format is ``shared/validation/public-runs.yaml``. Only the description of the run is read
+(model, hardware, layout); the ``measured`` and ``derived`` blocks are used for the error columns
+only, so predictions are the same with them removed. Documented defaults for unknown fields:
+
+- topology: ``dgx-a100`` for A100 GPUs, ``dgx-h100`` otherwise, with the case's per-GPU NVLink and
+  NIC rates as overrides; nodes = count / gpus_per_node.
+- hidden_act: SwiGLU (silu) or GeLU, whichever makes the parameter count closer to ``params_b``;
+  untied embeddings.
+- micro-batch size 1; interleave degree 1 (so 1F1B); zero_stage 1 (Megatron's distributed
+  optimizer, the default of Megatron-core and NeMo recipes); precision fp8 when the case says fp8,
+  else bf16.
+- recompute: the case's value (``full...`` / ``selective...``), none when unknown; sequence
+  parallelism when the recompute field says so, or when recompute is unknown and tp > 1 (the
+  NeMo default), else off.
+- layers not divisible by pp x vp: the first and last stages get f layers each and the others the
+  rest evenly, f the largest value <= ceil(layers / (pp x vp)) that makes this possible (how
+  Megatron-DeepSpeed balanced BLOOM, whose first and last stages also carry the embedding).
+
+Predicted TFLOP/s per GPU are the measured ones scaled by measured / predicted step time, i.e.
+the source's own FLOP convention (model or hardware FLOPs) applied to the predicted step.
+"""
+
+from __future__ import annotations
+
+import math
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import yaml
+
+from simulator.compute import param_counts
+from simulator.config import ModelConfig
+from simulator.errors import ConfigError
+from simulator.scenario import scenario_from_dict, validate_plan
+
+
+def _hidden_act(model: dict) -> str:
+    target = (model.get("params_b") or 0) * 1e9
+    if not target:
+        return "gelu" if model["ffn_hidden"] == 4 * model["hidden"] else "silu"
+    best, best_err = "gelu", math.inf
+    for act in ("gelu", "silu"):
+        cfg = ModelConfig(hidden_size=model["hidden"], num_hidden_layers=model["layers"],
+                          num_attention_heads=model["heads"], num_key_value_heads=model.get("kv_heads") or model["heads"],
+                          intermediate_size=model["ffn_hidden"], vocab_size=model["vocab"], hidden_act=act,
+                          num_experts=model.get("experts") or 0, num_experts_per_tok=model.get("topk") or 0)
+        err = abs(param_counts(cfg)["total"] - target)
+        if err < best_err:
+            best, best_err = act, err
+    return best
+
+
+def _ends(layers: int, n: int) -> int | None:
+    """Layers on the first and last virtual stage when ``n`` does not divide ``layers``."""
+    if layers % n == 0 or n < 3:
+        return None
+    for f in range(math.ceil(layers / n), -1, -1):
+        if 2 * f <= layers and (layers - 2 * f) % (n - 2) == 0:
+            return f
+    return None
+
+
+def case_to_scenario_dict(case: dict) -> dict:
+    """A scenario (as a dict) from the description of one published run."""
+    m, hw, par = case["model"], case["hardware"], case["parallelism"]
+    gpu = hw["gpu"]
+    recompute_text = str(par.get("recompute") or "").lower()
+    if recompute_text.startswith("full"):
+        recompute = "full"
+    elif recompute_text.startswith("selective"):
+        recompute = "selective"
+    else:
+        recompute = "none"
+    sp = "sequence-parallel" in recompute_text or (not recompute_text and par["tp"] > 1)
+    vp = par.get("vp") or 1
+    pp = par["pp"]
+    ends = _ends(m["layers"], pp * vp)
+    parallelism = {"tp": par["tp"], "pp": pp, "dp": par["dp"], "cp": par.get("cp") or 1,
+                   "ep": par.get("ep") or 1, "vp": vp, "sequence_parallel": bool(sp),
+                   "zero_stage": 1 if par.get("zero_stage") is None else par["zero_stage"]}
+    if ends is not None:
+        parallelism.update(first_pipeline_num_layers=ends, last_pipeline_num_layers=ends)
+    model = {"hidden_size": m["hidden"], "num_hidden_layers": m["layers"], "num_attention_heads": m["heads"],
+             "num_key_value_heads": m.get("kv_heads") or m["heads"], "intermediate_size": m["ffn_hidden"],
+             "vocab_size": m["vocab"], "hidden_act": _hidden_act(m), "tie_word_embeddings": False}
+    if m.get("experts"):
+        model.update(num_experts=m["experts"], num_experts_per_tok=m.get("topk") or 1)
+    return {
+        "name": case["id"],
+        "model": model,
+        "cluster": {"topology": "dgx-a100" if gpu.upper().startswith("A100") else "dgx-h100",
+                    "num_nodes": hw["count"] // hw["gpus_per_node"], "gpus_per_node": hw["gpus_per_node"],
+                    "gpu": gpu, "nvlink_bandwidth_GBps": hw.get("intra_node_bw_GBps"),
+                    "network_bandwidth_Gbps": hw.get("inter_node_bw_Gbps_per_gpu")},
+        "training": {"seq_length": m["seq_len"], "micro_batch_size": par.get("mbs") or 1,
+                     "global_batch_size": par["gbs"],
+                     "precision": "fp8" if "fp8" in str(case.get("precision", "")).lower() else "bf16",
+                     "recompute": recompute},
+        "parallelism": parallelism,
+        "schedule": "interleaved" if vp > 1 else "1f1b",
+    }
+
+
+def measured_step(case: dict) -> float | None:
+    meas = case.get("measured") or {}
+    return meas.get("step_time_s") or (case.get("derived") or {}).get("step_time_s")
+
+
+def groups_of(case: dict, scenario_dict: dict) -> dict[str, str]:
+    par = scenario_dict["parallelism"]
+    axes = "+".join(a for a in ("tp", "pp", "dp", "cp", "ep") if (par.get(a) or 1) > 1) or "single"
+    return {"gpu": scenario_dict["cluster"]["gpu"], "precision": scenario_dict["training"]["precision"],
+            "kind": "moe" if scenario_dict["model"].get("num_experts") else "dense", "axes": axes}
+
+
+def predict(case: dict) -> dict:
+    """Simulate one case; returns its row (predictions, measured values, error) or an error row."""
+    from simulator.engine import simulate
+    from simulator.report import step_report
+
+    d = case_to_scenario_dict(case)
+    row = {"id": case["id"], "groups": groups_of(case, d)}
+    try:
+        s = scenario_from_dict(d)
+        validate_plan(s)
+        rep = step_report(simulate(s))
+    except ConfigError as err:
+        row["error"] = str(err)
+        return row
+    meas = case.get("measured") or {}
+    step = measured_step(case)
+    row["predicted"] = {"step_time_s": rep["step_time_s"], "mfu": rep["mfu"],
+                        "model_tflops_per_gpu": rep["model_tflops_per_gpu"]}
+    row["measured"] = {"step_time_s": step, "tflops_per_gpu": meas.get("tflops_per_gpu")}
+    if step:
+        row["error"] = rep["step_time_s"] / step - 1
+        if meas.get("tflops_per_gpu"):
+            row["predicted"]["tflops_per_gpu"] = meas["tflops_per_gpu"] * step / rep["step_time_s"]
+    return row
+
+
+def validate_file(path: str, workers: int = 2) -> dict:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError("runs", path, "must be a public-runs YAML file (see shared/validation/public-runs.yaml)")
+    data = yaml.safe_load(p.read_text())
+    cases = data.get("cases") if isinstance(data, dict) else None
+    if not isinstance(cases, list):
+        raise ConfigError("runs", path, "must be a mapping with a 'cases' list")
+    if workers > 1:
+        with ProcessPoolExecutor(workers) as pool:
+            rows = list(pool.map(predict, cases))
+    else:
+        rows = [predict(c) for c in cases]
+    scored = [r for r in rows if isinstance(r.get("error"), float)]
+    summary = {"cases": len(rows), "scored": len(scored),
+               "mape": _mape(scored),
+               "within_20pct": sum(abs(r["error"]) <= 0.20 for r in scored) / max(1, len(scored)),
+               "worst": max((abs(r["error"]) for r in scored), default=None),
+               "by_group": {}}
+    for key in ("gpu", "precision", "kind", "axes"):
+        values = sorted({r["groups"][key] for r in scored})
+        summary["by_group"][key] = {v: _mape([r for r in scored if r["groups"][key] == v]) for v in values}
+    return {"rows": rows, "summary": summary}
+
+
+def _mape(rows: list[dict]) -> float | None:
+    return sum(abs(r["error"]) for r in rows) / len(rows) if rows else None
+
+
+def format_table(result: dict) -> str:
+    lines = [f"{'case':<36} {'measured_s':>10} {'predicted_s':>11} {'error':>8} {'meas_TF':>8} {'pred_TF':>8}"]
+    for r in result["rows"]:
+        if not isinstance(r.get("error"), float):
+            lines.append(f"{r['id']:<36} {'':>10} {'':>11} {'n/a':>8}  {r.get('error', '')}")
+            continue
+        mt = r["measured"].get("tflops_per_gpu")
+        pt = r["predicted"].get("tflops_per_gpu")
+        lines.append(f"{r['id']:<36} {r['measured']['step_time_s']:>10.2f} {r['predicted']['step_time_s']:>11.2f} "
+                     f"{r['error']:>+8.1%} {mt if mt else '':>8} {f'{pt:.1f}' if pt else '':>8}")
+    s = result["summary"]
+    lines.append("")
+    lines.append(f"MAPE {s['mape']:.1%} over {s['scored']} cases; within 20%: {s['within_20pct']:.0%}; "
+                 f"worst {s['worst']:.1%}")
+    for key, groups in s["by_group"].items():
+        lines.append(f"  by {key}: " + ", ".join(f"{k} {v:.1%}" for k, v in groups.items()))
+    return "\n".join(lines)
