@@ -10,6 +10,12 @@ Rates are max-min fair over links (progressive filling, Bertsekas and Gallager, 
 section 6.5), with each member flow counted on every link it crosses. They are recomputed whenever
 a transfer starts or ends; in between every transfer drains at a constant rate, so the next event
 is the earliest completion. Latency is paid once per transfer, after its last byte (cut-through).
+
+A start or an end only changes the rates of the transfers that share a link with it, directly or
+through others: the transfers in flight are kept in connected components (transfers linked by
+shared links), and only the touched component is recomputed. Each transfer has its own completion
+event, scheduled from its current rate; a rate change reschedules it and a per-transfer version
+counter makes the stale event a no-op.
 """
 
 from __future__ import annotations
@@ -62,10 +68,22 @@ class Transfer:
     latency: float
     done: simpy.Event
     label: object = None
-    remaining: float = 0.0
+    remaining: float = 0.0  # bytes per member left at time ``since``
     rate: float = 0.0
+    since: float = 0.0
     start: float = 0.0
     members: int = 1
+    version: int = 0
+    component: "Component | None" = None
+
+
+@dataclass(eq=False)
+class Component:
+    """Transfers connected through shared links; rates are recomputed per component."""
+
+    id: int
+    transfers: dict = field(default_factory=dict)  # Transfer -> None, in insertion order
+    dirty: bool = False
 
 
 @dataclass
@@ -83,11 +101,28 @@ class Network:
     def __init__(self, env: simpy.Environment, capacity: np.ndarray):
         self.env = env
         self.capacity = np.asarray(capacity, dtype=float)
-        self.active: list[Transfer] = []
         self.stats = LinkStats(bytes_carried=np.zeros(len(self.capacity)))
-        self._last = env.now
-        self._version = 0
+        self._owner = np.full(len(self.capacity), -1, dtype=np.int64)  # component id per link
+        self._users = np.zeros(len(self.capacity), dtype=np.int64)  # transfers in flight per link
+        self._components: dict[int, Component] = {}
+        self._next_id = 0
+        self._dirty: list[Component] = []
         self._flush_pending = False
+
+    @property
+    def active(self) -> list[Transfer]:
+        return [t for comp in self._components.values() for t in comp.transfers]
+
+    def _new_component(self) -> Component:
+        comp = Component(self._next_id)
+        self._components[comp.id] = comp
+        self._next_id += 1
+        return comp
+
+    def _assign(self, t: Transfer, comp: Component) -> None:
+        comp.transfers[t] = None
+        t.component = comp
+        self._owner[t.links] = comp.id
 
     def transfer(self, routes: Sequence[np.ndarray], size: float, latency: float = 0.0,
                  label: object = None) -> simpy.Event:
@@ -106,14 +141,34 @@ class Network:
             return done
         self.stats.bytes_carried[links] += mult * size
         self.stats.transfers += 1
-        self._advance()
-        self.active.append(Transfer(links=links, mult=mult, size=float(size), latency=latency, done=done,
-                                    label=label, remaining=float(size), start=self.env.now, members=members))
+        now = self.env.now
+        t = Transfer(links=links, mult=mult, size=float(size), latency=latency, done=done, label=label,
+                     remaining=float(size), since=now, start=now, members=members)
+        ids = np.unique(self._owner[links])
+        comps = sorted((self._components[i] for i in ids.tolist() if i >= 0), key=lambda c: (-len(c.transfers), c.id))
+        if comps:
+            comp = comps[0]
+            for other in comps[1:]:
+                for u in other.transfers:
+                    self._assign(u, comp)
+                other.transfers.clear()
+                other.dirty = False
+                del self._components[other.id]
+        else:
+            comp = self._new_component()
+        self._users[links] += 1
+        self._assign(t, comp)
+        self._mark(comp)
+        return done
+
+    def _mark(self, comp: Component) -> None:
+        if not comp.dirty:
+            comp.dirty = True
+            self._dirty.append(comp)
         if not self._flush_pending:
             self._flush_pending = True
             ev = self.env.timeout(0)
             ev.callbacks.append(self._flush)
-        return done
 
     def _after(self, delay: float, event: simpy.Event) -> None:
         if delay > 0:
@@ -122,46 +177,78 @@ class Network:
         else:
             event.succeed()
 
-    def _advance(self) -> None:
-        elapsed = self.env.now - self._last
-        if elapsed > 0:
-            for t in self.active:
-                t.remaining -= t.rate * elapsed
-        self._last = self.env.now
-
     def _flush(self, _event) -> None:
         self._flush_pending = False
-        self._reschedule()
+        dirty, self._dirty = self._dirty, []
+        for comp in dirty:
+            if comp.dirty:
+                comp.dirty = False
+                self._recompute(comp)
 
-    def _reschedule(self) -> None:
-        self._version += 1
-        if not self.active:
+    def _recompute(self, comp: Component) -> None:
+        groups = list(comp.transfers)
+        if not groups:
             return
-        self._recompute()
-        dt = min(t.remaining / t.rate for t in self.active)
-        version = self._version
-        ev = self.env.timeout(max(dt, 0.0))
-        ev.callbacks.append(lambda _e: self._on_wake(version))
-
-    def _recompute(self) -> None:
-        groups = self.active
-        entry_group = np.repeat(np.arange(len(groups)), [len(t.links) for t in groups])
-        entry_link = np.concatenate([t.links for t in groups])
-        entry_mult = np.concatenate([t.mult for t in groups])
-        rates = max_min_rates(self.capacity, entry_group, entry_link, entry_mult, len(groups))
-        for t, r in zip(groups, rates):
-            t.rate = float(r)
+        now = self.env.now
+        if len(groups) == 1:
+            lone = groups[0]
+            rates = [float((self.capacity[lone.links] / lone.mult).min())]
+        else:
+            entry_group = np.repeat(np.arange(len(groups)), [len(t.links) for t in groups])
+            entry_link = np.concatenate([t.links for t in groups])
+            entry_mult = np.concatenate([t.mult for t in groups])
+            rates = max_min_rates(self.capacity, entry_group, entry_link, entry_mult, len(groups)).tolist()
         self.stats.rate_updates += 1
+        for t, r in zip(groups, rates):
+            if r == t.rate and t.version:
+                continue
+            t.remaining -= t.rate * (now - t.since)
+            t.since = now
+            t.rate = r
+            t.version += 1
+            ev = self.env.timeout(max(t.remaining / r, 0.0))
+            ev.callbacks.append(lambda _e, t=t, v=t.version: self._finish(t, v))
 
-    def _on_wake(self, version: int) -> None:
-        if version != self._version:
+    def _finish(self, t: Transfer, version: int) -> None:
+        if version != t.version:
             return
-        self._advance()
-        still = []
-        for t in self.active:
-            if t.remaining <= 1e-9 * t.size:
-                self._after(t.latency, t.done)
-            else:
-                still.append(t)
-        self.active = still
-        self._reschedule()
+        comp = t.component
+        del comp.transfers[t]
+        t.component = None
+        self._users[t.links] -= 1
+        freed = t.links[self._users[t.links] == 0]
+        self._owner[freed] = -1
+        self._after(t.latency, t.done)
+        if comp.transfers:
+            self._split(comp)
+        else:
+            del self._components[comp.id]
+
+    def _split(self, comp: Component) -> None:
+        """Re-partition a component after a transfer left it, and mark the parts for recompute."""
+        groups = list(comp.transfers)
+        if len(groups) > 1:
+            entry_group = np.repeat(np.arange(len(groups)), [len(t.links) for t in groups])
+            _, local = np.unique(np.concatenate([t.links for t in groups]), return_inverse=True)
+            label = np.arange(len(groups))
+            while True:
+                link_label = np.full(local.max() + 1, len(groups))
+                np.minimum.at(link_label, local, label[entry_group])
+                new = label.copy()
+                np.minimum.at(new, entry_group, link_label[local])
+                new = new[new]
+                if np.array_equal(new, label):
+                    break
+                label = new
+            parts: dict[int, Component] = {}
+            for t, lab in zip(groups, label.tolist()):
+                if lab not in parts:
+                    parts[lab] = comp if not parts else self._new_component()
+                part = parts[lab]
+                if part is not comp:
+                    del comp.transfers[t]
+                    self._assign(t, part)
+            for part in parts.values():
+                self._mark(part)
+            return
+        self._mark(comp)
