@@ -105,6 +105,17 @@ def _memory(args) -> int:
     return 0
 
 
+def _validate(args) -> int:
+    from simulator.validate import format_table, validate_file
+
+    result = validate_file(args.runs, workers=args.workers)
+    if args.plot:
+        from simulator.plots import plot_validation
+        plot_validation(result, args.plot)
+    print(json.dumps(result, indent=2) if args.json else format_table(result))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="stepsim", description="Simulate one training step of a large model on a GPU cluster.")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -134,6 +145,12 @@ def build_parser() -> argparse.ArgumentParser:
             r.add_argument("--no-fold", action="store_true",
                            help="simulate every rank instead of one per pipeline stage (slow; for checking)")
             r.add_argument("--algorithm", default="auto", help="collective algorithm: auto (ring) | ring | hierarchical")
+    v = sub.add_parser("validate", help="predict published training runs and report the error")
+    v.add_argument("runs", help="a file in the format of shared/validation/public-runs.yaml")
+    v.add_argument("--json", action="store_true")
+    v.add_argument("--plot", metavar="FILE", help="draw predicted against measured step time (PNG/SVG/PDF)")
+    v.add_argument("--workers", type=int, default=2, help="simulations in parallel (processes)")
+    v.set_defaults(func=_validate)
     return p
 
 

@@ -162,12 +162,49 @@ def _attn_core(
     nbytes = ACT_BYTES * (2 * tokens * q_dim + 2 * b * s * kv_dim)
     seq = s / cp
     ctas = b * (model.num_attention_heads / tp) * math.ceil(seq / TILE_M)
-    eff = gpu.attention_efficiency * _occupancy(ctas, gpu.num_sms) * seq / (seq + ATTN_SEQ_HALF)
+    eff = gpu.attention_efficiency * gpu.sustained_fraction * _occupancy(ctas, gpu.num_sms) * seq / (seq + ATTN_SEQ_HALF)
     rate = peak(gpu, _attention_precision(training.precision)) * eff
     if backward:
         flops, nbytes = FA_BWD_FLOP_RATIO * flops, 2.0 * nbytes
     name = "attn_core_bwd" if backward else "attn_core"
     return Op(name, flops, nbytes, _roofline(flops, nbytes, gpu, rate))
+
+
+ATTENTION_KERNELS = ("flash", "unfused")
+UNFUSED_ATTENTION_OPS = ("attn_scores", "attn_softmax", "attn_dropout", "attn_values")
+ATTENTION_DROPOUT = 0.1  # the unfused path is the GPT-3-era recipe, which trained with dropout 0.1
+
+
+def _attn_core_unfused(
+    model: ModelConfig, training: TrainingConfig, par: ParallelConfig, gpu: GPUSpec, backward: bool
+) -> list[Op]:
+    """Attention before FlashAttention (Megatron-LM 2021-22, ``CoreAttention``): Q K^T and P V as
+    batched GEMMs over the full s x s scores of each local head (causal masking skips no work),
+    a fused scale-mask-softmax kernel (read 2, write 2 bytes per score) and attention dropout
+    (read 2, write 2, mask 1 byte per score). Backward: both GEMMs twice (dgrad and wgrad
+    shapes), softmax backward (read probabilities and gradient, write gradient: 6 bytes per score)
+    and dropout backward (5 bytes per score).
+    """
+    b, s, cp = training.micro_batch_size, training.seq_length, par.cp
+    heads = b * model.num_attention_heads / par.tp
+    groups = max(1, round(heads))
+    q = s / cp
+    d = model.head_dim
+    scores = heads * q * s
+    prec = _attention_precision(training.precision)
+    if not backward:
+        return [
+            _gemm("attn_scores", q, s, d, gpu, prec, groups),
+            _mem("attn_softmax", 4.0 * scores, gpu),
+            _mem("attn_dropout", 5.0 * scores, gpu),
+            _gemm("attn_values", q, d, s, gpu, prec, groups),
+        ]
+    return [
+        *_gemm_bwd("attn_values", q, d, s, gpu, prec, groups),
+        _mem("attn_dropout_bwd", 5.0 * scores, gpu),
+        _mem("attn_softmax_bwd", 6.0 * scores, gpu),
+        *_gemm_bwd("attn_scores", q, s, d, gpu, prec, groups),
+    ]
 
 
 @dataclass(frozen=True)
@@ -268,7 +305,10 @@ def _run(
             else:
                 ops.append(_gemm(step.name, step.m, step.n, step.k, gpu, training.precision, step.groups))
         elif isinstance(step, _AttnCore):
-            ops.append(_attn_core(model, training, par, gpu, backward))
+            if training.attention == "unfused":
+                ops.extend(_attn_core_unfused(model, training, par, gpu, backward))
+            else:
+                ops.append(_attn_core(model, training, par, gpu, backward))
         elif backward:
             ops.append(_mem(f"{step.name}_bwd", 2.0 * step.nbytes, gpu))
         else:
@@ -291,6 +331,8 @@ def layer_cost(
     """
     if training.recompute not in RECOMPUTE_MODES:
         raise ConfigError("training.recompute", training.recompute, f"valid: {', '.join(RECOMPUTE_MODES)}")
+    if training.attention not in ATTENTION_KERNELS:
+        raise ConfigError("training.attention", training.attention, f"valid: {', '.join(ATTENTION_KERNELS)}")
     tokens, tokens_norm = _local_tokens(training, par)
     attn = _attn_plan(model, tokens, tokens_norm, par.tp)
     mlp = _mlp_plan(model, layer, tokens, tokens_norm, par)
@@ -299,7 +341,7 @@ def layer_cost(
     if training.recompute == "full":
         attn_re, mlp_re = attn_fwd, mlp_fwd
     elif training.recompute == "selective":
-        attn_re = BlockCost(tuple(op for op in attn_fwd.ops if op.name == "attn_core"))
+        attn_re = BlockCost(tuple(op for op in attn_fwd.ops if op.name in ("attn_core",) + UNFUSED_ATTENTION_OPS))
         mlp_re = BlockCost()
     else:
         attn_re, mlp_re = BlockCost(), BlockCost()
@@ -354,13 +396,22 @@ def head_cost(
     )
 
 
-def optimizer_cost(num_params_local: float, gpu: GPUSpec, training: TrainingConfig) -> BlockCost:
-    """Mixed-precision Adam step as one memory-bound pass (Rajbhandari et al. 2020 layout).
+def optimizer_cost(num_params_local: float, gpu: GPUSpec, training: TrainingConfig,
+                   num_params_buffer: float | None = None) -> BlockCost:
+    """The optimizer step as memory-bound passes (Megatron-LM with bf16: fp32 main gradients).
 
-    Per parameter: read fp32 master, m, v (12) and the bf16 gradient (2); write master, m, v
-    (12) and the bf16 weight (2): 28 bytes. ``training`` is accepted for future precisions.
+    Adam over this GPU's shard (Rajbhandari et al. 2020 layout): read the fp32 gradient (4),
+    master weight, m and v (12), write master, m, v (12) and the 16-bit weight (2): 30 bytes per
+    parameter. Gradient-norm clipping reads the shard's fp32 gradients once more (4 bytes), and
+    the gradient buffer of every parameter on the GPU is zeroed for the next step (4 bytes over
+    ``num_params_buffer``, default the shard). ``training`` is accepted for future precisions.
     """
-    return BlockCost((_mem("adam", 28.0 * num_params_local, gpu),))
+    buffer = num_params_local if num_params_buffer is None else num_params_buffer
+    return BlockCost((
+        _mem("grad_norm", 4.0 * num_params_local, gpu),
+        _mem("adam", 30.0 * num_params_local, gpu),
+        _mem("zero_grad", 4.0 * buffer, gpu),
+    ))
 
 
 def param_counts(model: ModelConfig) -> dict:

@@ -43,7 +43,6 @@ COMPONENTS = ("weights", "gradients", "optimizer", "activations", "other")
 
 ACT_BYTES = 2
 MASK_BYTES = 1
-REPORT_ACTIVATIONS = {"flash_attention": True, "dropout": False}  # as the compute model runs
 LOGIT_BYTES = 4
 ROUTER_PROB_BYTES = 4  # Megatron-core computes router logits and probabilities in fp32
 
@@ -122,8 +121,8 @@ def layer_activation_bytes(
     f = moe_intermediate_size, plus shared experts as one MLP. Selective recompute drops the
     score term; full recompute keeps the layer input, 2sbh (/t with SP).
 
-    The defaults are the paper's (unfused attention, dropout 0.1). The report passes
-    ``flash_attention=True, dropout=False`` to match the compute model: a fused flash-attention
+    The defaults are the paper's (unfused attention, dropout 0.1). The report follows the
+    scenario's ``training.attention`` as the compute model does: a fused flash-attention
     kernel keeps only its fp32 log-sum-exp statistics (4 a s b / t bytes) instead of the 5 a s^2 b / t
     score term (Dao et al. 2022), and recipes without dropout store no masks.
     """
@@ -290,10 +289,11 @@ def stage_memory(
 
     seq, b, sp, rc = tr.seq_length / par.cp, tr.micro_batch_size, par.sequence_parallel, tr.recompute
     layers = stage_layers(m, stage, pp, vp, par.first_pipeline_num_layers, par.last_pipeline_num_layers)
-    per_mb = [layer_activation_bytes(m, layer, seq, b, tp, sp, rc, **REPORT_ACTIVATIONS) for layer in layers]
+    kernels = {"flash_attention": tr.attention == "flash", "dropout": tr.attention == "unfused"}
+    per_mb = [layer_activation_bytes(m, layer, seq, b, tp, sp, rc, **kernels) for layer in layers]
     in_flight = microbatches_in_flight(s.pipeline_schedule, stage, pp, s.num_microbatches, vp)
     activations = sum(per_mb) / vp * in_flight
-    working_set = [layer_activation_bytes(m, layer, seq, b, tp, sp, "none", **REPORT_ACTIVATIONS) - a
+    working_set = [layer_activation_bytes(m, layer, seq, b, tp, sp, "none", **kernels) - a
                    for layer, a in zip(layers, per_mb)]
     activations += max(working_set, default=0.0)
     rep = 1 / tp if sp else 1.0

@@ -129,6 +129,7 @@ _CHECKS: dict[str, dict[str, Checker]] = {
         "global_batch_size": _POSITIVE,
         "precision": partial(_choice, choices=PRECISIONS),
         "recompute": partial(_choice, choices=RECOMPUTE),
+        "attention": partial(_choice, choices=("flash", "unfused")),
     },
     "parallelism": {
         "tp": _POSITIVE,

@@ -204,10 +204,8 @@ def leaf_of(cluster: Cluster, gpu: int) -> tuple[int, int]:
 
 
 def host_index(cluster: Cluster, gpu: int) -> int:
-    """The destination number D-mod-K routing uses: the node index on a rail-optimized fabric
-    (every host on a rail), the global NIC index otherwise."""
-    if cluster.spec.rail_optimized:
-        return cluster.node_of(gpu)
+    """The destination number D-mod-K routing uses: the global NIC (host channel adapter) index,
+    unique per port as an InfiniBand LID is, so the rails of one node spread over the spines."""
     return cluster.node_of(gpu) * cluster.spec.nics_per_node + cluster.nic_of(gpu)
 
 
@@ -224,8 +222,8 @@ def route_nodes(cluster: Cluster, src: int, dst: int) -> list[str]:
     Worked example (dgx-h100 on 64 nodes: rail-optimized, 32 nodes per leaf, U = 32 spines):
     GPU 3 (node 0, rail 3) to GPU 8*40+3 = 323 (node 40, rail 3) leaves through
     ``n0.nic3 -> pod0.leaf3``; node 40 is in leaf group 1, so the route climbs to spine
-    40 mod 32 = 8 and comes down to ``pod0.leaf11`` (group 1, rail 3):
-    ``route(3, 323) = [n0.g3, n0.nic3, pod0.leaf3, pod0.spine8, pod0.leaf11, n40.nic3, n40.g3]``.
+    D mod U = (40*8 + 3) mod 32 = 3 and comes down to ``pod0.leaf11`` (group 1, rail 3):
+    ``route(3, 323) = [n0.g3, n0.nic3, pod0.leaf3, pod0.spine3, pod0.leaf11, n40.nic3, n40.g3]``.
     """
     if src == dst:
         raise ValueError("a transfer needs two different GPUs")

@@ -14,6 +14,11 @@ only, so predictions are the same with them removed. Documented defaults for unk
 - recompute: the case's value (``full...`` / ``selective...``), none when unknown; sequence
   parallelism when the recompute field says so, or when recompute is unknown and tp > 1 (the
   NeMo default), else off.
+- attention kernel: ``unfused`` (materialised scores, attention dropout) when the case's source
+  names a year before 2023, as an arXiv id (``2104.04473`` is April 2021) or a 20xx year, else
+  ``flash``: FlashAttention (Dao et al., May 2022) entered the Megatron-LM and DeepSpeed training
+  recipes in 2023, and runs published before that trained with Megatron's fused softmax over
+  materialised scores.
 - layers not divisible by pp x vp: the first and last stages get f layers each and the others the
   rest evenly, f the largest value <= ceil(layers / (pp x vp)) that makes this possible (how
   Megatron-DeepSpeed balanced BLOOM, whose first and last stages also carry the embedding).
@@ -25,6 +30,7 @@ the source's own FLOP convention (model or hardware FLOPs) applied to the predic
 from __future__ import annotations
 
 import math
+import re
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -62,6 +68,15 @@ def _ends(layers: int, n: int) -> int | None:
     return None
 
 
+def source_year(case: dict) -> int | None:
+    text = str(case.get("source", ""))
+    arxiv = re.search(r"arXiv[: ]*(\d{2})(\d{2})\.\d{4,5}", text)
+    if arxiv:
+        return 2000 + int(arxiv.group(1))
+    year = re.search(r"\b(20\d{2})\b", text)
+    return int(year.group(1)) if year else None
+
+
 def case_to_scenario_dict(case: dict) -> dict:
     """A scenario (as a dict) from the description of one published run."""
     m, hw, par = case["model"], case["hardware"], case["parallelism"]
@@ -97,7 +112,8 @@ def case_to_scenario_dict(case: dict) -> dict:
         "training": {"seq_length": m["seq_len"], "micro_batch_size": par.get("mbs") or 1,
                      "global_batch_size": par["gbs"],
                      "precision": "fp8" if "fp8" in str(case.get("precision", "")).lower() else "bf16",
-                     "recompute": recompute},
+                     "recompute": recompute,
+                     "attention": "unfused" if (source_year(case) or 9999) < 2023 else "flash"},
         "parallelism": parallelism,
         "schedule": "interleaved" if vp > 1 else "1f1b",
     }

@@ -12,8 +12,8 @@ Built once per scenario from the compute model; the engine only walks it. Messag
   2*b*(s/cp)*kv_heads*head_dim/tp*2 bytes, overlapped with the attention core; twice in backward.
 - EP: all-to-all dispatch and combine of b*s/cp/tp*topk*h*2 bytes per rank per MoE layer
   (token dispatch after the sequence-parallel split), twice more in backward.
-- DP: gradients in buckets of max(40e6, 1e6*dp) parameters (Megatron DDP default), 2 bytes per
-  gradient; all-reduce over DP x CP (ZeRO 0), reduce-scatter (ZeRO 1/2, distributed optimizer),
+- DP: gradients in buckets of max(40e6, 1e6*dp) parameters (Megatron DDP default), 4 bytes per
+  gradient (Megatron-LM sets accumulate_allreduce_grads_in_fp32 for bf16); all-reduce over DP x CP (ZeRO 0), reduce-scatter (ZeRO 1/2, distributed optimizer),
   parameter all-gather at the start of the step overlapped with the forward (steady state of
   Megatron's overlap_param_gather). ZeRO 3 (FSDP): per-layer all-gather of the weights before
   each forward and backward (prefetched one layer ahead) and reduce-scatter of the gradients
@@ -29,7 +29,7 @@ from simulator.config import Scenario
 from simulator.hardware import GPUSpec
 from simulator.plan import vstage_layers
 
-GRAD_BYTES = 2
+GRAD_BYTES = 4  # Megatron-LM keeps and reduces fp32 main gradients in bf16 training
 PARAM_BYTES = 2
 
 
@@ -116,7 +116,7 @@ def build_workload(s: Scenario, gpu: GPUSpec) -> Workload:
             local = dense / (dp * par.cp) + expert / max(1, dp * par.cp // par.ep)
         else:
             local = dense + expert
-        optimizer[stage] = optimizer_cost(local, gpu, t)
+        optimizer[stage] = optimizer_cost(local, gpu, t, num_params_buffer=dense + expert)
 
     b, seq, h = t.micro_batch_size, t.seq_length, m.hidden_size
     act = b * seq / par.cp * h * 2

@@ -33,7 +33,7 @@ def test_every_topology_scales_and_every_gpu_reaches_every_other(name, nodes):
 
 def test_worked_routing_example_from_the_docstring():
     c = build_cluster(load_topology("dgx-h100"), 64)
-    assert route_nodes(c, 3, 323) == ["n0.g3", "n0.nic3", "pod0.leaf3", "pod0.spine8",
+    assert route_nodes(c, 3, 323) == ["n0.g3", "n0.nic3", "pod0.leaf3", "pod0.spine3",
                                       "pod0.leaf11", "n40.nic3", "n40.g3"]
 
 
@@ -96,3 +96,11 @@ def test_bad_topology_file_gets_a_one_line_error_naming_the_field(tmp_path, text
     with pytest.raises(ConfigError) as err:
         load_topology(str(path))
     assert str(err.value).startswith(field) and "\n" not in str(err.value)
+
+
+def test_the_rails_of_one_node_spread_over_spines_and_cores():
+    """Eight rails to one destination node must not share a spine uplink (D is per NIC)."""
+    c = build_cluster(load_topology("dgx-a100"), 128)
+    up = {route_nodes(c, 99 * 8 + j, 100 * 8 + j)[3] for j in range(8)}
+    core = {route_nodes(c, 99 * 8 + j, 100 * 8 + j)[4] for j in range(8)}
+    assert len(up) == 8 and len(core) == 8
