@@ -155,11 +155,11 @@ class Cluster:
         return self.local_of(gpu) // (self.spec.gpus_per_node // self.spec.nics_per_node)
 
     def route(self, src: int, dst: int) -> np.ndarray:
-        """Link ids from GPU ``src`` to GPU ``dst`` (cached). See :func:`route_nodes` for the rule."""
+        """Link ids from GPU ``src`` to GPU ``dst`` (cached). See :func:`path_nodes` for the rule."""
         key = (src, dst)
         hit = self._route_cache.get(key)
         if hit is None:
-            names = route_nodes(self, src, dst)
+            names = path_nodes(self, src, dst)
             hit = np.fromiter((self._edge_id[(a, b)] for a, b in zip(names, names[1:])),
                               dtype=np.int64, count=len(names) - 1)
             self._route_cache[key] = hit
@@ -203,27 +203,31 @@ def leaf_of(cluster: Cluster, gpu: int) -> tuple[int, int]:
     return group // groups_per_pod, (group % groups_per_pod) * rails + rail
 
 
-def host_index(cluster: Cluster, gpu: int) -> int:
-    """The destination number D-mod-K routing uses: the global NIC (host channel adapter) index,
-    unique per port as an InfiniBand LID is, so the rails of one node spread over the spines."""
-    return cluster.node_of(gpu) * cluster.spec.nics_per_node + cluster.nic_of(gpu)
+def leaf_position(cluster: Cluster, gpu: int) -> int:
+    """Which down port of its leaf serves ``gpu``'s NIC: the node's place in its leaf group
+    (times the NIC count, plus the NIC, when the leaf is not per rail)."""
+    spec = cluster.spec
+    place = cluster.node_of(gpu) % spec.nodes_per_leaf
+    return place if spec.rail_optimized else place * spec.nics_per_node + cluster.nic_of(gpu)
 
 
 def route_nodes(cluster: Cluster, src: int, dst: int) -> list[str]:
     """Node names on the deterministic up/down route from GPU ``src`` to GPU ``dst``.
 
     Inside a node: GPU -> NVSwitch -> GPU. Across nodes: GPU -> NIC -> leaf, then up only as far
-    as needed, then down. The up port is chosen by destination (D-mod-K, the InfiniBand fat-tree
-    routing of Zahavi et al. 2010 and OpenSM's ftree): spine ``j = D mod U`` and core
-    ``c = (D // U) mod C`` where D is :func:`host_index` of the destination, U the uplinks per leaf
-    and C the cores per group. Flows to different destinations under one leaf take different
-    uplinks, so a ring's shift pattern is collision-free on a full-bisection tree.
+    as needed, then down. The up ports are chosen by destination (D-mod-K, the InfiniBand fat-tree
+    routing of Zahavi et al. 2010 and OpenSM's ftree): spine ``j = P mod U``, P the destination's
+    :func:`leaf_position` and U the uplinks per leaf, and core ``c = L mod C``, L the destination
+    leaf's index in its pod and C the cores per spine group. Flows to different destinations
+    under one leaf take different spines, and flows through one spine to different leaves take
+    different cores, so shift patterns (rings, pipeline sends) are collision-free on a
+    full-bisection tree.
 
     Worked example (dgx-h100 on 64 nodes: rail-optimized, 32 nodes per leaf, U = 32 spines):
     GPU 3 (node 0, rail 3) to GPU 8*40+3 = 323 (node 40, rail 3) leaves through
     ``n0.nic3 -> pod0.leaf3``; node 40 is in leaf group 1, so the route climbs to spine
-    D mod U = (40*8 + 3) mod 32 = 3 and comes down to ``pod0.leaf11`` (group 1, rail 3):
-    ``route(3, 323) = [n0.g3, n0.nic3, pod0.leaf3, pod0.spine3, pod0.leaf11, n40.nic3, n40.g3]``.
+    P mod U = (40 mod 32) mod 32 = 8 and comes down to ``pod0.leaf11`` (group 1, rail 3):
+    ``route(3, 323) = [n0.g3, n0.nic3, pod0.leaf3, pod0.spine8, pod0.leaf11, n40.nic3, n40.g3]``.
     """
     if src == dst:
         raise ValueError("a transfer needs two different GPUs")
@@ -236,13 +240,25 @@ def route_nodes(cluster: Cluster, src: int, dst: int) -> list[str]:
     path = [s_name, s_nic, f"pod{s_pod}.leaf{s_leaf}"]
     if (s_pod, s_leaf) != (d_pod, d_leaf):
         _, _, uplinks, _, _, cores = _pod_geometry(cluster.spec, cluster.num_nodes)
-        d = host_index(cluster, dst)
-        spine = d % uplinks
+        spine = leaf_position(cluster, dst) % uplinks
         path.append(f"pod{s_pod}.spine{spine}")
         if s_pod != d_pod:
-            path += [f"core{spine}.{(d // uplinks) % cores}", f"pod{d_pod}.spine{spine}"]
+            path += [f"core{spine}.{d_leaf % cores}", f"pod{d_pod}.spine{spine}"]
         path.append(f"pod{d_pod}.leaf{d_leaf}")
     return path + [d_nic, d_name]
+
+
+def path_nodes(cluster: Cluster, src: int, dst: int) -> list[str]:
+    """The path a GPU-to-GPU transfer takes, :func:`route_nodes` plus NCCL's PXN on rail-optimized
+    fabrics: a transfer to a GPU on another rail first crosses NVLink to the GPU of its own node
+    that sits on the destination's rail, so the network part stays on one rail (NCCL 2.12+,
+    ``NCCL_PXN_DISABLE=0``)."""
+    spec = cluster.spec
+    if (spec.rail_optimized and cluster.node_of(src) != cluster.node_of(dst)
+            and cluster.nic_of(src) != cluster.nic_of(dst)):
+        proxy = cluster.node_of(src) * spec.gpus_per_node + cluster.nic_of(dst) * (spec.gpus_per_node // spec.nics_per_node)
+        return route_nodes(cluster, src, proxy) + route_nodes(cluster, proxy, dst)[1:]
+    return route_nodes(cluster, src, dst)
 
 
 def build_cluster(spec: TopologySpec, num_nodes: int, *, gpus_per_node: int | None = None,

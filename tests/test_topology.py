@@ -33,7 +33,7 @@ def test_every_topology_scales_and_every_gpu_reaches_every_other(name, nodes):
 
 def test_worked_routing_example_from_the_docstring():
     c = build_cluster(load_topology("dgx-h100"), 64)
-    assert route_nodes(c, 3, 323) == ["n0.g3", "n0.nic3", "pod0.leaf3", "pod0.spine3",
+    assert route_nodes(c, 3, 323) == ["n0.g3", "n0.nic3", "pod0.leaf3", "pod0.spine8",
                                       "pod0.leaf11", "n40.nic3", "n40.g3"]
 
 
@@ -101,6 +101,22 @@ def test_bad_topology_file_gets_a_one_line_error_naming_the_field(tmp_path, text
 def test_the_rails_of_one_node_spread_over_spines_and_cores():
     """Eight rails to one destination node must not share a spine uplink (D is per NIC)."""
     c = build_cluster(load_topology("dgx-a100"), 128)
-    up = {route_nodes(c, 99 * 8 + j, 100 * 8 + j)[3] for j in range(8)}
-    core = {route_nodes(c, 99 * 8 + j, 100 * 8 + j)[4] for j in range(8)}
-    assert len(up) == 8 and len(core) == 8
+    paths = [route_nodes(c, 99 * 8 + j, 100 * 8 + j) for j in range(8)]
+    uplinks = {(p[2], p[3]) for p in paths}
+    core_links = {(p[3], p[4]) for p in paths}
+    assert len(uplinks) == 8 and len(core_links) == 8
+
+
+def test_a_stage_to_stage_shift_uses_every_spine_once():
+    """Pipeline sends from the 32 nodes of one leaf to the next leaf group: no two share a link."""
+    c = build_cluster(load_topology("dgx-h100"), 64)
+    links = [e for n in range(32) for e in c.route(n * 8 + 2, (n + 32) * 8 + 2)]
+    assert len(links) == len(set(links))
+
+
+def test_cross_rail_transfers_cross_nvlink_first_then_stay_on_the_destination_rail():
+    from simulator.topology import path_nodes
+    c = build_cluster(load_topology("dgx-h100"), 64)
+    assert path_nodes(c, 4, 40 * 8) == ["n0.g4", "n0.nvs", "n0.g0", "n0.nic0", "pod0.leaf0", "pod0.spine8",
+                                        "pod0.leaf8", "n40.nic0", "n40.g0"]
+    assert [c.link_cls[e] for e in c.route(4, 40 * 8)][:3] == ["nvlink", "nvlink", "pcie"]
