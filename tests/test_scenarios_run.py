@@ -1,0 +1,75 @@
+"""Every file in scenarios/ loads, validates, fits, runs, and gives a physically sane report."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from simulator.engine import simulate
+from simulator.memory import memory_report
+from simulator.report import step_report
+from simulator.scenario import load_scenario, validate_plan
+
+SCENARIOS = sorted((Path(__file__).resolve().parents[1] / "scenarios").glob("*.yaml"))
+REPORT_FIELDS = {"step_time_s", "tokens_per_s", "tokens_per_s_per_gpu", "model_tflops_per_gpu", "mfu",
+                 "bubble_fraction", "bubble_fraction_per_stage", "time_breakdown_s", "memory_gib_per_gpu",
+                 "sim_wall_s", "events"}
+
+
+@pytest.mark.parametrize("path", SCENARIOS, ids=[p.stem for p in SCENARIOS])
+def test_shipped_scenario_runs_and_is_physically_sane(path):
+    s = load_scenario(str(path))
+    assert validate_plan(s) == []
+    assert memory_report(s)["fits"]
+    r = step_report(simulate(s))
+    assert r["step_time_s"] > 0 and 0 < r["mfu"] < 1 and 0 <= r["bubble_fraction"] < 1
+    assert r["tokens_per_s"] == pytest.approx(s.training.global_batch_size * s.training.seq_length / r["step_time_s"])
+    for st in r["stages"]:
+        total = st["compute_s"] + sum(st["exposed_comm_s"].values()) + st["idle_s"]
+        assert total == pytest.approx(r["step_time_s"], rel=1e-9)
+
+
+def test_run_json_has_the_contract_fields():
+    proc = subprocess.run([sys.executable, "-m", "simulator", "run", "scenarios/tiny.yaml", "--json"],
+                          capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert REPORT_FIELDS <= set(report)
+    assert set(report["time_breakdown_s"]) == {"compute_s", "exposed_comm_s", "idle_s"}
+    assert report["memory_gib_per_gpu"]["stages"][0]["stage"] == 0
+
+
+def test_set_overrides_reach_the_simulation(capsys):
+    from simulator.cli import main
+    assert main(["run", "scenarios/tiny.yaml", "--json", "--set", "parallelism.tp=4",
+                 "--set", "parallelism.dp=1"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["layout"]["tp"] == 4 and report["layout"]["dp"] == 1
+
+
+@pytest.mark.parametrize("argv, field", [
+    (["run", "scenarios/tiny.yaml", "--set", "parallelism.tp=16", "--set", "parallelism.dp=null",
+      "--set", "cluster.num_nodes=4"], "parallelism.tp"),
+    (["run", "scenarios/tiny.yaml", "--set", "parallelism.tensor=2"], "parallelism.tensor"),
+    (["run", "scenarios/no-such-file.yaml"], "scenario"),
+    (["run", "scenarios/tiny.yaml", "--set", "parallelism.tp=1", "--set", "parallelism.pp=1",
+      "--set", "parallelism.dp=8", "--set", "model.hidden_size=16384", "--set", "model.num_attention_heads=128",
+      "--set", "model.num_key_value_heads=128", "--set", "model.num_hidden_layers=64"], "memory"),
+    (["memory", "scenarios/tiny.yaml", "--set", "training.precision=fp4"], "training.precision"),
+])
+def test_bad_scenarios_get_one_line_errors_and_exit_2(argv, field):
+    proc = subprocess.run([sys.executable, "-m", "simulator", *argv], capture_output=True, text=True,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and f"error: {field}" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_memory_json_contract(capsys):
+    from simulator.cli import main
+    assert main(["memory", "scenarios/gpt3-175b-1024xa100.yaml", "--json"]) == 0
+    mem = json.loads(capsys.readouterr().out)
+    assert {"stages", "peak_gib", "fits"} <= set(mem)
+    assert {"stage", "weights_gib", "gradients_gib", "optimizer_gib", "activations_gib", "other_gib",
+            "total_gib", "capacity_gib", "fits"} <= set(mem["stages"][0])
