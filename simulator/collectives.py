@@ -19,7 +19,10 @@ Algorithms (what is modelled, and what is not):
   phases one after another. It moves 2(m-1)/m x size per node across the fabric instead of the
   ring's 2(n-1)/n, so it beats the ring when NICs are shared by GPUs, but it does not pipeline
   its phases as NCCL does, so it loses when NVLink time is comparable to network time.
-- all_to_all: every pair exchanges size/n at once, as independent fair-shared flows.
+- all_to_all: every pair exchanges size/n at once, as one coupled transfer (NCCL runs it as one
+  grouped kernel that ends with its slowest pair; pairs that could finish early on faster
+  links are held to the slowest pair's rate, which leaves the completion time unchanged when
+  each pair's bottleneck is its own rank's link).
 - broadcast: a pipelined chain from the root (each rank forwards size to the next).
 - In-switch reduction (NVLS/SHARP) is not modelled: an 8-GPU H100 all_reduce is the ring's,
   about 448-450 GB/s busbw at 1-8 GiB at the nominal 450 GB/s NVLink rate, where NVLS measures
@@ -131,8 +134,8 @@ class Collectives:
         if n < 2:
             return []
         if op == "all_to_all":
-            return [[Spec(((a, b),), size / n, self.cluster.route_latency(a, b))
-                     for a in ranks for b in ranks if a != b]]
+            pairs = tuple((a, b) for a in ranks for b in ranks if a != b)
+            return [[Spec(pairs, size / n, max(self.cluster.route_latency(a, b) for a, b in pairs))]]
         if op == "broadcast":
             pairs = tuple(zip(ranks, ranks[1:]))
             return [[Spec(pairs, size, sum(self.cluster.route_latency(a, b) for a, b in pairs))]]

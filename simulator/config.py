@@ -57,6 +57,8 @@ class ClusterConfig:
     nvlink_bandwidth_GBps: float | None = None
     network_bandwidth_Gbps: float | None = None
     oversubscription: float | None = None
+    gpu_memory_gib: float | None = None  # optional overrides of the catalog GPU
+    gpu_peak_tflops: float | None = None  # dense peak at the run's precision
 
     @property
     def num_gpus(self) -> int:

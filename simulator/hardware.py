@@ -17,7 +17,7 @@ constants used by ``simulator.compute`` (same for every scenario, never per case
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace, field
 
 from simulator.errors import ConfigError
 from simulator.units import GiB, TERA, GBps
@@ -215,3 +215,17 @@ def gemm_ceiling(gpu: GPUSpec, precision: str) -> float:
     """Largest dense-GEMM fraction of peak at ``precision`` sustained in training (MAMF / peak x sustained)."""
     peak(gpu, precision)
     return gpu.gemm_efficiency.get(precision, gpu.gemm_efficiency.get("bf16", 0.8)) * gpu.sustained_fraction
+
+
+def gpu_of(cluster, precision: str) -> GPUSpec:
+    """The scenario's GPU: the catalog entry with the optional ``cluster.gpu_memory_gib`` and
+    ``cluster.gpu_peak_tflops`` overrides (dense peak at the run's precision; the other
+    precisions scale with it), for GPUs the catalog does not list and for what-ifs."""
+    gpu = get_gpu(cluster.gpu)
+    changes = {}
+    if getattr(cluster, "gpu_memory_gib", None) is not None:
+        changes["hbm_capacity_bytes"] = cluster.gpu_memory_gib * 2**30
+    if getattr(cluster, "gpu_peak_tflops", None) is not None:
+        scale = cluster.gpu_peak_tflops * TERA / peak(gpu, precision)
+        changes["peak_flops"] = {k: v * scale for k, v in gpu.peak_flops.items()}
+    return replace(gpu, **changes) if changes else gpu

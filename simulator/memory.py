@@ -324,9 +324,9 @@ def memory_report(
     ``gpu_capacity_bytes`` defaults to the HBM capacity of ``s.cluster.gpu``.
     """
     if gpu_capacity_bytes is None:
-        from simulator.hardware import get_gpu
+        from simulator.hardware import gpu_of
 
-        gpu_capacity_bytes = get_gpu(s.cluster.gpu).hbm_capacity_bytes
+        gpu_capacity_bytes = gpu_of(s.cluster, s.training.precision).hbm_capacity_bytes
     if not gpu_capacity_bytes > 0:
         raise ConfigError("gpu_capacity_bytes", gpu_capacity_bytes, "must be a positive byte count")
     for name, value in (("weight_bytes", weight_bytes), ("grad_bytes", grad_bytes),

@@ -19,7 +19,7 @@ from collections import defaultdict
 
 from simulator.compute import model_flops_per_token
 from simulator.engine import SimResult
-from simulator.hardware import get_gpu, peak
+from simulator.hardware import gpu_of, peak
 
 AXES = ("tp", "pp", "dp", "fsdp", "cp", "ep")
 COMPUTE_KINDS = ("F", "B", "R", "embed", "head", "opt")
@@ -60,7 +60,7 @@ def step_report(result: SimResult, wall_s: float | None = None) -> dict:
     step = result.step_time_s
     world = result.plan.world
     tokens = s.training.global_batch_size * s.training.seq_length
-    gpu = get_gpu(s.cluster.gpu)
+    gpu = gpu_of(s.cluster, s.training.precision)
     peak_flops = peak(gpu, s.training.precision)
     model_flops = model_flops_per_token(s.model, s.training.seq_length) * tokens
     stages = stage_breakdown(result)

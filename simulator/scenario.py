@@ -122,6 +122,8 @@ _CHECKS: dict[str, dict[str, Checker]] = {
         "nvlink_bandwidth_GBps": partial(_optional_number, minimum=0, inclusive=False),
         "network_bandwidth_Gbps": partial(_optional_number, minimum=0, inclusive=False),
         "oversubscription": partial(_optional_number, minimum=1, inclusive=True),
+        "gpu_memory_gib": partial(_optional_number, minimum=0, inclusive=False),
+        "gpu_peak_tflops": partial(_optional_number, minimum=0, inclusive=False),
     },
     "training": {
         "seq_length": _POSITIVE,
