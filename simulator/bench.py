@@ -1,0 +1,85 @@
+"""`stepsim bench`: wall time, peak memory and event rate of fixed simulations.
+
+Each case runs in a fresh interpreter so its peak RSS is its own. Not a test: timings depend on
+the machine, so the unit tests assert nothing about them.
+
+Cases: (a) GPT-3 175B on 1,024 A100 (TP8 PP8 DP16), (b) Llama-3-405B on 16,384 H100
+(TP8 PP16 DP128, 2,048 sequences of 8,192), (c) the same model from 128 to 16,384 GPUs with
+16 micro-batches per pipeline (weak scaling), (d) an 8 GiB all-reduce over 1,024 H100.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+_STEP = """
+import json, resource, sys, time
+t0 = time.perf_counter()
+from simulator.scenario import load_scenario, validate_plan
+from simulator.engine import simulate
+from simulator.report import step_report
+s = load_scenario(sys.argv[1], sys.argv[2:])
+validate_plan(s)
+t1 = time.perf_counter()
+r = step_report(simulate(s))
+t2 = time.perf_counter()
+print(json.dumps({"wall_s": t2 - t0, "simulate_s": t2 - t1, "events": r["events"], "gpus": r["num_gpus"],
+                  "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                  "step_time_s": r["step_time_s"]}))
+"""
+
+_ALL_REDUCE = """
+import json, resource, time
+t0 = time.perf_counter()
+from simulator.collectives import time_collective
+from simulator.topology import build_cluster, load_topology
+cluster = build_cluster(load_topology("dgx-h100"), 128)
+t1 = time.perf_counter()
+sim, net = time_collective(cluster, "all_reduce", range(1024), 8 * 2**30)
+t2 = time.perf_counter()
+print(json.dumps({"wall_s": t2 - t0, "simulate_s": t2 - t1, "events": net.stats.transfers + net.stats.rate_updates,
+                  "gpus": 1024, "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                  "step_time_s": sim}))
+"""
+
+
+def cases(quick: bool = False) -> list[tuple[str, str, list[str]]]:
+    """(label, child program, argv) of every benchmark case."""
+    gpt3 = ("a: gpt3-175b 1024xA100 TP8 PP8 DP16", _STEP, ["scenarios/gpt3-175b-1024xa100.yaml"])
+    llama = ("b: llama3-405b 16384xH100 TP8 PP16 DP128", _STEP, ["scenarios/llama3-405b-16384xh100.yaml"])
+    ar = ("d: all_reduce 8GiB x 1024 H100", _ALL_REDUCE, [])
+    series = []
+    for gpus in (128, 256, 512, 1024, 2048, 4096, 8192, 16384):
+        dp = gpus // 128
+        series.append((f"c: llama3-405b {gpus} GPUs (DP{dp})", _STEP,
+                       ["scenarios/llama3-405b-16384xh100.yaml", f"cluster.num_nodes={gpus // 8}",
+                        f"parallelism.dp={dp}", f"training.global_batch_size={16 * dp}"]))
+    return [gpt3, ar] + series[:3] if quick else [gpt3, llama] + series + [ar]
+
+
+def run_case(program: str, argv: list[str]) -> dict:
+    out = subprocess.run([sys.executable, "-c", program, *argv], capture_output=True, text=True, cwd=ROOT)
+    if out.returncode:
+        raise RuntimeError(out.stderr.strip().splitlines()[-1] if out.stderr.strip() else "benchmark failed")
+    return json.loads(out.stdout)
+
+
+def run(quick: bool = False, out=sys.stdout) -> list[dict]:
+    load = os.getloadavg()[0]
+    print(f"machine: {os.cpu_count()} cores, load average {load:.2f} at start", file=out)
+    print(f"{'case':<44} {'wall_s':>8} {'sim_s':>8} {'rss_MiB':>8} {'events':>10} {'events/s':>10} {'step_s':>9}",
+          file=out)
+    rows = []
+    for label, program, argv in cases(quick):
+        r = run_case(program, argv)
+        r["case"] = label
+        rows.append(r)
+        print(f"{label:<44} {r['wall_s']:>8.2f} {r['simulate_s']:>8.2f} {r['rss_mib']:>8.0f} {r['events']:>10,} "
+              f"{r['events'] / max(r['simulate_s'], 1e-9):>10,.0f} {r['step_time_s']:>9.4f}", file=out, flush=True)
+    return rows
