@@ -85,11 +85,25 @@ def _run(args) -> int:
     s, warnings = _load(args)
     mem = _check_memory(s, args)
     t0 = time.perf_counter()
-    result = simulate(s, SimOptions(fold=not args.no_fold, algorithm=args.algorithm))
+    fold = not (args.no_fold or args.trace_all_ranks)
+    result = simulate(s, SimOptions(fold=fold, algorithm=args.algorithm, record_flows=bool(args.json)))
     report = step_report(result, time.perf_counter() - t0)
     report["memory_gib_per_gpu"] = mem
     report["warnings"] = warnings
+    if args.trace:
+        from simulator.perfetto import write_trace
+        write_trace(result, args.trace)
+    if args.timeline:
+        from simulator.plots import plot_timeline
+        from simulator.timeline import timeline
+        plot_timeline(timeline(result, report), args.timeline)
     if args.json:
+        from simulator.commmap import comm_map
+        from simulator.critical_path import critical_path
+        from simulator.linkuse import link_use
+        report["critical_path"] = critical_path(result)
+        report["link_use"] = link_use(result)
+        report["comm_map"] = comm_map(result)
         print(json.dumps(report, indent=2))
     else:
         print(format_summary(report))
@@ -113,6 +127,37 @@ def _validate(args) -> int:
         from simulator.plots import plot_validation
         plot_validation(result, args.plot)
     print(json.dumps(result, indent=2) if args.json else format_table(result))
+    return 0
+
+
+def _sweep(args) -> int:
+    from simulator.sweep import CSV, JSONL, format_table, run_sweep
+
+    rows = run_sweep(args.scenario, args.vary, args.out, sets=args.set or [], workers=args.workers,
+                     executor=args.executor, address=args.address)
+    keys = [v.partition("=")[0].strip() for v in args.vary]
+    print(format_table(rows, keys))
+    print(f"{len(rows)} points: {args.out}/{CSV}, {args.out}/{JSONL} and plots")
+    return 0
+
+
+def _whatif(args) -> int:
+    from simulator.whatif import format_whatif, whatif, write_whatif
+
+    s, _ = _load(args)
+    _check_memory(s, args)
+    result = whatif(args.scenario, sets=args.set or [], factor=args.factor, executor=args.executor,
+                    workers=args.workers, address=args.address)
+    if args.out:
+        write_whatif(result, args.out)
+    print(json.dumps(result, indent=2) if args.json else format_whatif(result))
+    return 0
+
+
+def _bench(args) -> int:
+    from simulator.bench import run
+
+    run(quick=args.quick)
     return 0
 
 
@@ -145,12 +190,41 @@ def build_parser() -> argparse.ArgumentParser:
             r.add_argument("--no-fold", action="store_true",
                            help="simulate every rank instead of one per pipeline stage (slow; for checking)")
             r.add_argument("--algorithm", default="auto", help="collective algorithm: auto (ring) | ring | hierarchical")
+            r.add_argument("--trace", metavar="FILE", help="write a Perfetto / Chrome trace (JSON) of the step")
+            r.add_argument("--trace-all-ranks", action="store_true",
+                           help="simulate unfolded so the trace holds every rank (slow on large clusters)")
+            r.add_argument("--timeline", metavar="FILE", help="draw the step as a Gantt chart per stage (PNG/SVG/PDF)")
     v = sub.add_parser("validate", help="predict published training runs and report the error")
     v.add_argument("runs", help="a file in the format of shared/validation/public-runs.yaml")
     v.add_argument("--json", action="store_true")
     v.add_argument("--plot", metavar="FILE", help="draw predicted against measured step time (PNG/SVG/PDF)")
     v.add_argument("--workers", type=int, default=2, help="simulations in parallel (processes)")
     v.set_defaults(func=_validate)
+
+    b = sub.add_parser("bench", help="wall time, peak memory and events of fixed simulations (not a test)")
+    b.add_argument("--quick", action="store_true", help="only the small cases")
+    b.set_defaults(func=_bench)
+
+    for name, func, text in (("sweep", _sweep, "simulate the cartesian product of varied scenario keys, in parallel"),
+                             ("whatif", _whatif, "step time with each link class or compute 2x faster and slower")):
+        w = sub.add_parser(name, help=text)
+        w.add_argument("scenario", help="scenario YAML file")
+        w.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a base scenario key (repeatable)")
+        w.add_argument("--workers", type=int, default=None, help="simulations in parallel (default: CPU count)")
+        w.add_argument("--executor", default="process", choices=("process", "ray"),
+                       help="process pool (default) or Ray (pip install 'stepsim[ray]')")
+        w.add_argument("--address", default=None, help="Ray cluster to join (default: start a local one)")
+        w.set_defaults(func=func)
+        if name == "sweep":
+            w.add_argument("--vary", action="append", required=True, metavar="KEY=V1,V2,...",
+                           help="a scenario key and its values, e.g. --vary parallelism.tp=4,8 (repeatable)")
+            w.add_argument("--out", default="results", help="folder for results.jsonl, results.csv and plots; "
+                                                            "a rerun skips finished points")
+        else:
+            w.add_argument("--factor", type=float, default=2.0, help="how much faster and slower (default 2)")
+            w.add_argument("--out", default=None, help="folder for whatif.csv, whatif.json and tornado.png")
+            w.add_argument("--json", action="store_true")
+            w.add_argument("--allow-oom", action="store_true", help="go on even if the plan does not fit in memory")
     return p
 
 

@@ -16,14 +16,14 @@ unfolded runs on small clusters.
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Generator
 
 import simpy
 
 from simulator.collectives import Collectives
 from simulator.config import Scenario
-from simulator.hardware import get_gpu
+from simulator.hardware import GPUSpec, gpu_of
 from simulator.network import Network
 from simulator.plan import Plan
 from simulator.schedules import SCHEDULES, virtual_stage
@@ -38,6 +38,8 @@ class SimOptions:
     fold: bool = True
     merge: bool = True
     algorithm: str = "auto"
+    record_flows: bool = False  # keep every transfer's rate history (for link use and the comm map)
+    compute_scale: float = 1.0  # what-if: GPU peak FLOP/s and HBM bandwidth multiplied by this
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,7 @@ class Row:
     label: str = ""
     nbytes: float = 0.0
     flops: float = 0.0
+    dep: tuple | None = None  # (rank, stream, time) whose end released this row, if not its predecessor
 
 
 @dataclass
@@ -83,6 +86,8 @@ class SimResult:
     events: int
     link_bytes: object
     transfers: int
+    flows: tuple = ()  # network.FlowRecord per transfer, when SimOptions.record_flows
+    comm_calls: tuple = ()  # (rank, axis, op, calls, bytes, seconds from launch to done), sorted
 
 
 class StepEngine:
@@ -90,16 +95,15 @@ class StepEngine:
         self.s = s
         self.opt = options
         par = s.parallelism
-        self.gpu = get_gpu(s.cluster.gpu)
-        self.cluster = cluster or build_cluster(
-            load_topology(s.cluster.topology), s.cluster.num_nodes, gpus_per_node=s.cluster.gpus_per_node,
-            nvlink_bandwidth_GBps=s.cluster.nvlink_bandwidth_GBps,
-            network_bandwidth_Gbps=s.cluster.network_bandwidth_Gbps, oversubscription=s.cluster.oversubscription)
+        self.gpu = gpu_of(s.cluster, s.training.precision)
+        if options.compute_scale != 1.0:
+            self.gpu = scaled_gpu(self.gpu, options.compute_scale)
+        self.cluster = cluster or scenario_cluster(s)
         self.plan = Plan.build(par.tp, par.pp, s.dp, par.cp, par.ep)
         self.work = build_workload(s, self.gpu)
         self.m = s.num_microbatches
         self.env = simpy.Environment()
-        self.net = Network(self.env, self.cluster.link_bw)
+        self.net = Network(self.env, self.cluster.link_bw, record=options.record_flows)
         self.coll = Collectives(self.env, self.net, self.cluster, options.algorithm)
         self.trace = Trace()
         self._mail: dict = {}
@@ -107,6 +111,7 @@ class StepEngine:
         self._seq: dict = defaultdict(int)
         self._groups: dict = {}
         self.stage_end: dict[int, float] = {}
+        self.comm_calls: dict = {}
 
     # communication -------------------------------------------------------------------------
 
@@ -120,20 +125,37 @@ class StepEngine:
         return {"tp": self.plan.tp_group, "cp": self.plan.cp_group, "dpcp": self.plan.dp_cp_group,
                 "ep": self.plan.ep_group, "edp": self.plan.expert_dp_group}[kind](rank)
 
+    def _account(self, rank: int, axis: str, op: str, size: float, event: simpy.Event) -> None:
+        """Count one call of this rank and, when ``event`` fires, the time it took."""
+        rec = self.comm_calls.setdefault((rank, axis, op), [0, 0.0, 0.0])
+        rec[0] += 1
+        rec[1] += size
+        t0 = self.env.now
+
+        def done(_e):
+            rec[2] += self.env.now - t0
+        event.callbacks.append(done)
+
     def _done(self) -> simpy.Event:
         ev = self.env.event()
         ev.succeed()
         return ev
 
-    def launch(self, rank: int, kind: str, op: str, size: float, axis: str) -> simpy.Event:
-        """Start this rank's part of a collective; the event fires when its group is done."""
+    def launch(self, rank: int, kind: str, op: str, size: float, axis: str, here: tuple | None = None) -> simpy.Event:
+        """Start this rank's part of a collective; the event fires when its group is done.
+
+        The event's ``origin`` is the (rank, stream, time) that started the collective (the last
+        rank to arrive), which the critical path follows back."""
         if not self.opt.communication or size <= 0:
             return self._done()
         if self.opt.fold:
             groups = self._stage_groups(self.plan.stage_of(rank), kind)
             if len(groups[0]) < 2:
                 return self._done()
-            return self.env.process(self.coll.run_groups(op, groups, size, self.opt.merge, axis))
+            proc = self.env.process(self.coll.run_groups(op, groups, size, self.opt.merge, axis))
+            proc.origin = here or (rank, "compute", self.env.now)
+            self._account(rank, axis, op, size, proc)
+            return proc
         group = self._group_of(rank, kind)
         if len(group) < 2:
             return self._done()
@@ -144,17 +166,28 @@ class StepEngine:
         arrived.add(rank)
         if len(arrived) == len(group):
             del self._rendezvous[key]
+            event.origin = here or (rank, "compute", self.env.now)
             proc = self.env.process(self.coll.run_groups(op, [group], size, False, axis))
             proc.callbacks.append(lambda _e, ev=event: ev.succeed())
+        self._account(rank, axis, op, size, event)
         return event
 
     def wait(self, rank: int, event: simpy.Event, axis: str, **where) -> Generator:
         start = self.env.now
         yield event
-        self.trace.add(Row(rank, self.plan.stage_of(rank), "compute", "wait", axis, start, self.env.now, **where))
+        parts = getattr(event, "parts", None)
+        if parts:
+            event = max(reversed(parts), key=lambda e: getattr(e, "fired", 0.0))
+        self.trace.add(Row(rank, self.plan.stage_of(rank), "compute", "wait", axis, start, self.env.now, **where,
+                           dep=getattr(event, "origin", None)))
+
+    def _stamp(self, event: simpy.Event) -> simpy.Event:
+        """Remember when ``event`` fires, so a wait on several events knows which released it."""
+        event.callbacks.append(lambda e: setattr(e, "fired", self.env.now))
+        return event
 
     def collective(self, rank: int, kind: str, op: str, size: float, axis: str, **where) -> Generator:
-        yield from self.wait(rank, self.launch(rank, kind, op, size, axis), axis, **where)
+        yield from self.wait(rank, self.launch(rank, kind, op, size, axis), axis, label=op, **where)
 
     def _mailbox(self, key) -> list:
         """[arrival event, time the transfer started or None]."""
@@ -166,6 +199,7 @@ class StepEngine:
         Folded, the representative also starts the transfers of every other rank of its stage."""
         box = self._mailbox((self.plan.pp_peer(rank, dst_stage), vstage, mb, kind))
         box[1] = self.env.now
+        box[0].origin = (rank, "compute", self.env.now)
         stage = self.plan.stage_of(rank)
         sources = self.plan.stage_ranks(stage) if self.opt.fold else [rank]
         pairs = [(int(a), self.plan.pp_peer(int(a), dst_stage)) for a in sources]
@@ -173,6 +207,7 @@ class StepEngine:
             box[0].succeed()
             return
         proc = self.env.process(self.coll.run_groups("send_recv", pairs, self.work.pp_bytes, self.opt.merge, "pp"))
+        self._account(rank, "pp", "send_recv", self.work.pp_bytes, proc)
         proc.callbacks.append(lambda _e, ev=box[0]: ev.succeed())
 
     def recv(self, rank: int, vstage: int, mb: int, kind: str, chunk: int) -> Generator:
@@ -182,8 +217,11 @@ class StepEngine:
         posted = box[1] if box[1] is not None else start
         stage = self.plan.stage_of(rank)
         split = min(max(posted, start), self.env.now)
-        self.trace.add(Row(rank, stage, "compute", "idle", "", start, split, mb, chunk))
-        self.trace.add(Row(rank, stage, "compute", "wait", "pp", split, self.env.now, mb, chunk))
+        origin = getattr(box[0], "origin", None)
+        self.trace.add(Row(rank, stage, "compute", "idle", "", start, split, mb, chunk, label=f"recv {kind}", dep=origin))
+        self.trace.add(Row(rank, stage, "compute", "wait", "pp", split, self.env.now, mb, chunk, label=f"recv {kind}",
+                           nbytes=self.work.pp_bytes, dep=origin))
+        return origin
 
     # compute ----------------------------------------------------------------------------------
 
@@ -245,15 +283,20 @@ class StepEngine:
 
     def dp_stream(self, rank: int, queue: simpy.Store) -> Generator:
         """Gradient and parameter collectives, one after another on their own stream."""
+        free = None  # where this stream last became free, (rank, stream, time)
         while True:
             item = yield queue.get()
             if item is None:
                 return
             kind, op, size, axis, done = item
             start = self.env.now
-            yield self.launch(rank, kind, op, size, axis)
+            here = free if free is not None and free[2] == start and done.queued[2] < start else done.queued
+            ev = self.launch(rank, kind, op, size, axis, here)
+            yield ev
             self.trace.add(Row(rank, self.plan.stage_of(rank), "dp", "comm", axis, start, self.env.now,
-                               label=op, nbytes=size))
+                               label=op, nbytes=size, dep=getattr(ev, "origin", None)))
+            free = (rank, "dp", self.env.now) if self.env.now > start else here
+            done.origin = free
             done.succeed()
 
     def _grad_ops(self, bucket, zero: int):
@@ -293,8 +336,9 @@ class StepEngine:
 
         def enqueue(kind, op, size, axis):
             done = self.env.event()
+            done.queued = (rank, "compute", self.env.now)
             queue.put((kind, op, size, axis, done))
-            pending.append(done)
+            pending.append(self._stamp(done))
             return done
 
         param_ready: dict[int, simpy.Event] = {}
@@ -321,8 +365,9 @@ class StepEngine:
             layers = w.layers(vs)
             at = dict(microbatch=st.microbatch, chunk=st.chunk)
             if st.kind == "F":
+                sender = None
                 if vs > 0:
-                    yield from self.recv(rank, vs, st.microbatch, "F", st.chunk)
+                    sender = yield from self.recv(rank, vs, st.microbatch, "F", st.chunk)
                 start = self.env.now
                 if vs == 0 and self.opt.extras:
                     yield from self.compute(rank, "embed", w.embedding[0], "embedding", **at)
@@ -337,12 +382,13 @@ class StepEngine:
                     yield from self.layer_forward(rank, layer, st.microbatch, st.chunk)
                 if vs == nvs - 1 and self.opt.extras:
                     yield from self.compute(rank, "head", w.head[0], "lm_head+loss", **at)
-                self.trace.add(Row(rank, stage, "step", "F", "", start, self.env.now, st.microbatch, st.chunk))
+                self.trace.add(Row(rank, stage, "step", "F", "", start, self.env.now, st.microbatch, st.chunk, dep=sender))
                 if vs < nvs - 1:
                     self.send(rank, (stage + 1) % p, vs + 1, st.microbatch, "F")
             else:
+                sender = None
                 if vs < nvs - 1:
-                    yield from self.recv(rank, vs, st.microbatch, "B", st.chunk)
+                    sender = yield from self.recv(rank, vs, st.microbatch, "B", st.chunk)
                 start = self.env.now
                 if vs == nvs - 1 and self.opt.extras:
                     yield from self.compute(rank, "head", w.head[1], "lm_head+loss", **at)
@@ -357,7 +403,7 @@ class StepEngine:
                     yield from self.layer_backward(rank, layer, st.microbatch, st.chunk)
                     if zero == 3:
                         ev = self.launch(rank, "dpcp", "reduce_scatter", w.layer_dense_params[layer] * GRAD_BYTES, "fsdp")
-                        pending.append(ev)
+                        pending.append(self._stamp(ev))
                     elif final and grads_of[layer].layers[-1] == layer:
                         for kind, op, size in self._grad_ops(grads_of[layer], zero):
                             enqueue(kind, op, size, "dp")
@@ -368,12 +414,14 @@ class StepEngine:
                         if not bucket.layers:
                             for kind, op, size in self._grad_ops(bucket, zero):
                                 enqueue(kind, op, size, "dp")
-                self.trace.add(Row(rank, stage, "step", "B", "", start, self.env.now, st.microbatch, st.chunk))
+                self.trace.add(Row(rank, stage, "step", "B", "", start, self.env.now, st.microbatch, st.chunk, dep=sender))
                 if vs > 0:
                     self.send(rank, (stage - 1) % p, vs - 1, st.microbatch, "B")
         queue.put(None)
         if pending:
-            yield from self.wait(rank, self.env.all_of(pending), "fsdp" if zero == 3 else "dp")
+            everything = self.env.all_of(pending)
+            everything.parts = pending
+            yield from self.wait(rank, everything, "fsdp" if zero == 3 else "dp")
         yield dp_proc
         if self.opt.extras:
             yield from self.compute(rank, "opt", w.optimizer[stage], "optimizer")
@@ -404,7 +452,22 @@ class StepEngine:
             scenario=self.s, options=self.opt, plan=plan, cluster=self.cluster, workload=self.work,
             trace=tuple(self.trace.rows), step_time_s=step, stage_end_s=tuple(stage_end),
             simulated_ranks=tuple(ranks), events=events, link_bytes=self.net.stats.bytes_carried,
-            transfers=self.net.stats.transfers)
+            transfers=self.net.stats.transfers, flows=tuple(self.net.flows),
+            comm_calls=tuple(sorted((*k, *v) for k, v in self.comm_calls.items())))
+
+
+def scenario_cluster(s: Scenario) -> Cluster:
+    """The cluster a scenario runs on: its topology scaled to its nodes, with its link overrides."""
+    c = s.cluster
+    return build_cluster(load_topology(c.topology), c.num_nodes, gpus_per_node=c.gpus_per_node,
+                         nvlink_bandwidth_GBps=c.nvlink_bandwidth_GBps,
+                         network_bandwidth_Gbps=c.network_bandwidth_Gbps, oversubscription=c.oversubscription)
+
+
+def scaled_gpu(gpu: GPUSpec, factor: float) -> GPUSpec:
+    """``gpu`` with every peak FLOP/s and the HBM bandwidth multiplied by ``factor`` (compute what-if)."""
+    return replace(gpu, peak_flops={k: v * factor for k, v in gpu.peak_flops.items()},
+                   hbm_bandwidth_Bps=gpu.hbm_bandwidth_Bps * factor)
 
 
 def simulate(s: Scenario, options: SimOptions = SimOptions(), cluster: Cluster | None = None) -> SimResult:

@@ -59,6 +59,24 @@ def max_min_rates(capacity: np.ndarray, entry_group: np.ndarray, entry_link: np.
 
 
 @dataclass(eq=False)
+class FlowRecord:
+    """One transfer as it ran (kept with ``Network(record=True)``): ``rates[i]`` bytes/s per
+    member from ``times[i]`` to the next time or ``end``; the last byte left at ``end`` and
+    arrived ``latency`` later."""
+
+    label: object
+    start: float
+    links: np.ndarray
+    mult: np.ndarray
+    size: float
+    members: int
+    latency: float
+    times: list = field(default_factory=list)
+    rates: list = field(default_factory=list)
+    end: float = float("nan")
+
+
+@dataclass(eq=False)
 class Transfer:
     """One coupled group of member flows in flight."""
 
@@ -75,6 +93,7 @@ class Transfer:
     members: int = 1
     version: int = 0
     component: "Component | None" = None
+    record: FlowRecord | None = None
 
 
 @dataclass(eq=False)
@@ -98,8 +117,10 @@ class LinkStats:
 class Network:
     """Links with capacities (bytes/s) shared max-min fairly by the transfers in flight."""
 
-    def __init__(self, env: simpy.Environment, capacity: np.ndarray):
+    def __init__(self, env: simpy.Environment, capacity: np.ndarray, record: bool = False):
         self.env = env
+        self.record = record
+        self.flows: list[FlowRecord] = []
         self.capacity = np.asarray(capacity, dtype=float)
         self.stats = LinkStats(bytes_carried=np.zeros(len(self.capacity)))
         self._owner = np.full(len(self.capacity), -1, dtype=np.int64)  # component id per link
@@ -144,6 +165,9 @@ class Network:
         now = self.env.now
         t = Transfer(links=links, mult=mult, size=float(size), latency=latency, done=done, label=label,
                      remaining=float(size), since=now, start=now, members=members)
+        if self.record:
+            t.record = FlowRecord(label, now, links, mult, float(size), members, latency)
+            self.flows.append(t.record)
         ids = np.unique(self._owner[links])
         comps = sorted((self._components[i] for i in ids.tolist() if i >= 0), key=lambda c: (-len(c.transfers), c.id))
         if comps:
@@ -206,6 +230,9 @@ class Network:
             t.since = now
             t.rate = r
             t.version += 1
+            if t.record is not None:
+                t.record.times.append(now)
+                t.record.rates.append(r)
             ev = self.env.timeout(max(t.remaining / r, 0.0))
             ev.callbacks.append(lambda _e, t=t, v=t.version: self._finish(t, v))
 
@@ -215,6 +242,8 @@ class Network:
         comp = t.component
         del comp.transfers[t]
         t.component = None
+        if t.record is not None:
+            t.record.end = self.env.now
         self._users[t.links] -= 1
         freed = t.links[self._users[t.links] == 0]
         self._owner[freed] = -1

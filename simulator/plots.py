@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
+
+from simulator.files import atomic_write
 
 
 def _pyplot():
@@ -16,16 +16,8 @@ def _pyplot():
 
 def save_figure(fig, path: str) -> None:
     """Write atomically: a half-written figure never replaces a good one."""
-    target = Path(path)
-    suffix = target.suffix or ".png"
-    fd, tmp = tempfile.mkstemp(dir=target.parent if str(target.parent) else ".", suffix=suffix)
-    os.close(fd)
-    try:
-        fig.savefig(tmp, dpi=150, bbox_inches="tight")
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    fmt = (Path(path).suffix or ".png")[1:]
+    atomic_write(path, lambda f: fig.savefig(f, format=fmt, dpi=150, bbox_inches="tight"), binary=True)
 
 
 def plot_validation(result: dict, path: str) -> None:
@@ -52,5 +44,187 @@ def plot_validation(result: dict, path: str) -> None:
     s = result["summary"]
     ax.set_title(f"stepsim vs published runs: MAPE {s['mape']:.1%}, {s['scored']} cases")
     ax.legend(fontsize=8, loc="upper left")
+    save_figure(fig, path)
+    plt.close(fig)
+
+
+_BREAKDOWN_COLORS = {"compute_s": "#4C72B0", "exposed_tp_s": "#DD8452", "exposed_pp_s": "#C44E52",
+                     "exposed_dp_s": "#8172B3", "exposed_fsdp_s": "#937860", "exposed_cp_s": "#DA8BC3",
+                     "exposed_ep_s": "#8C8C8C", "idle_s": "#CCB974"}
+
+
+def _short(key: str) -> str:
+    return key.rsplit(".", 1)[-1]
+
+
+def _point_label(point: dict, keys) -> str:
+    return ", ".join(f"{_short(k)}={point[k]}" for k in keys)
+
+
+def _numeric(values) -> bool:
+    return all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+
+
+def plot_sweep_step_time(rows: list[dict], keys: list[str], key: str, path: str) -> None:
+    """Step time against one varied key, one line per combination of the other varied keys.
+
+    Points that do not fit in memory are drawn hollow; invalid points are left out.
+    """
+    plt = _pyplot()
+    values = list(dict.fromkeys(r["point"][key] for r in rows))
+    numeric = _numeric(values)
+    others = [k for k in keys if k != key]
+    lines: dict[tuple, list[dict]] = {}
+    for r in rows:
+        lines.setdefault(tuple(r["point"][k] for k in others), []).append(r)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for i, (combo, members) in enumerate(lines.items()):
+        ok = [r for r in members if not r.get("error")]
+        if not ok:
+            continue
+        xs = [r["point"][key] if numeric else values.index(r["point"][key]) for r in ok]
+        ys = [r["step_time_s"] for r in ok]
+        color = f"C{i % 10}"
+        label = ", ".join(f"{_short(k)}={v}" for k, v in zip(others, combo)) or None
+        ax.plot(xs, ys, color=color, lw=1.5, label=label if len(lines) <= 12 else None)
+        ax.scatter(xs, ys, s=36, zorder=3, color=[color if r["fits"] else "white" for r in ok],
+                   edgecolors=color, linewidths=1.5)
+    if numeric:
+        positive = [v for v in values if v > 0]
+        if len(positive) == len(values) and max(values) / min(values) >= 8:
+            ax.set_xscale("log", base=2)
+        ax.set_xticks(values, [f"{v:g}" for v in values])
+        ax.minorticks_off()
+    else:
+        ax.set_xticks(range(len(values)), [str(v) for v in values])
+    ax.set_xlabel(key)
+    ax.set_ylabel("step time (s)")
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.set_title(f"step time vs {_short(key)}" + ("  (hollow: does not fit in memory)"
+                                                  if any(not r.get("error") and not r["fits"] for r in rows) else ""))
+    if others and len(lines) <= 12:
+        ax.legend(fontsize=8, title=None, loc="best")
+    save_figure(fig, path)
+    plt.close(fig)
+
+
+def plot_sweep_breakdown(rows: list[dict], keys: list[str], path: str) -> None:
+    """Per point, the step split into compute, exposed communication by axis and idle (horizontal bars)."""
+    plt = _pyplot()
+    parts = [p for p in _BREAKDOWN_COLORS if any((r.get(p) or 0) > 0 for r in rows)]
+    fig, ax = plt.subplots(figsize=(8, 1.2 + 0.32 * len(rows)))
+    labels = [_point_label(r["point"], keys) + ("  (invalid)" if r.get("error") else "") for r in rows]
+    y = list(range(len(rows)))
+    left = [0.0] * len(rows)
+    for part in parts:
+        widths = [(r.get(part) or 0.0) for r in rows]
+        name = part[:-2].replace("exposed_", "exposed ")
+        ax.barh(y, widths, left=left, color=_BREAKDOWN_COLORS[part], label=name, height=0.7)
+        left = [a + b for a, b in zip(left, widths)]
+    ax.set_yticks(y, labels, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("time per GPU, mean over pipeline stages (s)")
+    ax.set_title("where the step time goes")
+    ax.grid(axis="x", alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    save_figure(fig, path)
+    plt.close(fig)
+
+
+def plot_sweep(rows: list[dict], keys: list[str], folder: str) -> list[str]:
+    """All sweep figures in ``folder``: ``step_time_vs_<key>.png`` per varied key and ``breakdown.png``."""
+    paths = []
+    for key in keys:
+        path = str(Path(folder) / f"step_time_vs_{key.replace('.', '_')}.png")
+        plot_sweep_step_time(rows, keys, key, path)
+        paths.append(path)
+    path = str(Path(folder) / "breakdown.png")
+    plot_sweep_breakdown(rows, keys, path)
+    paths.append(path)
+    return paths
+
+
+def plot_tornado(result: dict, path: str) -> None:
+    """Step time when each link class or compute is ``factor`` x faster or slower, widest swing on top."""
+    plt = _pyplot()
+    base = result["baseline_step_time_s"]
+    f = result["factor"]
+    rows = sorted((r for r in result["rows"] if r["present"]),
+                  key=lambda r: r["slower_step_time_s"] - r["faster_step_time_s"])
+    fig, ax = plt.subplots(figsize=(7.5, 1.4 + 0.5 * len(rows)))
+    y = list(range(len(rows)))
+    slow = [r["slower_step_time_s"] - base for r in rows]
+    fast = [r["faster_step_time_s"] - base for r in rows]
+    ax.barh(y, slow, left=base, color="#C44E52", label=f"{f:g}x slower")
+    ax.barh(y, fast, left=base, color="#55A868", label=f"{f:g}x faster")
+    for yi, r in zip(y, rows):
+        for t, side in ((max(r["slower_step_time_s"], base), 1), (min(r["faster_step_time_s"], base), -1)):
+            change = (r["slower_step_time_s"] if side > 0 else r["faster_step_time_s"]) / base - 1
+            ax.annotate(f"{change:+.1%}", (t, yi), xytext=(4 * side, 0), textcoords="offset points",
+                        ha="left" if side > 0 else "right", va="center", fontsize=8)
+    ax.axvline(base, color="black", lw=1)
+    ax.set_yticks(y, [r["target"] for r in rows])
+    lo = min(r["faster_step_time_s"] for r in rows)
+    hi = max(r["slower_step_time_s"] for r in rows)
+    pad = (hi - lo) * 0.25 or base * 0.05
+    ax.set_xlim(lo - pad, hi + pad)
+    ax.set_xlabel(f"step time (s); baseline {base:.4g} s")
+    ax.set_title(f"{result['name']}: step time if one resource were {f:g}x faster or slower")
+    ax.legend(fontsize=8, loc="lower right")
+    ax.grid(axis="x", alpha=0.3)
+    save_figure(fig, path)
+    plt.close(fig)
+
+
+TIMELINE_COLORS = {"forward": "#4C72B0", "backward": "#55A868", "recompute": "#8172B2", "optimizer": "#937860",
+                   "tp": "#DD8452", "pp": "#C44E52", "dp": "#DA8BC3", "fsdp": "#CCB974", "ep": "#64B5CD",
+                   "cp": "#8C8C8C", "idle": "#F2F2F2"}
+
+
+def plot_timeline(tl, path: str) -> None:
+    """Gantt chart of a :class:`simulator.timeline.Timeline`: one row per stage, micro-batch numbers
+    on the schedule steps wide enough to hold them (as the Megatron-LM schedule figures)."""
+    plt = _pyplot()
+    from matplotlib.patches import Patch
+
+    height = max(2.2, 0.42 * tl.stages + 1.4)
+    per_stage = len(tl.labels) / max(tl.stages, 1)
+    fig, ax = plt.subplots(figsize=(min(40.0, max(16.0, 0.16 * per_stage)), height))
+    by_cat: dict = {}
+    for b in tl.bars:
+        by_cat.setdefault(b.category, []).append(b)
+    for cat, bars in by_cat.items():
+        for stage in sorted({b.stage for b in bars}):
+            spans = [(b.start, b.end - b.start) for b in bars if b.stage == stage]
+            ax.broken_barh(spans, (stage - 0.42, 0.84), facecolors=TIMELINE_COLORS.get(cat, "black"), linewidth=0)
+    fig.canvas.draw()
+    px_per_s = ax.get_window_extent().width / tl.step_time_s
+    row_px = ax.get_window_extent().height / max(tl.stages, 1)
+    font = max(4.0, min(8.0, row_px * 0.45))
+    for lab in tl.labels:
+        text = str(lab.microbatch)
+        if (lab.end - lab.start) * px_per_s < font * 0.85 * len(text) + 2:
+            continue
+        ax.text((lab.start + lab.end) / 2, lab.stage, text, ha="center", va="center", fontsize=font,
+                color="white", fontweight="bold")
+    edges = [lab.start for lab in tl.labels if (lab.end - lab.start) * px_per_s >= 6]
+    stages = [lab.stage for lab in tl.labels if (lab.end - lab.start) * px_per_s >= 6]
+    ax.vlines(edges, [s - 0.42 for s in stages], [s + 0.42 for s in stages], color="white", lw=0.5)
+    ax.set_ylim(tl.stages - 0.5, -0.5)
+    ax.set_yticks(range(tl.stages))
+    ax.set_yticklabels([f"stage {s}" for s in range(tl.stages)], fontsize=8 if tl.stages > 8 else 9)
+    ax.set_xlim(0, tl.step_time_s)
+    if tl.step_time_s < 1:
+        from matplotlib.ticker import FuncFormatter
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _pos: f"{x * 1e3:g}"))
+        ax.set_xlabel("time (ms)")
+    else:
+        ax.set_xlabel("time (s)")
+    ax.set_title(tl.title, fontsize=10)
+    used = [c for c in TIMELINE_COLORS if c in by_cat]
+    ax.legend(handles=[Patch(facecolor=TIMELINE_COLORS[c], edgecolor="#999999" if c == "idle" else "none", label=c)
+                       for c in used], loc="upper center", bbox_to_anchor=(0.5, -0.12 if tl.stages > 4 else -0.3),
+              ncol=len(used), fontsize=8, frameon=False)
     save_figure(fig, path)
     plt.close(fig)

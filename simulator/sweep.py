@@ -1,0 +1,398 @@
+"""Sweeps: the cartesian product of scenario overrides, one simulation per point, in parallel.
+
+A sweep is a base scenario (parsed YAML plus ``--set`` overrides) and varied keys, each with a
+list of values, ``--vary parallelism.tp=4,8``; every point is the base with one value of each
+key applied exactly as ``--set`` would. A point is evaluated by :func:`evaluate`, a pure
+function of a picklable :class:`Task`, so any executor can run it: in-process (1 worker), a
+local process pool (the default) or Ray (``--executor ray``, the ``stepsim[ray]`` extra). A
+point whose plan is invalid is a row whose ``error`` says why; a plan that does not fit in
+memory is still simulated, with ``fits`` false.
+
+Files in the output folder, safe against ``kill -9`` at any moment:
+- ``results.jsonl``: the log, one line per finished point, appended, flushed and fsynced
+  before the next is reported. A point is identified by ``point_id``, a hash of its varied
+  values (canonical JSON, keys sorted) and of the base scenario, so a rerun of the same
+  command (or one that adds values) skips what is done. A line cut short by a kill is dropped
+  when the log is next opened and that point is computed again.
+- ``results.csv``: the table, rewritten from the log through a temporary file and
+  ``os.replace``, so it is always a complete table of the points finished so far, in the
+  order of the cartesian product.
+- plots (``plots.plot_sweep``), drawn when the sweep is complete.
+"""
+
+from __future__ import annotations
+
+import csv
+import fcntl
+import hashlib
+import io
+import itertools
+import json
+import os
+import sys
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from simulator.config import Scenario
+from simulator.errors import ConfigError
+from simulator.report import AXES
+from simulator.scenario import apply_overrides, scenario_to_dict
+from simulator.files import atomic_write_text, remove_stale
+
+METRICS = ("step_time_s", "tokens_per_s_per_gpu", "mfu", "bubble_fraction", "compute_s",
+           *(f"exposed_{a}_s" for a in AXES), "idle_s", "peak_memory_gib", "fits", "warnings", "error")
+EXECUTORS = ("process", "ray")
+JSONL = "results.jsonl"
+CSV = "results.csv"
+
+Vary = tuple[tuple[str, tuple], ...]
+
+
+@dataclass(frozen=True)
+class Task:
+    """One simulation: a parsed scenario mapping, the overrides of the point, optional what-ifs.
+
+    ``link_scale`` multiplies the bandwidth of link classes (``topology.LINK_CLASSES``);
+    ``compute_scale`` multiplies the GPU's peak FLOP/s and HBM bandwidth.
+    """
+
+    raw: dict
+    base_dir: str
+    name: str
+    overrides: tuple[str, ...] = ()
+    link_scale: tuple[tuple[str, float], ...] = ()
+    compute_scale: float = 1.0
+
+
+def evaluate(task: Task) -> dict:
+    """The metrics of one point (``METRICS``); a ConfigError becomes the row's ``error``."""
+    from simulator.engine import SimOptions, scenario_cluster, simulate
+    from simulator.memory import memory_report
+    from simulator.report import step_report
+    from simulator.scenario import scenario_from_dict, validate_plan
+
+    row: dict = dict.fromkeys(METRICS)
+    try:
+        s = scenario_from_dict(task.raw, task.overrides, base_dir=task.base_dir, default_name=task.name)
+        row["warnings"] = "; ".join(validate_plan(s)) or None
+        mem = memory_report(s)
+        row["peak_memory_gib"] = mem["peak_gib"]
+        row["fits"] = mem["fits"]
+        cluster = scenario_cluster(s)
+        if task.link_scale:
+            cluster = cluster.with_bandwidth_scaled(dict(task.link_scale))
+        report = step_report(simulate(s, SimOptions(compute_scale=task.compute_scale), cluster=cluster))
+    except ConfigError as err:
+        row["error"] = str(err)
+        return row
+    b = report["time_breakdown_s"]
+    row.update(step_time_s=report["step_time_s"], tokens_per_s_per_gpu=report["tokens_per_s_per_gpu"],
+               mfu=report["mfu"], bubble_fraction=report["bubble_fraction"], compute_s=b["compute_s"],
+               idle_s=b["idle_s"], **{f"exposed_{a}_s": b["exposed_comm_s"].get(a, 0.0) for a in AXES})
+    return row
+
+
+# --- points ------------------------------------------------------------------------------------
+
+def parse_vary(items: Sequence[str] | Mapping[str, Iterable]) -> Vary:
+    """``["parallelism.tp=4,8", ...]`` (or ``{"parallelism.tp": [4, 8]}``) as ((key, values), ...).
+
+    Values are YAML scalars, as in ``--set``. A key or a value given twice is an error.
+    """
+    if isinstance(items, Mapping):
+        pairs = [(str(k), tuple(v)) for k, v in items.items()]
+    else:
+        pairs = []
+        for item in items:
+            key, sep, text = str(item).partition("=")
+            if not sep or not key.strip() or not text.strip():
+                raise ConfigError("--vary", item, "expected key.path=v1,v2,..., e.g. parallelism.tp=4,8")
+            pairs.append((key.strip(), tuple(_scalar(t.strip()) for t in text.split(","))))
+    if not pairs:
+        raise ConfigError("--vary", None, "give at least one key.path=v1,v2,...")
+    seen = set()
+    for key, values in pairs:
+        if key in seen:
+            raise ConfigError("--vary", key, "varied twice: give all its values in one --vary")
+        seen.add(key)
+        if not values:
+            raise ConfigError(f"--vary {key}", values, "needs at least one value")
+        canon = [_canonical(v) for v in values]
+        for v, c in zip(values, canon):
+            if canon.count(c) > 1:
+                raise ConfigError(f"--vary {key}", v, "value given twice")
+    return tuple(pairs)
+
+
+def _scalar(text: str) -> object:
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def _canonical(value: object) -> str:
+    return json.dumps(value, sort_keys=True)
+
+
+def points(vary: Vary) -> list[dict]:
+    """The cartesian product, first key slowest, each point a {key: value} mapping."""
+    keys = [k for k, _ in vary]
+    return [dict(zip(keys, combo)) for combo in itertools.product(*(v for _, v in vary))]
+
+
+def point_overrides(point: Mapping) -> tuple[str, ...]:
+    return tuple(f"{k}={_canonical(v)}" for k, v in point.items())
+
+
+def scenario_hash(raw: dict) -> str:
+    """Hash of the base scenario mapping (after ``--set``): results of another base never match."""
+    return hashlib.sha256(json.dumps(raw, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def point_id(base_hash: str, point: Mapping) -> str:
+    canon = json.dumps([base_hash, sorted(point.items())], sort_keys=True, default=str)
+    return hashlib.sha256(canon.encode()).hexdigest()[:16]
+
+
+def base_of(scenario: str | Path | Scenario | dict, sets: Sequence[str] = ()) -> tuple[dict, str, str]:
+    """(parsed mapping with ``sets`` applied, folder for relative paths, default name)."""
+    if isinstance(scenario, Scenario):
+        return apply_overrides(scenario_to_dict(scenario), sets), os.getcwd(), scenario.name
+    if isinstance(scenario, dict):
+        return apply_overrides(scenario, sets), os.getcwd(), "scenario"
+    p = Path(scenario)
+    if not p.is_file():
+        raise ConfigError("scenario", str(scenario), "no such file")
+    try:
+        raw = yaml.safe_load(p.read_text())
+    except (yaml.YAMLError, UnicodeDecodeError) as err:
+        raise ConfigError("scenario", str(scenario), f"is not valid YAML ({err.__class__.__name__})") from None
+    if not isinstance(raw, dict):
+        raise ConfigError("scenario", str(scenario), "must be a YAML mapping")
+    return apply_overrides(raw, sets), str(p.resolve().parent), p.stem
+
+
+# --- executors ---------------------------------------------------------------------------------
+
+def run_tasks(tasks: Sequence[tuple[str, Task]], executor: str = "process", workers: int | None = None,
+              address: str | None = None) -> Iterator[tuple[str, dict]]:
+    """Evaluate ``(id, task)`` pairs; yield ``(id, row)`` as each finishes (any order)."""
+    if executor not in EXECUTORS:
+        raise ConfigError("--executor", executor, f"valid: {', '.join(EXECUTORS)}")
+    workers = workers or os.cpu_count() or 1
+    if workers < 1:
+        raise ConfigError("--workers", workers, "must be a whole number >= 1")
+    if not tasks:
+        return
+    if executor == "ray":
+        yield from _ray(tasks, workers, address)
+    elif workers == 1 or len(tasks) == 1:
+        for pid, task in tasks:
+            yield pid, evaluate(task)
+    else:
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
+        with ProcessPoolExecutor(min(workers, len(tasks))) as pool:
+            futures = {pool.submit(evaluate, task): pid for pid, task in tasks}
+            for fut in as_completed(futures):
+                yield futures[fut], fut.result()
+
+
+def _ray(tasks: Sequence[tuple[str, Task]], workers: int, address: str | None) -> Iterator[tuple[str, dict]]:
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError("--executor", "ray", "Ray is not installed: pip install 'stepsim[ray]'") from None
+    started = not ray.is_initialized()
+    if started:
+        try:
+            if address:
+                ray.init(address=address, log_to_driver=False, logging_level="warning")
+            else:
+                ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False, logging_level="warning")
+        except ConnectionError as err:
+            raise ConfigError("--address", address, f"cannot join the Ray cluster ({err})") from None
+    try:
+        remote = ray.remote(num_cpus=1)(evaluate)
+        pending = {remote.remote(task): pid for pid, task in tasks}
+        while pending:
+            done, _ = ray.wait(list(pending), num_returns=1)
+            for ref in done:
+                yield pending.pop(ref), ray.get(ref)
+    finally:
+        if started:
+            ray.shutdown()
+
+
+# --- files -------------------------------------------------------------------------------------
+
+def read_log(path: Path) -> tuple[dict[str, dict], bool]:
+    """Rows of a results.jsonl by point_id, and whether any line was unreadable (cut short)."""
+    rows: dict[str, dict] = {}
+    damaged = False
+    if not path.exists():
+        return rows, damaged
+    data = path.read_bytes()
+    lines = data.split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()
+    elif lines:
+        damaged = True  # no final newline: the last write was cut short
+        lines.pop()
+    for line in lines:
+        try:
+            row = json.loads(line)
+            rows[row["point_id"]] = row
+        except (ValueError, KeyError, TypeError):
+            damaged = True
+    return rows, damaged
+
+
+def _cell(value: object) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    return json.dumps(value)
+
+
+def table_csv(rows: Sequence[dict], keys: Sequence[str]) -> str:
+    """The CSV text of sweep rows: the varied keys, then ``METRICS``."""
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow([*keys, *METRICS])
+    for r in rows:
+        w.writerow([_cell(r["point"][k]) for k in keys] + [_cell(r.get(m)) for m in METRICS])
+    return buf.getvalue()
+
+
+class _Lock:
+    """An exclusive lock on the output folder, released by the kernel even on kill -9."""
+
+    def __init__(self, folder: Path):
+        self.file = open(folder / ".lock", "w")
+        try:
+            fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self.file.close()
+            raise ConfigError("--out", str(folder), "another sweep is writing there; wait or use another folder") from None
+
+    def release(self) -> None:
+        self.file.close()
+
+
+class Progress:
+    """A one-line progress bar on a terminal; one line per point otherwise (logs, notebooks)."""
+
+    def __init__(self, total: int, done: int, stream=sys.stderr, width: int = 30):
+        self.total, self.done, self.stream, self.width = total, done, stream, width
+        self.start = time.monotonic()
+        self.tty = hasattr(stream, "isatty") and stream.isatty()
+        if done:
+            print(f"sweep: {done} of {total} points already done", file=stream, flush=True)
+
+    def step(self, label: str) -> None:
+        self.done += 1
+        elapsed = time.monotonic() - self.start
+        if self.tty:
+            filled = self.width * self.done // self.total
+            bar = "#" * filled + "." * (self.width - filled)
+            end = "\n" if self.done == self.total else ""
+            print(f"\r[{bar}] {self.done}/{self.total} {elapsed:6.1f} s  {label[:60]:<60}", end=end,
+                  file=self.stream, flush=True)
+        else:
+            print(f"sweep: {self.done}/{self.total} {elapsed:.1f} s {label}", file=self.stream, flush=True)
+
+
+def _label(point: Mapping, row: dict) -> str:
+    values = " ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in point.items())
+    outcome = "invalid" if row.get("error") else f"{row['step_time_s']:.4g} s"
+    return f"{values}: {outcome}"
+
+
+def run_sweep(scenario: str | Path | Scenario | dict, vary: Sequence[str] | Mapping[str, Iterable],
+              out: str | Path | None = None, *, sets: Sequence[str] = (), workers: int | None = None,
+              executor: str = "process", address: str | None = None, progress=sys.stderr,
+              plots: bool = True, csv_every_s: float = 1.0) -> list[dict]:
+    """Run a sweep; return its rows in cartesian order, each ``{"point_id", "point", *METRICS}``.
+
+    With ``out`` the rows go to ``results.jsonl`` / ``results.csv`` there (finished points are
+    skipped on a rerun) and, with ``plots``, the figures of ``plots.plot_sweep``. ``progress``
+    is a stream for the progress bar, or None for silence.
+    """
+    vary = parse_vary(vary)
+    raw, base_dir, name = base_of(scenario, sets)
+    for key, values in vary:
+        apply_overrides(raw, [f"{key}={_canonical(values[0])}"])  # an unknown key fails once, here
+    keys = [k for k, _ in vary]
+    base = scenario_hash(raw)
+    plan = [(point_id(base, p), p) for p in points(vary)]
+    folder = Path(out) if out is not None else None
+    lock = None
+    done: dict[str, dict] = {}
+    log = None
+    if folder is not None:
+        folder.mkdir(parents=True, exist_ok=True)
+        lock = _Lock(folder)
+        remove_stale(folder)
+    try:
+        if folder is not None:
+            done, damaged = read_log(folder / JSONL)
+            if damaged:
+                atomic_write_text(folder / JSONL, "".join(json.dumps(r, sort_keys=True) + "\n" for r in done.values()))
+            log = open(folder / JSONL, "a")
+        todo = [(pid, Task(raw, base_dir, name, point_overrides(p))) for pid, p in plan if pid not in done]
+        points_by_id = dict(plan)
+        bar = Progress(len(plan), len(plan) - len(todo), progress) if progress is not None else None
+        last_csv = 0.0
+
+        def finished() -> list[dict]:
+            return [done[pid] for pid, _ in plan if pid in done]
+
+        for pid, metrics in run_tasks(todo, executor, workers, address):
+            row = {"point_id": pid, "point": points_by_id[pid], **metrics}
+            done[pid] = row
+            if log is not None:
+                log.write(json.dumps(row, sort_keys=True) + "\n")
+                log.flush()
+                os.fsync(log.fileno())
+                if time.monotonic() - last_csv >= csv_every_s:
+                    atomic_write_text(folder / CSV, table_csv(finished(), keys))
+                    last_csv = time.monotonic()
+            if bar is not None:
+                bar.step(_label(row["point"], row))
+        rows = finished()
+        if folder is not None:
+            atomic_write_text(folder / CSV, table_csv(rows, keys))
+            if plots:
+                from simulator.plots import plot_sweep
+                plot_sweep(rows, keys, str(folder))
+        return rows
+    finally:
+        if log is not None:
+            log.close()
+        if lock is not None:
+            lock.release()
+
+
+def format_table(rows: Sequence[dict], keys: Sequence[str]) -> str:
+    """A short text table: varied values, step time, tokens/s/GPU, MFU, bubble, memory, fits."""
+    short = [k.rsplit(".", 1)[-1] for k in keys]
+    widths = [max(len(s), 8) for s in short]
+    head = " ".join(f"{s:>{w}}" for s, w in zip(short, widths))
+    lines = [f"{head} {'step_s':>10} {'tok/s/GPU':>10} {'MFU':>6} {'bubble':>7} {'mem_GiB':>8}  fits"]
+    for r in rows:
+        vals = " ".join(f"{str(r['point'][k]):>{w}}" for k, w in zip(keys, widths))
+        if r.get("error"):
+            lines.append(f"{vals} invalid: {r['error']}")
+            continue
+        fits = "yes" if r["fits"] else "NO"
+        lines.append(f"{vals} {r['step_time_s']:>10.4f} {r['tokens_per_s_per_gpu']:>10.1f} {r['mfu']:>6.1%} "
+                     f"{r['bubble_fraction']:>7.1%} {r['peak_memory_gib']:>8.1f}  {fits}")
+    return "\n".join(lines)
+

@@ -1,0 +1,101 @@
+"""Sensitivity: the step time if one link class, or compute, were ``factor`` times faster or slower.
+
+A link what-if multiplies the bandwidth of every link of one class (``topology.LINK_CLASSES``:
+nvlink, pcie, nic, leaf-spine, spine-core) and touches nothing else: routes, latencies and the
+workload stay. The compute what-if multiplies the GPU's peak FLOP/s (every precision) and HBM
+bandwidth (``SimOptions.compute_scale``); kernel launch overheads stay. A class with no links in
+the scenario's cluster (no spine-core tier in one pod, no leaf-spine links under one leaf) is
+reported as absent rather than simulated. All runs go through ``sweep.run_tasks``, so they run
+in parallel on any executor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from simulator.errors import ConfigError
+from simulator.files import atomic_write_text
+from simulator.sweep import Task, base_of, run_tasks
+from simulator.topology import LINK_CLASSES
+
+TARGETS = (*LINK_CLASSES, "compute")
+
+
+def whatif(scenario, *, sets: Sequence[str] = (), factor: float = 2.0, executor: str = "process",
+           workers: int | None = None, address: str | None = None) -> dict:
+    """Baseline and per-target step times at ``factor`` x faster and slower, as plain data."""
+    from simulator.engine import scenario_cluster
+    from simulator.scenario import scenario_from_dict, validate_plan
+
+    if not isinstance(factor, (int, float)) or isinstance(factor, bool) or not factor > 1:
+        raise ConfigError("--factor", factor, "must be a number > 1 (2 means 2x faster and 2x slower)")
+    raw, base_dir, name = base_of(scenario, sets)
+    s = scenario_from_dict(raw, base_dir=base_dir, default_name=name)
+    validate_plan(s)
+    cluster = scenario_cluster(s)
+    present = {cls: len(cluster.links_of_class(cls)) > 0 for cls in LINK_CLASSES} | {"compute": True}
+    base = Task(raw, base_dir, name)
+    tasks = [("baseline", base)]
+    for target in TARGETS:
+        if not present[target]:
+            continue
+        for tag, scale in (("faster", factor), ("slower", 1 / factor)):
+            if target == "compute":
+                task = Task(raw, base_dir, name, compute_scale=scale)
+            else:
+                task = Task(raw, base_dir, name, link_scale=((target, scale),))
+            tasks.append((f"{target}:{tag}", task))
+    results = dict(run_tasks(tasks, executor, workers, address))
+    if results["baseline"]["error"]:
+        raise ConfigError("scenario", name, results["baseline"]["error"])
+    baseline = results["baseline"]["step_time_s"]
+    rows = []
+    for target in TARGETS:
+        if present[target]:
+            faster = results[f"{target}:faster"]["step_time_s"]
+            slower = results[f"{target}:slower"]["step_time_s"]
+        else:
+            faster = slower = baseline
+        rows.append({"target": target, "present": present[target], "faster_step_time_s": faster,
+                     "slower_step_time_s": slower, "faster_change": faster / baseline - 1,
+                     "slower_change": slower / baseline - 1})
+    return {"name": s.name, "factor": float(factor), "baseline_step_time_s": baseline,
+            "fits": results["baseline"]["fits"], "rows": rows}
+
+
+def format_whatif(result: dict) -> str:
+    f = result["factor"]
+    lines = [f"{result['name']}: baseline step time {result['baseline_step_time_s']:.4f} s; "
+             f"each resource {f:g}x faster / {f:g}x slower",
+             f"{'resource':<12} {'faster_s':>10} {'change':>8} {'slower_s':>10} {'change':>8}"]
+    for r in result["rows"]:
+        if not r["present"]:
+            lines.append(f"{r['target']:<12} {'(no such links in this cluster)':>38}")
+            continue
+        lines.append(f"{r['target']:<12} {r['faster_step_time_s']:>10.4f} {r['faster_change']:>+8.1%} "
+                     f"{r['slower_step_time_s']:>10.4f} {r['slower_change']:>+8.1%}")
+    return "\n".join(lines)
+
+
+def whatif_csv(result: dict) -> str:
+    cols = ("target", "present", "faster_step_time_s", "slower_step_time_s", "faster_change", "slower_change")
+    lines = [",".join(cols)]
+    for r in result["rows"]:
+        lines.append(",".join(str(r[c]).lower() if isinstance(r[c], bool) else repr(r[c]) if isinstance(r[c], float)
+                              else str(r[c]) for c in cols))
+    return "\n".join(lines) + "\n"
+
+
+def write_whatif(result: dict, folder: str | Path) -> list[str]:
+    """``whatif.csv``, ``whatif.json`` and ``tornado.png`` in ``folder``, each written atomically."""
+    import json
+
+    from simulator.plots import plot_tornado
+
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / "whatif.csv", whatif_csv(result))
+    atomic_write_text(out / "whatif.json", json.dumps(result, indent=2) + "\n")
+    plot_tornado(result, str(out / "tornado.png"))
+    return [str(out / n) for n in ("whatif.csv", "whatif.json", "tornado.png")]
