@@ -176,7 +176,7 @@ class Collectives:
 
     def prepare(self, op: str, groups: Sequence[Sequence[int]], size: float, merge: bool):
         """The planned transfers of ``op`` over ``groups`` (cached: steps repeat the same collectives)."""
-        key = (op, tuple(tuple(g) for g in groups), size, merge)
+        key = (op, groups if isinstance(groups, tuple) else tuple(tuple(g) for g in groups), size, merge)
         hit = self._prepared.get(key)
         if hit is None:
             per_group = [ph for ph in (self.phases(op, list(g), size) for g in groups) if ph]

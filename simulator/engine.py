@@ -110,6 +110,7 @@ class StepEngine:
         self._rendezvous: dict = {}
         self._seq: dict = defaultdict(int)
         self._groups: dict = {}
+        self._pairs: dict = {}
         self.stage_end: dict[int, float] = {}
         self.comm_calls: dict = {}
 
@@ -193,6 +194,14 @@ class StepEngine:
         """[arrival event, time the transfer started or None]."""
         return self._mail.setdefault(key, [self.env.event(), None])
 
+    def _pp_pairs(self, rank: int, dst_stage: int) -> tuple[tuple[int, int], ...]:
+        """(source, destination) of the pipeline transfers ``rank`` starts (all of its stage's, folded)."""
+        key = (rank, dst_stage)
+        if key not in self._pairs:
+            sources = self.plan.stage_ranks(self.plan.stage_of(rank)) if self.opt.fold else [rank]
+            self._pairs[key] = tuple((int(a), self.plan.pp_peer(int(a), dst_stage)) for a in sources)
+        return self._pairs[key]
+
     def send(self, rank: int, dst_stage: int, vstage: int, mb: int, kind: str) -> None:
         """Post activations (kind F) or gradients (B) for ``vstage`` of micro-batch ``mb``.
 
@@ -200,9 +209,7 @@ class StepEngine:
         box = self._mailbox((self.plan.pp_peer(rank, dst_stage), vstage, mb, kind))
         box[1] = self.env.now
         box[0].origin = (rank, "compute", self.env.now)
-        stage = self.plan.stage_of(rank)
-        sources = self.plan.stage_ranks(stage) if self.opt.fold else [rank]
-        pairs = [(int(a), self.plan.pp_peer(int(a), dst_stage)) for a in sources]
+        pairs = self._pp_pairs(rank, dst_stage)
         if not self.opt.communication or all(a == b for a, b in pairs):
             box[0].succeed()
             return

@@ -168,8 +168,9 @@ class Network:
         if self.record:
             t.record = FlowRecord(label, now, links, mult, float(size), members, latency)
             self.flows.append(t.record)
-        ids = np.unique(self._owner[links])
-        comps = sorted((self._components[i] for i in ids.tolist() if i >= 0), key=lambda c: (-len(c.transfers), c.id))
+        owners = self._owner[links]
+        ids = np.unique(owners[owners >= 0]).tolist() if owners.max() >= 0 else []
+        comps = sorted((self._components[i] for i in ids), key=lambda c: (-len(c.transfers), c.id))
         if comps:
             comp = comps[0]
             for other in comps[1:]:

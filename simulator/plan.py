@@ -80,14 +80,14 @@ class Plan:
     def stage_ranks(self, stage: int) -> np.ndarray:
         return self.grid[stage].ravel()
 
-    def groups_on_stage(self, stage: int, kind: str) -> list[tuple[int, ...]]:
+    def groups_on_stage(self, stage: int, kind: str) -> tuple[tuple[int, ...], ...]:
         """Every distinct group of one kind among the ranks of a pipeline stage, in rank order."""
         fn = {"tp": self.tp_group, "cp": self.cp_group, "dp": self.dp_group, "dpcp": self.dp_cp_group,
               "ep": self.ep_group, "edp": self.expert_dp_group}[kind]
         seen: dict[tuple[int, ...], None] = {}
         for r in self.stage_ranks(stage):
             seen.setdefault(fn(int(r)), None)
-        return list(seen)
+        return tuple(seen)
 
 
 def vstage_layers(num_layers: int, pp: int, vp: int = 1, first: int | None = None,
