@@ -210,6 +210,21 @@ class Collectives:
         if per_group:
             yield from self._run_merged(merged, per_group, label)
 
+    def start(self, op: str, groups: Sequence[Sequence[int]], size: float, merge: bool = False,
+              label=None) -> simpy.Event:
+        """Start ``op`` over ``groups``; the event fires when every group is done. A one-phase op
+        returns the network's own event, with no process around it (most collectives of a step)."""
+        merged, per_group = self.prepare(op, groups, size, merge)
+        if not per_group:
+            done = self.env.event()
+            done.succeed()
+            return done
+        if merged is not None and len(merged) == 1:
+            events = [self.net.transfer_links(links, mult, sz, lat, label, members)
+                      for links, mult, sz, lat, members in merged[0]]
+            return events[0] if len(events) == 1 else self.env.all_of(events)
+        return self.env.process(self._run_merged(merged, per_group, label))
+
     def run(self, op: str, ranks: Sequence[int], size: float, label=None) -> Generator:
         yield from self.run_groups(op, [ranks], size, False, label)
 

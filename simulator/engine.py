@@ -153,7 +153,7 @@ class StepEngine:
             groups = self._stage_groups(self.plan.stage_of(rank), kind)
             if len(groups[0]) < 2:
                 return self._done()
-            proc = self.env.process(self.coll.run_groups(op, groups, size, self.opt.merge, axis))
+            proc = self.coll.start(op, groups, size, self.opt.merge, axis)
             proc.origin = here or (rank, "compute", self.env.now)
             self._account(rank, axis, op, size, proc)
             return proc
@@ -168,7 +168,7 @@ class StepEngine:
         if len(arrived) == len(group):
             del self._rendezvous[key]
             event.origin = here or (rank, "compute", self.env.now)
-            proc = self.env.process(self.coll.run_groups(op, [group], size, False, axis))
+            proc = self.coll.start(op, [group], size, False, axis)
             proc.callbacks.append(lambda _e, ev=event: ev.succeed())
         self._account(rank, axis, op, size, event)
         return event
@@ -213,7 +213,7 @@ class StepEngine:
         if not self.opt.communication or all(a == b for a, b in pairs):
             box[0].succeed()
             return
-        proc = self.env.process(self.coll.run_groups("send_recv", pairs, self.work.pp_bytes, self.opt.merge, "pp"))
+        proc = self.coll.start("send_recv", pairs, self.work.pp_bytes, self.opt.merge, "pp")
         self._account(rank, "pp", "send_recv", self.work.pp_bytes, proc)
         proc.callbacks.append(lambda _e, ev=box[0]: ev.succeed())
 
