@@ -162,8 +162,8 @@ def _unknown(field: str, value: object, valid: Iterable[str]) -> ConfigError:
 
 # --- loading -----------------------------------------------------------------------------------
 
-def load_scenario(path: str, overrides: Iterable[str] = ()) -> Scenario:
-    """Read a scenario YAML file, apply ``--set`` overrides, and check every field."""
+def read_scenario_file(path: str | Path) -> dict:
+    """The raw mapping of a scenario YAML file, or a one-line ConfigError naming the file."""
     p = Path(path)
     if not p.is_file():
         raise ConfigError("scenario", str(path), "no such file")
@@ -174,7 +174,13 @@ def load_scenario(path: str, overrides: Iterable[str] = ()) -> Scenario:
     if not isinstance(raw, dict):
         raise ConfigError("scenario", str(path), "must be a YAML mapping of name, model, cluster, "
                           "training, parallelism and schedule")
-    return scenario_from_dict(raw, overrides, base_dir=p.parent, default_name=p.stem)
+    return raw
+
+
+def load_scenario(path: str, overrides: Iterable[str] = ()) -> Scenario:
+    """Read a scenario YAML file, apply ``--set`` overrides, and check every field."""
+    p = Path(path)
+    return scenario_from_dict(read_scenario_file(p), overrides, base_dir=p.parent, default_name=p.stem)
 
 
 def apply_overrides(d: dict, overrides: Iterable[str]) -> dict:

@@ -40,7 +40,7 @@ import yaml
 from simulator.config import Scenario
 from simulator.errors import ConfigError
 from simulator.report import AXES
-from simulator.scenario import apply_overrides, scenario_to_dict
+from simulator.scenario import apply_overrides, read_scenario_file, scenario_to_dict
 from simulator.files import atomic_write_text, remove_stale
 
 METRICS = ("step_time_s", "tokens_per_s_per_gpu", "mfu", "bubble_fraction", "compute_s",
@@ -166,15 +166,7 @@ def base_of(scenario: str | Path | Scenario | dict, sets: Sequence[str] = ()) ->
     if isinstance(scenario, dict):
         return apply_overrides(scenario, sets), os.getcwd(), "scenario"
     p = Path(scenario)
-    if not p.is_file():
-        raise ConfigError("scenario", str(scenario), "no such file")
-    try:
-        raw = yaml.safe_load(p.read_text())
-    except (yaml.YAMLError, UnicodeDecodeError) as err:
-        raise ConfigError("scenario", str(scenario), f"is not valid YAML ({err.__class__.__name__})") from None
-    if not isinstance(raw, dict):
-        raise ConfigError("scenario", str(scenario), "must be a YAML mapping")
-    return apply_overrides(raw, sets), str(p.resolve().parent), p.stem
+    return apply_overrides(read_scenario_file(p), sets), str(p.resolve().parent), p.stem
 
 
 # --- executors ---------------------------------------------------------------------------------
