@@ -161,6 +161,15 @@ def _bench(args) -> int:
     return 0
 
 
+def _scenario_parser(sub, name: str, text: str) -> argparse.ArgumentParser:
+    """A subcommand that takes a scenario file and ``--set`` overrides."""
+    parser = sub.add_parser(name, help=text)
+    parser.add_argument("scenario", help="scenario YAML file")
+    parser.add_argument("--set", action="append", metavar="KEY=VALUE",
+                        help="override a scenario key, e.g. --set parallelism.tp=8 (repeatable)")
+    return parser
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="stepsim", description="Simulate one training step of a large model on a GPU cluster.")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -179,10 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     for name, func, text in (("run", _run, "simulate one training step of a scenario"),
                              ("memory", _memory, "memory per GPU and pipeline stage of a scenario")):
-        r = sub.add_parser(name, help=text)
-        r.add_argument("scenario", help="scenario YAML file")
-        r.add_argument("--set", action="append", metavar="KEY=VALUE",
-                       help="override a scenario key, e.g. --set parallelism.tp=8 (repeatable)")
+        r = _scenario_parser(sub, name, text)
         r.add_argument("--json", action="store_true", help="print the report as JSON")
         r.set_defaults(func=func)
         if name == "run":
@@ -207,9 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     for name, func, text in (("sweep", _sweep, "simulate the cartesian product of varied scenario keys, in parallel"),
                              ("whatif", _whatif, "step time with each link class or compute 2x faster and slower")):
-        w = sub.add_parser(name, help=text)
-        w.add_argument("scenario", help="scenario YAML file")
-        w.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a base scenario key (repeatable)")
+        w = _scenario_parser(sub, name, text)
         w.add_argument("--workers", type=int, default=None, help="simulations in parallel (default: CPU count)")
         w.add_argument("--executor", default="process", choices=("process", "ray"),
                        help="process pool (default) or Ray (pip install 'stepsim[ray]')")

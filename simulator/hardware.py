@@ -81,6 +81,11 @@ _MEM_EFF = 0.80
 # launch; what remains is ramp-up and tail, an estimate of ~3 us per kernel.
 _LAUNCH_S = 3e-6
 
+_AMPERE = dict(gemm_efficiency=_A100_GEMM, attention_efficiency=_A100_ATTN, sustained_fraction=_A100_SUSTAINED,
+               memory_efficiency=_MEM_EFF, launch_overhead_s=_LAUNCH_S)
+_HOPPER = dict(gemm_efficiency=_HOPPER_GEMM, attention_efficiency=_HOPPER_ATTN, sustained_fraction=_HOPPER_SUSTAINED,
+               memory_efficiency=_MEM_EFF, launch_overhead_s=_LAUNCH_S)  # also B200, unmeasured
+
 GPU_CATALOG: dict[str, GPUSpec] = {
     "A100-SXM4-80GB": GPUSpec(
         name="A100-SXM4-80GB",
@@ -91,11 +96,7 @@ GPU_CATALOG: dict[str, GPUSpec] = {
         source="NVIDIA A100 Tensor Core GPU datasheet (2021): 312 TF BF16 dense, HBM2e 2039 GB/s, "
         "NVLink3 600 GB/s bidirectional; A100 whitepaper: 108 SMs",
         num_sms=108,
-        gemm_efficiency=_A100_GEMM,
-        attention_efficiency=_A100_ATTN,
-        sustained_fraction=_A100_SUSTAINED,
-        memory_efficiency=_MEM_EFF,
-        launch_overhead_s=_LAUNCH_S,
+        **_AMPERE,
     ),
     "A100-SXM4-40GB": GPUSpec(
         name="A100-SXM4-40GB",
@@ -106,11 +107,7 @@ GPU_CATALOG: dict[str, GPUSpec] = {
         source="NVIDIA A100 Tensor Core GPU datasheet (2021): 312 TF BF16 dense, HBM2 1555 GB/s, "
         "NVLink3 600 GB/s bidirectional; 108 SMs",
         num_sms=108,
-        gemm_efficiency=_A100_GEMM,
-        attention_efficiency=_A100_ATTN,
-        sustained_fraction=_A100_SUSTAINED,
-        memory_efficiency=_MEM_EFF,
-        launch_overhead_s=_LAUNCH_S,
+        **_AMPERE,
     ),
     "H100-SXM5-80GB": GPUSpec(
         name="H100-SXM5-80GB",
@@ -121,11 +118,7 @@ GPU_CATALOG: dict[str, GPUSpec] = {
         source="NVIDIA H100 Tensor Core GPU datasheet (SXM5): 989 TF BF16 / 1979 TF FP8 dense, "
         "HBM3 3.35 TB/s, NVLink4 900 GB/s bidirectional; Hopper whitepaper: 132 SMs",
         num_sms=132,
-        gemm_efficiency=_HOPPER_GEMM,
-        attention_efficiency=_HOPPER_ATTN,
-        sustained_fraction=_HOPPER_SUSTAINED,
-        memory_efficiency=_MEM_EFF,
-        launch_overhead_s=_LAUNCH_S,
+        **_HOPPER,
     ),
     "H800-80GB": GPUSpec(
         name="H800-80GB",
@@ -136,11 +129,7 @@ GPU_CATALOG: dict[str, GPUSpec] = {
         source="NVIDIA H800 SXM5 product brief: H100 compute and HBM3 3.35 TB/s, NVLink 400 GB/s "
         "bidirectional (DeepSeek-V3 report, Sec. 3.1); 132 SMs",
         num_sms=132,
-        gemm_efficiency=_HOPPER_GEMM,
-        attention_efficiency=_HOPPER_ATTN,
-        sustained_fraction=_HOPPER_SUSTAINED,
-        memory_efficiency=_MEM_EFF,
-        launch_overhead_s=_LAUNCH_S,
+        **_HOPPER,
     ),
     "H200-SXM-141GB": GPUSpec(
         name="H200-SXM-141GB",
@@ -151,11 +140,7 @@ GPU_CATALOG: dict[str, GPUSpec] = {
         source="NVIDIA H200 Tensor Core GPU datasheet (SXM): 989 TF BF16 / 1979 TF FP8 dense, "
         "141 GB HBM3e at 4.8 TB/s, NVLink4 900 GB/s bidirectional; 132 SMs",
         num_sms=132,
-        gemm_efficiency=_HOPPER_GEMM,
-        attention_efficiency=_HOPPER_ATTN,
-        sustained_fraction=_HOPPER_SUSTAINED,
-        memory_efficiency=_MEM_EFF,
-        launch_overhead_s=_LAUNCH_S,
+        **_HOPPER,
     ),
     "B200-SXM-180GB": GPUSpec(
         name="B200-SXM-180GB",
@@ -166,11 +151,7 @@ GPU_CATALOG: dict[str, GPUSpec] = {
         source="NVIDIA HGX/DGX B200 datasheet, per GPU (sparse figures halved): 2.25 PF BF16, "
         "4.5 PF FP8 dense, 180 GB HBM3e at 8 TB/s, NVLink5 1.8 TB/s bidirectional; 148 SMs",
         num_sms=148,
-        gemm_efficiency=_HOPPER_GEMM,
-        attention_efficiency=_HOPPER_ATTN,
-        sustained_fraction=_HOPPER_SUSTAINED,
-        memory_efficiency=_MEM_EFF,
-        launch_overhead_s=_LAUNCH_S,
+        **_HOPPER,
     ),
 }
 

@@ -28,29 +28,28 @@ COMPUTE_KINDS = ("F", "B", "R", "embed", "head", "opt")
 def stage_breakdown(result: SimResult) -> list[dict]:
     step = result.step_time_s
     reps = {result.plan.stage_of(r): r for r in sorted(result.simulated_ranks, reverse=True)}
+    compute = defaultdict(float)
+    flops = defaultdict(float)
+    exposed = defaultdict(lambda: defaultdict(float))
+    for row in result.trace:
+        if row.stream != "compute":
+            continue
+        if row.kind in COMPUTE_KINDS:
+            compute[row.rank] += row.end - row.start
+            flops[row.rank] += row.flops
+        elif row.kind == "wait":
+            exposed[row.rank][row.axis] += row.end - row.start
     out = []
     for stage in range(result.plan.pp):
         rank = reps[stage]
-        compute = 0.0
-        exposed = defaultdict(float)
-        flops = 0.0
-        for row in result.trace:
-            if row.rank != rank or row.stream != "compute":
-                continue
-            if row.kind in COMPUTE_KINDS:
-                compute += row.end - row.start
-                flops += row.flops
-            elif row.kind == "wait":
-                exposed[row.axis] += row.end - row.start
-        comm = sum(exposed.values())
-        idle = max(0.0, step - compute - comm)
+        idle = max(0.0, step - compute[rank] - sum(exposed[rank].values()))
         out.append({
             "stage": stage,
-            "compute_s": compute,
-            "exposed_comm_s": {a: exposed.get(a, 0.0) for a in AXES},
+            "compute_s": compute[rank],
+            "exposed_comm_s": {a: exposed[rank].get(a, 0.0) for a in AXES},
             "idle_s": idle,
             "bubble_fraction": idle / step if step > 0 else 0.0,
-            "flops": flops,
+            "flops": flops[rank],
         })
     return out
 

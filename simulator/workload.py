@@ -22,7 +22,7 @@ Built once per scenario from the compute model; the engine only walks it. Messag
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from simulator.compute import BlockCost, LayerCost, embedding_cost, head_cost, layer_cost, optimizer_cost, param_counts
 from simulator.config import Scenario
@@ -57,7 +57,6 @@ class Workload:
     pp_bytes: float
     cp_bytes: float
     ep_bytes: float
-    params_per_stage: dict[int, float] = field(default_factory=dict)  # per GPU, before ZeRO sharding
 
     def layers(self, vstage: int) -> range:
         return self.vstages[vstage]
@@ -106,12 +105,11 @@ def build_workload(s: Scenario, gpu: GPUSpec) -> Workload:
             out.append(Bucket(tuple(cur), cur_d + extra, cur_e))
         buckets[vs] = tuple(out)
 
-    params_per_stage, optimizer = {}, {}
+    optimizer = {}
     for stage in range(p):
         mine = [c * p + stage for c in range(v)]
         dense = sum(b.dense_params for vs in mine for b in buckets[vs])
         expert = sum(b.expert_params for vs in mine for b in buckets[vs])
-        params_per_stage[stage] = dense + expert
         if par.zero_stage >= 1:
             local = dense / (dp * par.cp) + expert / max(1, dp * par.cp // par.ep)
         else:
@@ -127,7 +125,7 @@ def build_workload(s: Scenario, gpu: GPUSpec) -> Workload:
         embedding=embedding_cost(m, t, par, gpu), head=head_cost(m, t, par, gpu),
         optimizer=optimizer, buckets=buckets, layer_dense_params=dense_params,
         layer_expert_params=expert_params, tp_bytes=act, pp_bytes=act / par.tp, cp_bytes=kv,
-        ep_bytes=act / par.tp * topk, params_per_stage=params_per_stage)
+        ep_bytes=act / par.tp * topk)
 
 
 def _moe_dense_part(m, counts) -> float:
