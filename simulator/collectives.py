@@ -7,8 +7,10 @@ the per-rank send buffer for all_to_all (``size / n`` to each peer).
 Algorithms (what is modelled, and what is not):
 - Ring (Patarasuk and Yuan 2009), NCCL's default and ``auto``: all_reduce is 2(n-1) steps of
   size/n per rank; reduce_scatter and all_gather n-1 steps. A ring is one coupled transfer whose
-  members are its edges, so it runs at its most contended edge's fair share, plus one route
-  latency per step. A group spanning nodes with k ranks in each uses k rings (NCCL channels),
+  members are its edges, so it runs at its most contended edge's fair share, in the NCCL
+  protocol (LL, LL128, Simple) fastest for its size: the protocol's efficiency inflates the
+  bytes, its base latency plus per-step latency (NVLink or network) is added once
+  (:mod:`simulator.nccl`). A group spanning nodes with k ranks in each uses k rings (NCCL channels),
   each carrying size/k: ring c enters every node at the node's c-th rank and leaves from the
   one before it, so every NIC carries one ring in and one out and the inter-node traffic per
   node is 2(n-1)/n x size, as NCCL's ring measures (validation/collectives.yaml: 24 A100 over
@@ -38,6 +40,7 @@ from typing import Generator, Sequence
 import numpy as np
 import simpy
 
+from simulator import nccl
 from simulator.network import Network
 from simulator.topology import Cluster
 
@@ -83,15 +86,18 @@ class Collectives:
         self.algorithm = algorithm
         self._prepared: dict = {}
 
-    def ring_step_latency(self, ring: Sequence[int]) -> float:
-        n = len(ring)
-        return max(self.cluster.route_latency(ring[i], ring[(i + 1) % n]) for i in range(n))
-
-    def ring_spec(self, ring: Sequence[int], per_step: float, steps: int) -> Spec:
-        """``steps`` ring steps of ``per_step`` bytes per rank, as one coupled transfer."""
+    def ring_spec(self, op: str, ring: Sequence[int], per_step: float, steps: int) -> Spec:
+        """``steps`` ring steps of ``per_step`` bytes per rank, as one coupled transfer, in the NCCL
+        protocol (:mod:`simulator.nccl`) that is fastest alone: its efficiency inflates the bytes
+        on the wire, its base and per-step latencies give the transfer's latency."""
         n = len(ring)
         edges = tuple((ring[i], ring[(i + 1) % n]) for i in range(n))
-        return Spec(edges, per_step * steps, steps * self.ring_step_latency(ring))
+        c = self.cluster
+        inter = sum(c.node_of(a) != c.node_of(b) for a, b in edges) / n
+        link_bw = min(float(c.link_bw[c.route(a, b)].min()) for a, b in edges)
+        nbytes = per_step * steps
+        proto, eff = nccl.choose(op, nbytes, steps, link_bw, inter)
+        return Spec(edges, nbytes / eff, proto.base_s + steps * nccl.step_latency(proto, inter))
 
     def _node_groups(self, ranks: Sequence[int]) -> list[list[int]] | None:
         """Ranks per node (nodes in order) if every node holds the same count, else None."""
@@ -121,8 +127,8 @@ class Collectives:
         k = len(nodes[0])
         return [[r for node in nodes for r in node[c:] + node[:c]] for c in range(k)]
 
-    def _rings_phase(self, rings: list[list[int]], per_step: float, steps: int) -> Phase:
-        return [self.ring_spec(r, per_step, steps) for r in rings if len(r) > 1 and steps > 0]
+    def _rings_phase(self, op: str, rings: list[list[int]], per_step: float, steps: int) -> Phase:
+        return [self.ring_spec(op, r, per_step, steps) for r in rings if len(r) > 1 and steps > 0]
 
     def phases(self, op: str, ranks: Sequence[int], size: float) -> list[Phase]:
         """The phases of ``op`` over one group (see the module docstring for the algorithms)."""
@@ -143,13 +149,13 @@ class Collectives:
         h = self._hierarchy(ranks)
         if h is None:
             rings = self.channel_rings(ranks)
-            return [self._rings_phase(rings, size / len(rings) / n, steps)]
+            return [self._rings_phase(op, rings, size / len(rings) / n, steps)]
         nodes, rails = h
         k, m = len(nodes[0]), len(nodes)
-        intra = self._rings_phase(nodes, size / k, k - 1)
+        intra = self._rings_phase("reduce_scatter", nodes, size / k, k - 1)
         if op == "all_reduce":
-            return [intra, self._rings_phase(rails, size / k / m, 2 * (m - 1)), intra]
-        inter = self._rings_phase(rails, size / k / m, m - 1)
+            return [intra, self._rings_phase(op, rails, size / k / m, 2 * (m - 1)), intra]
+        inter = self._rings_phase(op, rails, size / k / m, m - 1)
         return [intra, inter] if op == "reduce_scatter" else [inter, intra]
 
     def _merged(self, per_group: list[list[Phase]], merge: bool) -> list[list[tuple]] | None:
@@ -260,11 +266,22 @@ def ring_gather_time(n: int, size: float, bw: float, alpha: float) -> float:
     return (n - 1) * alpha + (n - 1) / n * size / bw
 
 
-def hierarchical_all_reduce_time(k: int, m: int, size: float, bw_intra: float, alpha_intra: float,
-                                 bw_inter: float, alpha_inter: float) -> float:
-    """Intra-node reduce-scatter + inter-node ring all-reduce of size/k + intra-node all-gather."""
-    intra = ring_gather_time(k, size, bw_intra, alpha_intra) if k > 1 else 0.0
-    inter = ring_all_reduce_time(m, size / k, bw_inter, alpha_inter) if m > 1 else 0.0
+def nccl_ring_time(op: str, n: int, size: float, bw: float, inter_fraction: float = 0.0) -> float:
+    """A ring ``op`` (all_reduce, reduce_scatter, all_gather) of ``size`` over ``n`` ranks on
+    links of ``bw`` in the NCCL protocol :func:`simulator.nccl.choose` picks: base latency plus
+    the alpha-beta ring with the protocol's per-step latency and efficiency."""
+    steps = 2 * (n - 1) if op == "all_reduce" else n - 1
+    proto, eff = nccl.choose(op, steps / n * size, steps, bw, inter_fraction)
+    alpha = nccl.step_latency(proto, inter_fraction)
+    ring = ring_all_reduce_time if op == "all_reduce" else ring_gather_time
+    return proto.base_s + ring(n, size / eff, bw, alpha)
+
+
+def hierarchical_all_reduce_time(k: int, m: int, size: float, bw_intra: float, bw_inter: float) -> float:
+    """Intra-node reduce-scatter + inter-node ring all-reduce of size/k + intra-node all-gather,
+    each an NCCL ring call (:func:`nccl_ring_time`)."""
+    intra = nccl_ring_time("reduce_scatter", k, size, bw_intra) if k > 1 else 0.0
+    inter = nccl_ring_time("all_reduce", m, size / k, bw_inter, 1.0) if m > 1 else 0.0
     return 2 * intra + inter
 
 

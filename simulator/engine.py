@@ -468,7 +468,8 @@ def scenario_cluster(s: Scenario) -> Cluster:
     c = s.cluster
     return build_cluster(load_topology(c.topology), c.num_nodes, gpus_per_node=c.gpus_per_node,
                          nvlink_bandwidth_GBps=c.nvlink_bandwidth_GBps,
-                         network_bandwidth_Gbps=c.network_bandwidth_Gbps, oversubscription=c.oversubscription)
+                         network_bandwidth_Gbps=c.network_bandwidth_Gbps, oversubscription=c.oversubscription,
+                         gpu=c.gpu)
 
 
 def scaled_gpu(gpu: GPUSpec, factor: float) -> GPUSpec:

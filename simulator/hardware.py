@@ -13,10 +13,13 @@ constants used by ``simulator.compute`` (same for every scenario, never per case
   reaches on long sequences (FlashAttention-2/3 papers).
 - ``memory_efficiency``: fraction of HBM bandwidth an elementwise/normalisation kernel sustains.
 - ``launch_overhead_s``: per-kernel idle gap (launch, ramp-up and tail) between dependent kernels.
+- ``nvlink_efficiency``: fraction of the nominal per-direction NVLink rate that NCCL transfers
+  sustain; the cluster's NVLink links carry nominal x this.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace, field
 
 from simulator.errors import ConfigError
@@ -41,6 +44,7 @@ class GPUSpec:
     memory_efficiency: float = 0.8
     launch_overhead_s: float = 3e-6
     sustained_fraction: float = 1.0
+    nvlink_efficiency: float = 1.0
 
     def __hash__(self) -> int:
         return hash(self.name)
@@ -81,10 +85,20 @@ _MEM_EFF = 0.80
 # launch; what remains is ramp-up and tail, an estimate of ~3 us per kernel.
 _LAUNCH_S = 3e-6
 
+# NVLink achievable by NCCL. A100: NCCL's topology model rates an NVLink3 link at 20 of its
+# nominal 25 GB/s (SM80_NVLINK_BW in src/graph/topo.h), 240 of 300 GB/s per GPU, and its 2.7-2.8
+# tuning capped sm80 bus bandwidth at 235 GB/s; nccl-tests users report about 200-235 GB/s busbw
+# for 8-GPU all_reduce (validation/collectives.yaml: about 200 at 1 GiB). 0.80 used.
+# Hopper: the measured DGX H100 curve (validation/collectives.yaml) reaches 400 GB/s busbw at
+# 128 MiB, which with NCCL's Simple-protocol latency needs >= 443 of the nominal 450 GB/s, and
+# NVLS in-switch reduction takes large messages above the nominal rate: 1.0 used.
+_A100_NVLINK = 0.80
+_HOPPER_NVLINK = 1.0
+
 _AMPERE = dict(gemm_efficiency=_A100_GEMM, attention_efficiency=_A100_ATTN, sustained_fraction=_A100_SUSTAINED,
-               memory_efficiency=_MEM_EFF, launch_overhead_s=_LAUNCH_S)
+               memory_efficiency=_MEM_EFF, launch_overhead_s=_LAUNCH_S, nvlink_efficiency=_A100_NVLINK)
 _HOPPER = dict(gemm_efficiency=_HOPPER_GEMM, attention_efficiency=_HOPPER_ATTN, sustained_fraction=_HOPPER_SUSTAINED,
-               memory_efficiency=_MEM_EFF, launch_overhead_s=_LAUNCH_S)  # also B200, unmeasured
+               memory_efficiency=_MEM_EFF, launch_overhead_s=_LAUNCH_S, nvlink_efficiency=_HOPPER_NVLINK)  # also B200, unmeasured
 
 GPU_CATALOG: dict[str, GPUSpec] = {
     "A100-SXM4-80GB": GPUSpec(
@@ -174,9 +188,30 @@ _ALIASES = {
 _LOOKUP = {**{k.lower(): k for k in GPU_CATALOG}, **_ALIASES}
 
 
+_FAMILIES = (("a100", "40gb", "A100-SXM4-40GB"), ("a100", "", "A100-SXM4-80GB"), ("h100", "", "H100-SXM5-80GB"),
+             ("h800", "", "H800-80GB"), ("h200", "", "H200-SXM-141GB"), ("b200", "", "B200-SXM-180GB"))
+
+
+def _lookup(name: str) -> str | None:
+    """Catalog key for a GPU name as people write it: exact, alias, or family (``NVIDIA A100 80GB
+    SXM`` is the A100-SXM4-80GB); PCIe and NVL parts have other clocks and links, so no family match."""
+    text = str(name).strip().lower()
+    if text in _LOOKUP:
+        return _LOOKUP[text]
+    text = re.sub(r"[\s_]+", "-", text.replace("nvidia", "")).strip("-")
+    if text in _LOOKUP:
+        return _LOOKUP[text]
+    if "pcie" in text or "nvl" in text:
+        return None
+    for family, detail, key in _FAMILIES:
+        if family in text and detail in text:
+            return key
+    return None
+
+
 def get_gpu(name: str) -> GPUSpec:
     """The catalog entry for ``name`` or one of its aliases, case-insensitively."""
-    key = _LOOKUP.get(str(name).strip().lower())
+    key = _lookup(name)
     if key is None:
         valid = sorted(set(GPU_CATALOG) | set(_ALIASES))
         raise ConfigError("cluster.gpu", name, f"valid: {', '.join(valid)}")

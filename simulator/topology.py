@@ -30,6 +30,7 @@ import yaml
 
 from simulator import units
 from simulator.errors import ConfigError
+from simulator.hardware import get_gpu
 
 TOPOLOGY_DIR = Path(__file__).resolve().parent.parent / "topologies"
 LINK_CLASSES = ("nvlink", "pcie", "nic", "leaf-spine", "spine-core")
@@ -261,10 +262,20 @@ def path_nodes(cluster: Cluster, src: int, dst: int) -> list[str]:
     return route_nodes(cluster, src, dst)
 
 
+def _nvlink_efficiency(gpu: str) -> float:
+    try:
+        return get_gpu(gpu).nvlink_efficiency
+    except ConfigError:
+        return 1.0
+
+
 def build_cluster(spec: TopologySpec, num_nodes: int, *, gpus_per_node: int | None = None,
                   nvlink_bandwidth_GBps: float | None = None, network_bandwidth_Gbps: float | None = None,
-                  oversubscription: float | None = None) -> Cluster:
-    """Scale ``spec`` to ``num_nodes`` nodes, applying the scenario's optional overrides."""
+                  oversubscription: float | None = None, gpu: str | None = None) -> Cluster:
+    """Scale ``spec`` to ``num_nodes`` nodes, applying the scenario's optional overrides.
+
+    NVLink links carry the nominal rate times the GPU's ``nvlink_efficiency`` (the GPU is ``gpu``,
+    else the topology's; ``simulator.hardware``), what NCCL transfers actually sustain."""
     if not isinstance(num_nodes, int) or isinstance(num_nodes, bool) or num_nodes < 1:
         raise ConfigError("cluster.num_nodes", num_nodes, "must be a whole number >= 1")
     overrides = {k: v for k, v in dict(
@@ -282,7 +293,8 @@ def build_cluster(spec: TopologySpec, num_nodes: int, *, gpus_per_node: int | No
         edges.append((a, b, bw, lat, cls))
         edges.append((b, a, bw, lat, cls))
 
-    nv_bw, nv_lat = units.GBps(spec.nvlink_bandwidth_GBps), units.us(spec.nvlink_latency_us)
+    nv_bw = units.GBps(spec.nvlink_bandwidth_GBps) * _nvlink_efficiency(gpu or spec.gpu)
+    nv_lat = units.us(spec.nvlink_latency_us)
     nic_bw = units.Gbps(spec.network_bandwidth_Gbps)
     fab_bw = units.Gbps(spec.fabric_link_bandwidth_Gbps or spec.network_bandwidth_Gbps)
     pcie_bw, pcie_lat = units.GBps(spec.pcie_bandwidth_GBps), units.us(spec.pcie_latency_us)

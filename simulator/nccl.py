@@ -1,0 +1,74 @@
+"""NCCL's three wire protocols for ring collectives: fixed latency, per-step latency, efficiency.
+
+NCCL moves ring data with one of three protocols and picks, per call, the one its cost model
+says is fastest (``time = latency + bytes / bandwidth``, NVIDIA/nccl ``src/graph/tuning.cc``,
+2.18-2.21). The constants below are that file's, in seconds:
+
+- base latency per call (Ring): LL 6.6 us, LL128 14.0 us, Simple 8.4 us;
+- latency per ring step over NVLink: LL 0.6 us, LL128 1.9 us, Simple 3.4 us; over the network:
+  LL 2.7 us, LL128 4.0 us, Simple 14.0 us;
+- bandwidth: Simple uses the whole link; LL128 carries 120 useful bytes per 128 (0.92 in
+  NCCL's model) and is enabled only inside an NVLink domain; LL sends 8-byte data with 8-byte
+  flags, 1/4 of the bus bandwidth for all_reduce or across nodes (1/3 otherwise), at most
+  19 GB/s across nodes (``llMaxBws``). NCCL also caps LL at 87.7 GB/s inside a node; the
+  measured 1 MiB DGX H100 point (27.4 us) is faster than that cap allows, so it is left out.
+
+Checked against ``validation/collectives.yaml`` (8 x H100 all_reduce, measured vs this model
+with the ring on 450 GB/s NVLink, time): 8 B 13.7 vs 15.0 us (LL), 1 MiB 27.4 vs 31.3 us (LL),
+16 MiB 124 vs 112 us (LL128), 128 MiB 586 vs 578 us (Simple). NCCL's per-step latencies are measured end to end (wire, switch, flags and
+kernel), so they replace the topology's hop latencies for ring collectives.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+US = 1e-6
+
+
+@dataclass(frozen=True)
+class Protocol:
+    name: str
+    base_s: float
+    step_nvlink_s: float
+    step_net_s: float
+    intra_node_only: bool = False
+
+
+SIMPLE = Protocol("Simple", 8.4 * US, 3.4 * US, 14.0 * US)
+LL128 = Protocol("LL128", 14.0 * US, 1.9 * US, 4.0 * US, intra_node_only=True)
+LL = Protocol("LL", 6.6 * US, 0.6 * US, 2.7 * US)
+PROTOCOLS = (SIMPLE, LL128, LL)
+
+LL128_EFFICIENCY = 0.92
+LL_MAX_BUSBW_INTER_Bps = 19.0e9
+
+
+def efficiency(proto: Protocol, op: str, link_bw: float, multi_node: bool) -> float:
+    """Useful fraction of ``link_bw`` (bytes/s) the protocol delivers."""
+    if proto is SIMPLE:
+        return 1.0
+    if proto is LL128:
+        return LL128_EFFICIENCY
+    share = 1 / 4 if (multi_node or op == "all_reduce") else 1 / 3
+    return min(share, LL_MAX_BUSBW_INTER_Bps / link_bw) if multi_node else share
+
+
+def step_latency(proto: Protocol, inter_fraction: float) -> float:
+    """Mean latency of one ring step when ``inter_fraction`` of the ring's edges cross nodes."""
+    return (1 - inter_fraction) * proto.step_nvlink_s + inter_fraction * proto.step_net_s
+
+
+def choose(op: str, nbytes: float, steps: int, link_bw: float, inter_fraction: float) -> tuple[Protocol, float]:
+    """(protocol, efficiency) with the smallest modelled time for ``nbytes`` sent per rank over
+    ``steps`` ring steps on links of ``link_bw``; ties go to Simple, then LL128."""
+    multi_node = inter_fraction > 0
+    best = None
+    for proto in PROTOCOLS:
+        if proto.intra_node_only and multi_node:
+            continue
+        eff = efficiency(proto, op, link_bw, multi_node)
+        t = proto.base_s + steps * step_latency(proto, inter_fraction) + nbytes / (link_bw * eff)
+        if best is None or t < best[0]:
+            best = (t, proto, eff)
+    return best[1], best[2]
