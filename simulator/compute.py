@@ -20,6 +20,7 @@ Conventions:
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -353,6 +354,20 @@ def layer_cost(
         attn_recompute=attn_re,
         mlp_recompute=mlp_re,
     )
+
+
+@functools.lru_cache(maxsize=64)
+def split_at_gemm(block: BlockCost, gemm: str) -> tuple[BlockCost, BlockCost, BlockCost, BlockCost]:
+    """A backward block as (before, ``gemm``'s dgrad, its wgrad, after): the pieces between which
+    a column-parallel GEMM's TP communication starts and ends. A block without that GEMM is all
+    ``before``."""
+    names = [op.name for op in block.ops]
+    if f"{gemm}_dgrad" not in names or f"{gemm}_wgrad" not in names:
+        return block, BlockCost(), BlockCost(), BlockCost()
+    d, g = names.index(f"{gemm}_dgrad"), names.index(f"{gemm}_wgrad")
+    ops = block.ops
+    return (BlockCost(ops[:d]), BlockCost(ops[d:d + 1]), BlockCost(ops[g:g + 1]),
+            BlockCost(tuple(op for i, op in enumerate(ops) if i > d and i != g)))
 
 
 def embedding_cost(

@@ -22,6 +22,7 @@ from typing import Generator
 import simpy
 
 from simulator.collectives import Collectives
+from simulator.compute import split_at_gemm
 from simulator.config import Scenario
 from simulator.hardware import GPUSpec, gpu_of
 from simulator.network import Network
@@ -273,18 +274,39 @@ class StepEngine:
             yield from self.collective(rank, "tp", "all_gather", w.tp_bytes, "tp", **at)
         if moe:
             yield from self.collective(rank, "ep", "all_to_all", w.ep_bytes, "ep", **at)
-        yield from self.compute(rank, "B", cost.mlp_bwd, "moe" if moe else "mlp", mb, chunk, layer)
-        if moe:
+            yield from self.compute(rank, "B", cost.mlp_bwd, "moe", mb, chunk, layer)
             yield from self.collective(rank, "ep", "all_to_all", w.ep_bytes, "ep", **at)
-        yield from self.collective(rank, "tp", "reduce_scatter" if sp else "all_reduce", w.tp_bytes, "tp", **at)
+            yield from self.collective(rank, "tp", "reduce_scatter" if sp else "all_reduce", w.tp_bytes, "tp", **at)
+        else:
+            yield from self.column_parallel_backward(rank, cost.mlp_bwd, "mlp_up", "mlp", sp, at)
         if sp:
             yield from self.collective(rank, "tp", "all_gather", w.tp_bytes, "tp", **at)
         if s.training.recompute == "selective":
             yield from self.compute(rank, "R", cost.attn_recompute, "attention", mb, chunk, layer)
         cp_ev = self.launch(rank, "cp", "all_gather", 2 * w.cp_bytes * s.parallelism.cp, "cp")
-        yield from self.compute(rank, "B", cost.attn_bwd, "attention", mb, chunk, layer)
-        yield from self.wait(rank, cp_ev, "cp", **at)
-        yield from self.collective(rank, "tp", "reduce_scatter" if sp else "all_reduce", w.tp_bytes, "tp", **at)
+        yield from self.column_parallel_backward(rank, cost.attn_bwd, "qkv_proj", "attention", sp, at, cp_ev)
+
+    def column_parallel_backward(self, rank: int, block, gemm: str, label: str, sp: bool, at: dict,
+                                 cp_ev: simpy.Event | None = None) -> Generator:
+        """Backward of a block that ends in a column-parallel GEMM, with Megatron-LM's overlap of
+        its TP communication (``LinearWithGradAccumulationAndAsyncCommunication``, also Transformer
+        Engine's Linear): the input-gradient all-reduce (or, with sequence parallelism, its
+        reduce-scatter) runs while the weight-gradient GEMM computes; with sequence parallelism the
+        saved sequence-sharded input is all-gathered again while the input-gradient GEMM computes."""
+        w = self.work
+        before, dgrad, wgrad, after = split_at_gemm(block, gemm)
+        mb, chunk, layer = at["microbatch"], at["chunk"], at["layer"]
+        yield from self.compute(rank, "B", before, label, mb, chunk, layer)
+        gather = self.launch(rank, "tp", "all_gather", w.tp_bytes, "tp") if sp else None
+        yield from self.compute(rank, "B", dgrad, label, mb, chunk, layer)
+        if gather is not None:
+            yield from self.wait(rank, gather, "tp", label="all_gather", **at)
+        if cp_ev is not None:
+            yield from self.wait(rank, cp_ev, "cp", **at)
+        grad = self.launch(rank, "tp", "reduce_scatter" if sp else "all_reduce", w.tp_bytes, "tp")
+        yield from self.compute(rank, "B", wgrad, label, mb, chunk, layer)
+        yield from self.wait(rank, grad, "tp", label="reduce_scatter" if sp else "all_reduce", **at)
+        yield from self.compute(rank, "B", after, label, mb, chunk, layer)
 
     # data-parallel stream -----------------------------------------------------------------------
 

@@ -74,8 +74,8 @@ _HOPPER_ATTN = 0.65
 # 10 cases), as the value minimising the mean absolute step-time error. The 700 W Hopper parts
 # lose more than the 400 W A100, as their power-capped clocks are known to. B200 is unmeasured
 # and takes the Hopper value.
-_A100_SUSTAINED = 0.90
-_HOPPER_SUSTAINED = 0.84
+_A100_SUSTAINED = 0.88
+_HOPPER_SUSTAINED = 0.81
 
 # Elementwise and normalisation kernels sustain ~80% of HBM peak; a STREAM-style copy reaches
 # ~90% (A100 ~1.8 of 2.04 TB/s, H100 ~3.0 of 3.35 TB/s, nvbandwidth / BabelStream figures).

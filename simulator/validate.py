@@ -8,9 +8,15 @@ only, so predictions are the same with them removed. Documented defaults for unk
   NIC rates as overrides; nodes = count / gpus_per_node.
 - hidden_act: SwiGLU (silu) or GeLU, whichever makes the parameter count closer to ``params_b``;
   untied embeddings.
-- micro-batch size 1; interleave degree 1 (so 1F1B); zero_stage 1 (Megatron's distributed
-  optimizer, the default of Megatron-core and NeMo recipes); precision fp8 when the case says fp8,
-  else bf16.
+- micro-batch size 1; zero_stage 1 (Megatron's distributed optimizer, the default of
+  Megatron-core and NeMo recipes); precision fp8 when the case says fp8, else bf16; dp =
+  count / (tp x pp x cp) when not given.
+- interleave degree: 1 (plain 1F1B), unless that schedule's bubble (p-1)/(m+p-1) would exceed
+  15%; then the smallest v that brings it to 15% or less and that Megatron can run (m a multiple
+  of p, layers split over p x v virtual stages as below), else the largest such v. Nobody
+  publishes throughput with a 30-50% bubble: runs with few micro-batches per pipeline stage
+  (Llama 3 405B: 16 per DP rank on 16 stages) use the interleaved schedule (Narayanan et al.
+  2021; Llama 3 paper Sec. 3.3.2), and a 15% bound leaves every calibration case at v = 1.
 - recompute: the case's value (``full...`` / ``selective...``), none when unknown; sequence
   parallelism when the recompute field says so, or when recompute is unknown and tp > 1 (the
   NeMo default), else off.
@@ -68,6 +74,24 @@ def _ends(layers: int, n: int) -> int | None:
     return None
 
 
+BUBBLE_BOUND = 0.15
+
+
+def _splits(layers: int, n: int) -> bool:
+    return layers % n == 0 or _ends(layers, n) is not None
+
+
+def default_vp(layers: int, pp: int, m: int) -> int:
+    """Interleave degree for a case that does not give one (see the module docstring)."""
+    if pp < 2 or m % pp or (pp - 1) / (m + pp - 1) <= BUBBLE_BOUND:
+        return 1
+    runnable = [v for v in range(2, math.ceil(layers / pp) + 2) if _splits(layers, pp * v)]
+    for v in runnable:
+        if (pp - 1) / (v * m + pp - 1) <= BUBBLE_BOUND:
+            return v
+    return runnable[-1] if runnable else 1
+
+
 def source_year(case: dict) -> int | None:
     text = str(case.get("source", ""))
     arxiv = re.search(r"arXiv[: ]*(\d{2})(\d{2})\.\d{4,5}", text)
@@ -89,10 +113,12 @@ def case_to_scenario_dict(case: dict) -> dict:
     else:
         recompute = "none"
     sp = "sequence-parallel" in recompute_text or (not recompute_text and par["tp"] > 1)
-    vp = par.get("vp") or 1
-    pp = par["pp"]
+    pp, cp = par["pp"], par.get("cp") or 1
+    dp = par.get("dp") or hw["count"] // (par["tp"] * pp * cp)
+    mbs = par.get("mbs") or 1
+    vp = par.get("vp") or default_vp(m["layers"], pp, par["gbs"] // max(1, dp * mbs))
     ends = _ends(m["layers"], pp * vp)
-    parallelism = {"tp": par["tp"], "pp": pp, "dp": par["dp"], "cp": par.get("cp") or 1,
+    parallelism = {"tp": par["tp"], "pp": pp, "dp": dp, "cp": cp,
                    "ep": par.get("ep") or 1, "vp": vp, "sequence_parallel": bool(sp),
                    "zero_stage": 1 if par.get("zero_stage") is None else par["zero_stage"]}
     if ends is not None:
@@ -109,7 +135,7 @@ def case_to_scenario_dict(case: dict) -> dict:
                     "num_nodes": hw["count"] // hw["gpus_per_node"], "gpus_per_node": hw["gpus_per_node"],
                     "gpu": gpu, "nvlink_bandwidth_GBps": hw.get("intra_node_bw_GBps"),
                     "network_bandwidth_Gbps": hw.get("inter_node_bw_Gbps_per_gpu")},
-        "training": {"seq_length": m["seq_len"], "micro_batch_size": par.get("mbs") or 1,
+        "training": {"seq_length": m["seq_len"], "micro_batch_size": mbs,
                      "global_batch_size": par["gbs"],
                      "precision": "fp8" if "fp8" in str(case.get("precision", "")).lower() else "bf16",
                      "recompute": recompute,
@@ -119,9 +145,26 @@ def case_to_scenario_dict(case: dict) -> dict:
     }
 
 
-def measured_step(case: dict) -> float | None:
+def measured_step(case: dict, flops_per_gpu: float | None = None, peak_flops: float | None = None
+                  ) -> tuple[float | None, str | None]:
+    """(measured step time, what it came from). In order: ``measured.step_time_s``,
+    ``derived.step_time_s``, tokens per second per GPU (global batch x sequence / (rate x GPUs),
+    convention-free), then TFLOP/s per GPU or MFU converted with stepsim's own model FLOPs per
+    step (``flops_per_gpu``; the source's FLOP convention may differ: noted as the basis)."""
     meas = case.get("measured") or {}
-    return meas.get("step_time_s") or (case.get("derived") or {}).get("step_time_s")
+    if meas.get("step_time_s"):
+        return meas["step_time_s"], "step_time"
+    if (case.get("derived") or {}).get("step_time_s"):
+        return case["derived"]["step_time_s"], "derived_step_time"
+    hw, par, model = case.get("hardware") or {}, case.get("parallelism") or {}, case.get("model") or {}
+    rate = meas.get("tokens_per_s_per_gpu")
+    if rate and hw.get("count") and par.get("gbs") and model.get("seq_len"):
+        return par["gbs"] * model["seq_len"] / (rate * hw["count"]), "tokens_per_s"
+    if flops_per_gpu and meas.get("tflops_per_gpu"):
+        return flops_per_gpu / (meas["tflops_per_gpu"] * 1e12), "tflops_model_flops"
+    if flops_per_gpu and peak_flops and meas.get("mfu"):
+        return flops_per_gpu / (meas["mfu"] * peak_flops), "mfu_model_flops"
+    return None, None
 
 
 def groups_of(case: dict, scenario_dict: dict) -> dict[str, str]:
@@ -146,10 +189,12 @@ def predict(case: dict) -> dict:
         row["error"] = str(err)
         return row
     meas = case.get("measured") or {}
-    step = measured_step(case)
+    flops = rep["model_tflops_per_gpu"] * 1e12 * rep["step_time_s"]
+    peak_flops = rep["model_tflops_per_gpu"] * 1e12 / rep["mfu"] if rep["mfu"] else None
+    step, basis = measured_step(case, flops, peak_flops)
     row["predicted"] = {"step_time_s": rep["step_time_s"], "mfu": rep["mfu"],
                         "model_tflops_per_gpu": rep["model_tflops_per_gpu"]}
-    row["measured"] = {"step_time_s": step, "tflops_per_gpu": meas.get("tflops_per_gpu")}
+    row["measured"] = {"step_time_s": step, "tflops_per_gpu": meas.get("tflops_per_gpu"), "basis": basis}
     if step:
         row["error"] = rep["step_time_s"] / step - 1
         if meas.get("tflops_per_gpu"):
@@ -188,18 +233,30 @@ def _mape(rows: list[dict]) -> float | None:
 
 def format_table(result: dict) -> str:
     lines = [f"{'case':<36} {'measured_s':>10} {'predicted_s':>11} {'error':>8} {'meas_TF':>8} {'pred_TF':>8}"]
+    marks = {"tokens_per_s": "t", "tflops_model_flops": "f", "mfu_model_flops": "f"}
     for r in result["rows"]:
-        if not isinstance(r.get("error"), float):
+        if "predicted" not in r:
             lines.append(f"{r['id']:<36} {'':>10} {'':>11} {'n/a':>8}  {r.get('error', '')}")
+            continue
+        pred = f"{r['predicted']['step_time_s']:>11.2f}"
+        if not isinstance(r.get("error"), float):
+            lines.append(f"{r['id']:<36} {'':>10} {pred} {'':>8}")
             continue
         mt = r["measured"].get("tflops_per_gpu")
         pt = r["predicted"].get("tflops_per_gpu")
-        lines.append(f"{r['id']:<36} {r['measured']['step_time_s']:>10.2f} {r['predicted']['step_time_s']:>11.2f} "
+        mark = marks.get(r["measured"].get("basis"), " ")
+        lines.append(f"{r['id']:<36} {r['measured']['step_time_s']:>9.2f}{mark} {pred} "
                      f"{r['error']:>+8.1%} {mt if mt else '':>8} {f'{pt:.1f}' if pt else '':>8}")
     s = result["summary"]
     lines.append("")
+    if not s["scored"]:
+        lines.append(f"no case has a measured step time, tokens/s, TFLOP/s or MFU: {s['cases']} predictions, no error")
+        return "\n".join(lines)
     lines.append(f"MAPE {s['mape']:.1%} over {s['scored']} cases; within 20%: {s['within_20pct']:.0%}; "
                  f"worst {s['worst']:.1%}")
+    if any(r.get("measured", {}).get("basis") in marks for r in result["rows"]):
+        lines.append("  measured step marked t: from tokens/s per GPU; f: from TFLOP/s or MFU with stepsim's "
+                     "model FLOPs (the source's FLOP convention may differ)")
     for key, groups in s["by_group"].items():
         lines.append(f"  by {key}: " + ", ".join(f"{k} {v:.1%}" for k, v in groups.items()))
     return "\n".join(lines)

@@ -121,3 +121,25 @@ def test_uneven_stages_run_and_the_lighter_stages_idle_more():
     r = step_report(simulate(s, UNIFORM))
     per_stage = r["bubble_fraction_per_stage"]
     assert per_stage[0] > per_stage[1] and per_stage[3] > per_stage[2]
+
+
+def test_backward_tp_all_reduce_hides_under_the_weight_gradient_gemm():
+    """Forward TP all-reduces wait in full; each backward one (after a column-parallel GEMM's
+    input gradient) runs under that GEMM's weight gradient, so only max(0, AR - wgrad) shows."""
+    from simulator.collectives import nccl_ring_time
+    from simulator.compute import split_at_gemm
+
+    s = scenario(model=dataclasses.replace(DENSE, num_hidden_layers=1), tp=8, m=1, seq=4096)
+    with_comm = simulate(s, SimOptions(extras=False))
+    alone = simulate(s, UNIFORM)
+
+    def phase(res, kind):
+        return sum(r.end - r.start for r in res.trace if r.stream == "step" and r.kind == kind)
+
+    ar = nccl_ring_time("all_reduce", 8, with_comm.workload.tp_bytes, 450e9)
+    cost = with_comm.workload.layer_costs[0]
+    wgrads = [split_at_gemm(cost.mlp_bwd, "mlp_up")[2].time_s, split_at_gemm(cost.attn_bwd, "qkv_proj")[2].time_s]
+    exposed_bwd = sum(max(0.0, ar - w) for w in wgrads)
+    assert phase(with_comm, "F") - phase(alone, "F") == pytest.approx(2 * ar, rel=1e-6)
+    assert phase(with_comm, "B") - phase(alone, "B") == pytest.approx(exposed_bwd, rel=1e-6, abs=1e-12)
+    assert exposed_bwd < 2 * ar

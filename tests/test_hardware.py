@@ -96,3 +96,15 @@ def test_spec_is_frozen_and_hashable():
     assert {gpu: 1}[gpu] == 1
     faster = dataclasses.replace(gpu, hbm_bandwidth_Bps=2 * gpu.hbm_bandwidth_Bps)
     assert faster.hbm_bandwidth_Bps == 6.7e12
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("NVIDIA H100 80GB HBM3", "H100-SXM5-80GB"), ("A100 40GB SXM", "A100-SXM4-40GB"),
+    ("a100_sxm4_80gb", "A100-SXM4-80GB"), ("NVIDIA H200", "H200-SXM-141GB")])
+def test_gpu_names_as_people_write_them_find_the_catalog_entry(name, expected):
+    assert get_gpu(name).name == expected
+
+
+def test_pcie_parts_are_not_mistaken_for_sxm():
+    with pytest.raises(ConfigError, match="cluster.gpu"):
+        get_gpu("H100 PCIe")

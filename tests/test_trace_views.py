@@ -127,7 +127,9 @@ def test_comm_map_counts_the_tiny_collectives(tiny):
     assert cmap["tp"]["bytes_per_call"] == pytest.approx(tiny.workload.tp_bytes)
     assert cmap["tp"]["link_classes"].keys() == {"nvlink"}
     assert cmap["pp"]["calls"] == m
-    assert cmap["tp"]["exposed_s"] == pytest.approx(cmap["tp"]["time_s"])
+    # forward all-reduces wait in full; backward ones run under the weight-gradient GEMMs (Megatron's
+    # async grad all-reduce), so part of their time is hidden
+    assert cmap["tp"]["time_s"] / 2 * (1 - 1e-9) <= cmap["tp"]["exposed_s"] < cmap["tp"]["time_s"]
 
 
 def test_run_writes_trace_timeline_and_json_views(tmp_path):
