@@ -370,6 +370,12 @@ def split_at_gemm(block: BlockCost, gemm: str) -> tuple[BlockCost, BlockCost, Bl
             BlockCost(tuple(op for i, op in enumerate(ops) if i > d and i != g)))
 
 
+@functools.lru_cache(maxsize=64)
+def joined(a: BlockCost, b: BlockCost) -> BlockCost:
+    """``a`` then ``b`` as one block."""
+    return BlockCost(a.ops + b.ops)
+
+
 def embedding_cost(
     model: ModelConfig, training: TrainingConfig, par: ParallelConfig, gpu: GPUSpec
 ) -> tuple[BlockCost, BlockCost]:

@@ -22,7 +22,7 @@ from typing import Generator
 import simpy
 
 from simulator.collectives import Collectives
-from simulator.compute import split_at_gemm
+from simulator.compute import joined, split_at_gemm
 from simulator.config import Scenario
 from simulator.hardware import GPUSpec, gpu_of
 from simulator.network import Network
@@ -296,11 +296,13 @@ class StepEngine:
         w = self.work
         before, dgrad, wgrad, after = split_at_gemm(block, gemm)
         mb, chunk, layer = at["microbatch"], at["chunk"], at["layer"]
-        yield from self.compute(rank, "B", before, label, mb, chunk, layer)
-        gather = self.launch(rank, "tp", "all_gather", w.tp_bytes, "tp") if sp else None
-        yield from self.compute(rank, "B", dgrad, label, mb, chunk, layer)
-        if gather is not None:
+        if sp:
+            yield from self.compute(rank, "B", before, label, mb, chunk, layer)
+            gather = self.launch(rank, "tp", "all_gather", w.tp_bytes, "tp")
+            yield from self.compute(rank, "B", dgrad, label, mb, chunk, layer)
             yield from self.wait(rank, gather, "tp", label="all_gather", **at)
+        else:
+            yield from self.compute(rank, "B", joined(before, dgrad), label, mb, chunk, layer)
         if cp_ev is not None:
             yield from self.wait(rank, cp_ev, "cp", **at)
         grad = self.launch(rank, "tp", "reduce_scatter" if sp else "all_reduce", w.tp_bytes, "tp")
