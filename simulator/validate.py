@@ -232,20 +232,21 @@ def _mape(rows: list[dict]) -> float | None:
 
 
 def format_table(result: dict) -> str:
-    lines = [f"{'case':<36} {'measured_s':>10} {'predicted_s':>11} {'error':>8} {'meas_TF':>8} {'pred_TF':>8}"]
+    w = max([36] + [len(r["id"]) for r in result["rows"]])
+    lines = [f"{'case':<{w}} {'measured_s':>10} {'predicted_s':>11} {'error':>8} {'meas_TF':>8} {'pred_TF':>8}"]
     marks = {"tokens_per_s": "t", "tflops_model_flops": "f", "mfu_model_flops": "f"}
     for r in result["rows"]:
         if "predicted" not in r:
-            lines.append(f"{r['id']:<36} {'':>10} {'':>11} {'n/a':>8}  {r.get('error', '')}")
+            lines.append(f"{r['id']:<{w}} {'':>10} {'':>11} {'n/a':>8}  {r.get('error', '')}")
             continue
         pred = f"{r['predicted']['step_time_s']:>11.2f}"
         if not isinstance(r.get("error"), float):
-            lines.append(f"{r['id']:<36} {'':>10} {pred} {'':>8}")
+            lines.append(f"{r['id']:<{w}} {'':>10} {pred} {'':>8}")
             continue
         mt = r["measured"].get("tflops_per_gpu")
         pt = r["predicted"].get("tflops_per_gpu")
         mark = marks.get(r["measured"].get("basis"), " ")
-        lines.append(f"{r['id']:<36} {r['measured']['step_time_s']:>9.2f}{mark} {pred} "
+        lines.append(f"{r['id']:<{w}} {r['measured']['step_time_s']:>9.2f}{mark} {pred} "
                      f"{r['error']:>+8.1%} {mt if mt else '':>8} {f'{pt:.1f}' if pt else '':>8}")
     s = result["summary"]
     lines.append("")

@@ -158,3 +158,14 @@ def test_a_file_without_measurements_still_prints_its_predictions(tmp_path):
     assert result["summary"]["scored"] == 0 and result["rows"][0]["predicted"]["step_time_s"] > 0
     table = format_table(result)
     assert case["id"] in table and "no case has a measured" in table
+
+
+def test_out_of_sample_megatron_bridge_fp8_runs_within_10pct_on_h100():
+    """NVIDIA's published Megatron-Bridge FP8 Llama runs (FSDP, TP/PP/VP, CP; 8 to 1,024 H100),
+    added after the constants were fitted and never used to fit them (tests/data)."""
+    out = validate_file(str(Path(__file__).parent / "data" / "megatron-bridge-runs.yaml"), workers=2)
+    rows = [r for r in out["rows"] if "h100" in r["id"]]
+    assert len(rows) == 5 and all(r["measured"]["basis"] == "tokens_per_s" for r in rows)
+    for r in rows:
+        assert abs(r["error"]) <= 0.10, r["id"]
+    assert out["summary"]["worst"] <= 0.15  # B200 takes the Hopper constants, unmeasured
