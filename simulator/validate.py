@@ -5,7 +5,8 @@ The case format is ``shared/validation/public-runs.yaml``. Only the description 
 only, so predictions are the same with them removed. Documented defaults for unknown fields:
 
 - topology: ``dgx-a100`` for A100 GPUs, ``dgx-h100`` otherwise, with the case's per-GPU NVLink and
-  NIC rates as overrides; nodes = count / gpus_per_node.
+  NIC rates as overrides; nodes = count / gpus_per_node (8 when not given); a run on fewer GPUs
+  than a node uses one node of that many.
 - hidden_act: SwiGLU (silu) or GeLU, whichever makes the parameter count closer to ``params_b``;
   untied embeddings.
 - micro-batch size 1; zero_stage 1 (Megatron's distributed optimizer, the default of
@@ -105,6 +106,7 @@ def case_to_scenario_dict(case: dict) -> dict:
     """A scenario (as a dict) from the description of one published run."""
     m, hw, par = case["model"], case["hardware"], case["parallelism"]
     gpu = hw["gpu"]
+    gpn = hw.get("gpus_per_node") or 8
     recompute_text = str(par.get("recompute") or "").lower()
     if recompute_text.startswith("full"):
         recompute = "full"
@@ -132,7 +134,7 @@ def case_to_scenario_dict(case: dict) -> dict:
         "name": case["id"],
         "model": model,
         "cluster": {"topology": "dgx-a100" if gpu.upper().startswith("A100") else "dgx-h100",
-                    "num_nodes": hw["count"] // hw["gpus_per_node"], "gpus_per_node": hw["gpus_per_node"],
+                    "num_nodes": max(1, hw["count"] // gpn), "gpus_per_node": min(gpn, hw["count"]),
                     "gpu": gpu, "nvlink_bandwidth_GBps": hw.get("intra_node_bw_GBps"),
                     "network_bandwidth_Gbps": hw.get("inter_node_bw_Gbps_per_gpu")},
         "training": {"seq_length": m["seq_len"], "micro_batch_size": mbs,

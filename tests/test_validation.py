@@ -169,3 +169,11 @@ def test_out_of_sample_megatron_bridge_fp8_runs_within_10pct_on_h100():
     for r in rows:
         assert abs(r["error"]) <= 0.10, r["id"]
     assert out["summary"]["worst"] <= 0.15  # B200 takes the Hopper constants, unmeasured
+
+
+def test_a_run_on_part_of_a_node_uses_one_node_of_that_many_gpus():
+    case = _case()
+    case["hardware"]["count"] = 4
+    case["parallelism"].update(tp=4, pp=1, dp=1, vp=None)
+    d = case_to_scenario_dict(case)
+    assert d["cluster"]["num_nodes"] == 1 and d["cluster"]["gpus_per_node"] == 4
