@@ -254,26 +254,28 @@ def _mlp_plan(
 ) -> list[_Step]:
     """Dense MLP, or MoE: router, routed experts as grouped GEMMs, shared experts as one MLP.
 
-    MoE per GPU: the EP group's T * topk routed token copies are spread over its ep ranks, each
-    holding E / ep experts, so a rank runs T * topk token copies (balanced routing), i.e.
-    T * topk * ep / E tokens per local expert, with expert GEMMs also split by tp (Megatron-core
-    expert tensor parallelism equal to tp). Permute and unpermute each read and write the
-    routed copies once. Shared experts (DeepSeek-MoE) are one dense MLP of
-    num_shared_experts * moe_intermediate_size on all local tokens.
+    MoE per GPU: an expert-TP group of etp ranks (Megatron-core expert_tensor_parallel_size,
+    default tp) takes T * etp / tp tokens (all T when etp = tp; its ranks' sequence-parallel
+    shards otherwise), and the EP group's routed token copies are spread over its ep blocks, each
+    holding E / ep experts: a rank runs T * etp / tp * topk token copies (balanced routing), with
+    expert GEMMs split by etp. Permute and unpermute each read and write the routed copies once.
+    Shared experts (DeepSeek-MoE) are one dense MLP of num_shared_experts *
+    moe_intermediate_size on all local tokens, split by tp.
     """
     h, tp, mm = model.hidden_size, par.tp, model.mlp_matrices
     plan: list[_Step] = [_Mem("post_attn_norm", 2 * ACT_BYTES * tokens_norm * h)]
     if model.is_moe_layer(layer):
         topk, experts, ffe = model.num_experts_per_tok, model.num_experts, model.expert_intermediate_size
+        etp = par.expert_tp
         local_experts = max(1, experts // par.ep)
-        copies = tokens * topk
+        copies = tokens * etp / tp * topk
         per_expert = copies / local_experts
         plan += [
             _Gemm("router", tokens_norm, experts, h),
             _Mem("moe_permute", 2 * ACT_BYTES * copies * h),
-            _Gemm("expert_up", per_expert, (mm - 1) * ffe / tp, h, local_experts),
-            _Mem("expert_act", mm * ACT_BYTES * copies * ffe / tp),
-            _Gemm("expert_down", per_expert, h, ffe / tp, local_experts),
+            _Gemm("expert_up", per_expert, (mm - 1) * ffe / etp, h, local_experts),
+            _Mem("expert_act", mm * ACT_BYTES * copies * ffe / etp),
+            _Gemm("expert_down", per_expert, h, ffe / etp, local_experts),
             _Mem("moe_unpermute", 2 * ACT_BYTES * copies * h),
         ]
         if model.num_shared_experts:

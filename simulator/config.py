@@ -87,6 +87,11 @@ class ParallelConfig:
     zero_stage: int = 0
     first_pipeline_num_layers: int | None = None  # Megatron-core decoder_first_pipeline_num_layers
     last_pipeline_num_layers: int | None = None  # decoder_last_pipeline_num_layers
+    etp: int | None = None  # expert tensor parallel size (Megatron-core); None: the same as tp
+
+    @property
+    def expert_tp(self) -> int:
+        return self.etp or self.tp
 
 
 @dataclass(frozen=True)

@@ -100,7 +100,7 @@ class StepEngine:
         if options.compute_scale != 1.0:
             self.gpu = scaled_gpu(self.gpu, options.compute_scale)
         self.cluster = cluster or scenario_cluster(s)
-        self.plan = Plan.build(par.tp, par.pp, s.dp, par.cp, par.ep)
+        self.plan = Plan.build(par.tp, par.pp, s.dp, par.cp, par.ep, par.expert_tp)
         self.work = build_workload(s, self.gpu)
         self.m = s.num_microbatches
         self.env = simpy.Environment()
@@ -125,7 +125,7 @@ class StepEngine:
 
     def _group_of(self, rank: int, kind: str):
         return {"tp": self.plan.tp_group, "cp": self.plan.cp_group, "dpcp": self.plan.dp_cp_group,
-                "ep": self.plan.ep_group, "edp": self.plan.expert_dp_group}[kind](rank)
+                "ep": self.plan.ep_group, "edp": self.plan.expert_dp_group, "etp": self.plan.expert_tp_group}[kind](rank)
 
     def _account(self, rank: int, axis: str, op: str, size: float, event: simpy.Event) -> None:
         """Count one call of this rank and, when ``event`` fires, the time it took."""
@@ -252,15 +252,25 @@ class StepEngine:
         yield from self.compute(rank, kind, cost.attn_fwd, "attention", mb, chunk, layer)
         yield from self.wait(rank, cp_ev, "cp", **at)
         yield from self.collective(rank, "tp", "reduce_scatter" if sp else "all_reduce", w.tp_bytes, "tp", **at)
-        if sp:
-            yield from self.collective(rank, "tp", "all_gather", w.tp_bytes, "tp", **at)
         moe = s.model.is_moe_layer(layer)
+        if sp:
+            yield from self.mlp_tp_collective(rank, moe, "all_gather", at)
         if moe:
             yield from self.collective(rank, "ep", "all_to_all", w.ep_bytes, "ep", **at)
         yield from self.compute(rank, kind, cost.mlp_fwd, "moe" if moe else "mlp", mb, chunk, layer)
         if moe:
             yield from self.collective(rank, "ep", "all_to_all", w.ep_bytes, "ep", **at)
-        yield from self.collective(rank, "tp", "reduce_scatter" if sp else "all_reduce", w.tp_bytes, "tp", **at)
+        yield from self.mlp_tp_collective(rank, moe, "reduce_scatter" if sp else "all_reduce", at)
+
+    def mlp_tp_collective(self, rank: int, moe: bool, op: str, at: dict) -> Generator:
+        """The TP collective around an MLP. An MoE layer with expert TP (etp) below tp gathers and
+        scatters over its etp group only, etp / tp of the bytes; with etp = 1 there is none."""
+        par, w = self.s.parallelism, self.work
+        if moe and par.expert_tp < par.tp:
+            if par.expert_tp > 1:
+                yield from self.collective(rank, "etp", op, w.tp_bytes * par.expert_tp / par.tp, "tp", **at)
+            return
+        yield from self.collective(rank, "tp", op, w.tp_bytes, "tp", **at)
 
     def layer_backward(self, rank: int, layer: int, mb: int, chunk: int) -> Generator:
         s, w = self.s, self.work
@@ -271,12 +281,12 @@ class StepEngine:
             yield from self.layer_forward(rank, layer, mb, chunk, kind="R")
         moe = s.model.is_moe_layer(layer)
         if sp:
-            yield from self.collective(rank, "tp", "all_gather", w.tp_bytes, "tp", **at)
+            yield from self.mlp_tp_collective(rank, moe, "all_gather", at)
         if moe:
             yield from self.collective(rank, "ep", "all_to_all", w.ep_bytes, "ep", **at)
             yield from self.compute(rank, "B", cost.mlp_bwd, "moe", mb, chunk, layer)
             yield from self.collective(rank, "ep", "all_to_all", w.ep_bytes, "ep", **at)
-            yield from self.collective(rank, "tp", "reduce_scatter" if sp else "all_reduce", w.tp_bytes, "tp", **at)
+            yield from self.mlp_tp_collective(rank, moe, "reduce_scatter" if sp else "all_reduce", at)
         else:
             yield from self.column_parallel_backward(rank, cost.mlp_bwd, "mlp_up", "mlp", sp, at)
         if sp:

@@ -106,7 +106,7 @@ def korthikanti_activation_bytes(
 
 def layer_activation_bytes(
     model: ModelConfig, layer: int, s: float, b: float, t: int, sp: bool, recompute: str,
-    flash_attention: bool = False, dropout: bool = True,
+    flash_attention: bool = False, dropout: bool = True, etp: int | None = None,
 ) -> float:
     """Korthikanti et al. 2022's per-layer accounting (Sec. 4.1) for GQA, SwiGLU and MoE layers.
 
@@ -116,9 +116,10 @@ def layer_activation_bytes(
     (matrices - 1) x 2sbf/t into the activation (GeLU input, or SwiGLU gate and up), 2sbf/t
     into the down projection, dropout mask sbh. Terms without /t are replicated across TP
     unless sequence parallelism splits them. MoE layers: the router input and fp32
-    probabilities, then per routed token copy (s b k copies on each GPU: balanced routing,
-    TP ranks see all tokens, Megatron-core) a 2h expert input and the expert MLP terms with
-    f = moe_intermediate_size, plus shared experts as one MLP. Selective recompute drops the
+    probabilities, then per routed token copy (s b k etp / t copies on each GPU: balanced
+    routing, an expert-TP group of etp ranks sees etp / t of the tokens, all of them at the
+    default etp = t, Megatron-core) a 2h expert input and the expert MLP terms with
+    f = moe_intermediate_size split by etp, plus shared experts as one MLP. Selective recompute drops the
     score term; full recompute keeps the layer input, 2sbh (/t with SP).
 
     The defaults are the paper's (unfused attention, dropout 0.1). The report follows the
@@ -142,9 +143,10 @@ def layer_activation_bytes(
         attn += (ACT_BYTES + MASK_BYTES + ACT_BYTES) * a * s * tokens / t
     mlp = 2 * ACT_BYTES * tokens * h * rep + mask
     if model.is_moe_layer(layer):
-        copies = tokens * model.num_experts_per_tok
+        etp = etp or t
+        copies = tokens * model.num_experts_per_tok * etp / t
         mlp += ROUTER_PROB_BYTES * tokens * model.num_experts * rep
-        mlp += ACT_BYTES * copies * h + _ffn_bytes(model, copies, model.expert_intermediate_size, t)
+        mlp += ACT_BYTES * copies * h + _ffn_bytes(model, copies, model.expert_intermediate_size, etp)
         mlp += _ffn_bytes(model, tokens, model.num_shared_experts * model.expert_intermediate_size, t)
     else:
         mlp += _ffn_bytes(model, tokens, model.intermediate_size, t)
@@ -202,7 +204,7 @@ class _Params:
     largest_unit: float  # one layer, the embedding or the head: what ZeRO-3 gathers at once
 
 
-def _layer_params(model: ModelConfig, layer: int, tp: int, ep: int) -> tuple[float, float]:
+def _layer_params(model: ModelConfig, layer: int, tp: int, ep: int, etp: int | None = None) -> tuple[float, float]:
     """(dense, expert) parameters of one layer per GPU; norm gains (2h) replicated over TP."""
     h, d = model.hidden_size, model.head_dim
     q, kv = model.num_attention_heads * d, max(model.num_key_value_heads, tp) * d
@@ -212,7 +214,7 @@ def _layer_params(model: ModelConfig, layer: int, tp: int, ep: int) -> tuple[flo
         return dense + mm * h * model.intermediate_size / tp, 0.0
     expert = mm * h * model.expert_intermediate_size
     dense += h * model.num_experts + model.num_shared_experts * expert / tp
-    return dense, model.num_experts / ep * expert / tp
+    return dense, model.num_experts / ep * expert / (etp or tp)
 
 
 def stage_layers(model: ModelConfig, stage: int, pp: int, vp: int = 1, first: int | None = None,
@@ -225,7 +227,7 @@ def stage_layers(model: ModelConfig, stage: int, pp: int, vp: int = 1, first: in
 def _stage_params(s: Scenario, stage: int) -> _Params:
     m, par = s.model, s.parallelism
     tp, pp = par.tp, par.pp
-    units = [_layer_params(m, layer, tp, par.ep) for layer in stage_layers(m, stage, pp, par.vp, par.first_pipeline_num_layers, par.last_pipeline_num_layers)]
+    units = [_layer_params(m, layer, tp, par.ep, par.expert_tp) for layer in stage_layers(m, stage, pp, par.vp, par.first_pipeline_num_layers, par.last_pipeline_num_layers)]
     dense = sum(u[0] for u in units)
     expert = sum(u[1] for u in units)
     largest = max((u[0] + u[1] for u in units), default=0.0)
@@ -260,8 +262,9 @@ def _check(s: Scenario) -> None:
     if m.is_moe:
         if m.num_experts % par.ep:
             raise ConfigError("parallelism.ep", par.ep, f"must divide num_experts = {m.num_experts}")
-        if (s.dp * par.cp) % par.ep:
-            raise ConfigError("parallelism.ep", par.ep, f"must divide dp x cp = {s.dp * par.cp}")
+        if (par.tp * s.dp * par.cp) % (par.ep * par.expert_tp):
+            raise ConfigError("parallelism.ep", par.ep,
+                              f"ep x etp must divide tp x dp x cp = {par.tp * s.dp * par.cp}")
     check_schedule_args(s.pipeline_schedule, par.pp, s.num_microbatches, par.vp)
 
 
@@ -281,7 +284,7 @@ def stage_memory(
     par, tr, m = s.parallelism, s.training, s.model
     tp, pp, vp, zero = par.tp, par.pp, par.vp, par.zero_stage
     dense_group = s.dp * par.cp
-    expert_group = dense_group // par.ep if m.is_moe else dense_group
+    expert_group = par.tp * dense_group // (par.ep * par.expert_tp) if m.is_moe else dense_group
     params = _stage_params(s, stage)
     dense_states = _state_components(params.dense, dense_group, zero, weight_bytes, grad_bytes, optimizer_bytes)
     expert_states = _state_components(params.expert, expert_group, zero, weight_bytes, grad_bytes, optimizer_bytes)
@@ -290,6 +293,7 @@ def stage_memory(
     seq, b, sp, rc = tr.seq_length / par.cp, tr.micro_batch_size, par.sequence_parallel, tr.recompute
     layers = stage_layers(m, stage, pp, vp, par.first_pipeline_num_layers, par.last_pipeline_num_layers)
     kernels = {"flash_attention": tr.attention == "flash", "dropout": tr.attention == "unfused"}
+    kernels["etp"] = par.expert_tp
     per_mb = [layer_activation_bytes(m, layer, seq, b, tp, sp, rc, **kernels) for layer in layers]
     in_flight = microbatches_in_flight(s.pipeline_schedule, stage, pp, s.num_microbatches, vp)
     activations = sum(per_mb) / vp * in_flight
@@ -346,7 +350,8 @@ def memory_report(
             "bytes_per_param": {"weights": weight_bytes, "gradients": grad_bytes, "optimizer": optimizer_bytes},
             "zero_stage": par.zero_stage,
             "dense_shard_group": s.dp * par.cp,
-            "expert_shard_group": s.dp * par.cp // par.ep if s.model.is_moe else s.dp * par.cp,
+            "expert_shard_group": (par.tp * s.dp * par.cp // (par.ep * par.expert_tp) if s.model.is_moe
+                                   else s.dp * par.cp),
             "activations": "Korthikanti et al. 2022 Table 2 per layer, generalised to GQA/SwiGLU/MoE; "
                            "attention scores stored (no flash-attention credit), 16-bit, s / cp",
             "recompute": s.training.recompute,

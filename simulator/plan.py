@@ -2,9 +2,11 @@
 
 Megatron-LM orders ranks TP fastest, then CP, then DP, then PP (``initialize_model_parallel``),
 so ``grid[pp, dp, cp, tp]`` is the global rank and, with 8 GPUs per node and tp <= 8, a TP group
-stays inside a node. Rank r runs on GPU r (nodes hold consecutive GPUs). Expert parallelism is
-carved out of DP x CP for the expert layers: the dp*cp ranks of one (pp, tp) slice are split into
-consecutive EP groups of ``ep`` ranks; the ranks holding the same experts form the expert-DP group.
+stays inside a node. Rank r runs on GPU r (nodes hold consecutive GPUs). Expert layers fold the
+tp x cp x dp ranks of a stage differently (Megatron-core "MoE parallel folding"): in stage rank
+order, expert-TP groups of ``etp`` consecutive ranks, then EP groups of ``ep`` such blocks, then
+the expert-DP groups of ranks holding the same experts. With etp = tp (the default) the EP groups
+are carved out of DP x CP at equal TP position; with etp = 1 an EP group can span TP ranks too.
 """
 
 from __future__ import annotations
@@ -26,12 +28,13 @@ class Plan:
     cp: int
     ep: int
     grid: np.ndarray
+    etp: int = 0  # expert tensor parallel size; build() sets it (default tp)
 
     @classmethod
-    def build(cls, tp: int, pp: int, dp: int, cp: int = 1, ep: int = 1) -> "Plan":
+    def build(cls, tp: int, pp: int, dp: int, cp: int = 1, ep: int = 1, etp: int | None = None) -> "Plan":
         grid = np.arange(tp * pp * dp * cp).reshape(pp, dp, cp, tp)
         grid.setflags(write=False)
-        return cls(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, grid=grid)
+        return cls(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, grid=grid, etp=etp or tp)
 
     @property
     def world(self) -> int:
@@ -62,15 +65,24 @@ class Plan:
         p, _, _, t = self.coords(rank)
         return tuple(int(x) for x in self.grid[p, :, :, t].ravel())
 
+    def _expert_view(self, rank: int) -> tuple[np.ndarray, tuple[int, int, int]]:
+        """The stage's ranks as ``view[edp, ep, etp]`` and this rank's index in it."""
+        per_stage = self.dp * self.cp * self.tp
+        view = self.grid[self.stage_of(rank)].reshape(per_stage // (self.ep * self.etp), self.ep, self.etp)
+        i = rank % per_stage
+        return view, (i // (self.ep * self.etp), (i // self.etp) % self.ep, i % self.etp)
+
     def ep_group(self, rank: int) -> tuple[int, ...]:
-        dpcp = self.dp_cp_group(rank)
-        i = dpcp.index(rank) // self.ep
-        return dpcp[i * self.ep:(i + 1) * self.ep]
+        view, (d, _, t) = self._expert_view(rank)
+        return tuple(int(x) for x in view[d, :, t])
 
     def expert_dp_group(self, rank: int) -> tuple[int, ...]:
-        dpcp = self.dp_cp_group(rank)
-        j = dpcp.index(rank) % self.ep
-        return dpcp[j::self.ep]
+        view, (_, e, t) = self._expert_view(rank)
+        return tuple(int(x) for x in view[:, e, t])
+
+    def expert_tp_group(self, rank: int) -> tuple[int, ...]:
+        view, (d, e, _) = self._expert_view(rank)
+        return tuple(int(x) for x in view[d, e, :])
 
     def pp_peer(self, rank: int, stage: int) -> int:
         """The rank holding the same (dp, cp, tp) position on another pipeline stage."""
@@ -83,7 +95,7 @@ class Plan:
     def groups_on_stage(self, stage: int, kind: str) -> tuple[tuple[int, ...], ...]:
         """Every distinct group of one kind among the ranks of a pipeline stage, in rank order."""
         fn = {"tp": self.tp_group, "cp": self.cp_group, "dp": self.dp_group, "dpcp": self.dp_cp_group,
-              "ep": self.ep_group, "edp": self.expert_dp_group}[kind]
+              "ep": self.ep_group, "edp": self.expert_dp_group, "etp": self.expert_tp_group}[kind]
         seen: dict[tuple[int, ...], None] = {}
         for r in self.stage_ranks(stage):
             seen.setdefault(fn(int(r)), None)

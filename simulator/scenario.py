@@ -139,6 +139,7 @@ _CHECKS: dict[str, dict[str, Checker]] = {
         "dp": partial(_optional_whole, minimum=1),
         "cp": _POSITIVE,
         "ep": _POSITIVE,
+        "etp": partial(_optional_whole, minimum=1),
         "vp": _POSITIVE,
         "sequence_parallel": _boolean,
         "zero_stage": partial(_choice, choices=ZERO_STAGES),
@@ -432,10 +433,19 @@ def validate_plan(s: Scenario) -> list[str]:
     if m.is_moe and m.num_experts % p.ep:
         raise ConfigError("parallelism.ep", p.ep, f"must divide num_experts ({m.num_experts}); "
                           f"valid: {_listing(_divisors(m.num_experts))}")
-    if (dp * p.cp) % p.ep:
-        raise ConfigError("parallelism.ep", p.ep, f"must divide dp x cp = {dp * p.cp} (Megatron carves the "
-                          f"expert-parallel group out of the data x context parallel ranks); "
-                          f"valid: {_listing(_divisors(math.gcd(dp * p.cp, m.num_experts or 1)))}")
+    etp = p.expert_tp
+    if p.tp % etp:
+        raise ConfigError("parallelism.etp", p.etp, f"must divide tp ({p.tp}); valid: {_listing(_divisors(p.tp))}")
+    if etp < p.tp and m.is_moe and not p.sequence_parallel:
+        raise ConfigError("parallelism.etp", p.etp, f"below tp ({p.tp}) needs sequence_parallel: true "
+                          "(each expert-TP group takes its ranks' sequence shards)")
+    if (p.tp * dp * p.cp) % (p.ep * etp):
+        ranks = p.tp * dp * p.cp
+        hint = (" (or set etp: 1 to let expert groups span TP ranks)" if p.etp is None and p.tp > 1
+                and ranks % p.ep == 0 else "")
+        raise ConfigError("parallelism.ep", p.ep, f"ep x etp ({p.ep} x {etp}) must divide tp x dp x cp = {ranks} "
+                          f"(Megatron folds the expert groups out of a stage's ranks); valid ep with etp {etp}: "
+                          f"{_listing(_divisors(math.gcd(ranks // etp, m.num_experts or 1)))}{hint}")
     unit = t.micro_batch_size * dp
     if t.global_batch_size % unit:
         below = t.global_batch_size // unit * unit
@@ -462,8 +472,8 @@ def validate_plan(s: Scenario) -> list[str]:
     if c.gpus_per_node % p.tp:
         warnings.append(f"parallelism.tp: got {p.tp}; TP group spans nodes of {c.gpus_per_node} GPUs: "
                         f"its collectives cross {slower}")
-    if p.ep > 1 and c.gpus_per_node % (p.ep * p.tp):
-        warnings.append(f"parallelism.ep: got {p.ep}; EP group spans nodes (ep x tp = {p.ep * p.tp} consecutive "
+    if p.ep > 1 and c.gpus_per_node % (p.ep * p.expert_tp):
+        warnings.append(f"parallelism.ep: got {p.ep}; EP group spans nodes (ep x etp = {p.ep * p.expert_tp} consecutive "
                         f"ranks, {c.gpus_per_node} GPUs per node): its all-to-alls cross {slower}")
     return warnings
 

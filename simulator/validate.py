@@ -21,6 +21,9 @@ only, so predictions are the same with them removed. Documented defaults for unk
 - recompute: the case's value (``full...`` / ``selective...``), none when unknown; sequence
   parallelism when the recompute field says so, or when recompute is unknown and tp > 1 (the
   NeMo default), else off.
+- expert parallelism wider than dp x cp (Qwen3-235B: TP2, EP32 on 16 DP ranks): expert tensor
+  parallelism 1, expert groups spanning TP ranks (Megatron-core MoE parallel folding), with
+  sequence parallelism (Megatron-core requires it for MoE with TP).
 - attention kernel: ``unfused`` (materialised scores, attention dropout) when the case's source
   names a year before 2023, as an arXiv id (``2104.04473`` is April 2021) or a 20xx year, else
   ``flash``: FlashAttention (Dao et al., May 2022) entered the Megatron-LM and DeepSpeed training
@@ -123,6 +126,9 @@ def case_to_scenario_dict(case: dict) -> dict:
     parallelism = {"tp": par["tp"], "pp": pp, "dp": dp, "cp": cp,
                    "ep": par.get("ep") or 1, "vp": vp, "sequence_parallel": bool(sp),
                    "zero_stage": 1 if par.get("zero_stage") is None else par["zero_stage"]}
+    ep = parallelism["ep"]
+    if ep > 1 and (dp * cp) % ep and (par["tp"] * dp * cp) % ep == 0:
+        parallelism.update(etp=1, sequence_parallel=True)  # expert groups span TP ranks (MoE parallel folding)
     if ends is not None:
         parallelism.update(first_pipeline_num_layers=ends, last_pipeline_num_layers=ends)
     model = {"hidden_size": m["hidden"], "num_hidden_layers": m["layers"], "num_attention_heads": m["heads"],

@@ -81,7 +81,7 @@ def build_workload(s: Scenario, gpu: GPUSpec) -> Workload:
         layer_costs[layer] = costs[moe]
         if moe:
             dense_params[layer] = dense_part_of_moe / par.tp
-            expert_params[layer] = (moe_layer - dense_part_of_moe) / par.tp / par.ep
+            expert_params[layer] = (moe_layer - dense_part_of_moe) / par.expert_tp / par.ep
         else:
             dense_params[layer] = dense_layer / par.tp
             expert_params[layer] = 0.0
@@ -111,7 +111,7 @@ def build_workload(s: Scenario, gpu: GPUSpec) -> Workload:
         dense = sum(b.dense_params for vs in mine for b in buckets[vs])
         expert = sum(b.expert_params for vs in mine for b in buckets[vs])
         if par.zero_stage >= 1:
-            local = dense / (dp * par.cp) + expert / max(1, dp * par.cp // par.ep)
+            local = dense / (dp * par.cp) + expert / max(1, par.tp * dp * par.cp // (par.ep * par.expert_tp))
         else:
             local = dense + expert
         optimizer[stage] = optimizer_cost(local, gpu, t, num_params_buffer=dense + expert)

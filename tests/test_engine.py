@@ -57,6 +57,10 @@ EXACTNESS_CASES = {
     "dense-3d": scenario(nodes=2, tp=2, pp=2, dp=4, m=4, sp=True, zero=1),
     "fsdp": scenario(nodes=2, tp=2, pp=1, dp=8, m=2, zero=3),
     "moe-ep": scenario(model=MOE, nodes=2, tp=1, pp=2, dp=8, ep=4, m=4, zero=1),
+    # expert groups of 8 spanning TP pairs of 4 DP ranks (etp 1, Megatron-core MoE parallel folding)
+    "moe-etp1": dataclasses.replace(scenario(model=MOE, nodes=2, tp=2, pp=2, dp=4, ep=8, m=4, zero=1, sp=True),
+                                    parallelism=ParallelConfig(tp=2, pp=2, dp=4, ep=8, etp=1, sequence_parallel=True,
+                                                               zero_stage=1)),
     "cp-interleaved": scenario(nodes=2, tp=2, pp=2, cp=2, dp=2, vp=2, m=4, schedule="interleaved", seq=2048),
 }
 
@@ -143,3 +147,21 @@ def test_backward_tp_all_reduce_hides_under_the_weight_gradient_gemm():
     assert phase(with_comm, "F") - phase(alone, "F") == pytest.approx(2 * ar, rel=1e-6)
     assert phase(with_comm, "B") - phase(alone, "B") == pytest.approx(exposed_bwd, rel=1e-6, abs=1e-12)
     assert exposed_bwd < 2 * ar
+
+
+def test_expert_tp_below_tp_moves_the_experts_off_the_tp_collectives():
+    """etp 1, ep 8: each rank holds one whole expert and routes its own SP shard of tokens, so an
+    MoE layer runs no TP collective; against etp 2, ep 4 (two half experts per rank) the expert
+    weights per GPU, the expert FLOPs and the all-to-all bytes per rank are the same."""
+    base = EXACTNESS_CASES["moe-etp1"]
+    folded = dataclasses.replace(base, parallelism=dataclasses.replace(base.parallelism, ep=4, etp=None))
+    one, two = simulate(base), simulate(folded)
+    moe_layers = [i for i in range(MOE.num_hidden_layers) if MOE.is_moe_layer(i)]
+    layer = moe_layers[0]
+    assert one.workload.layer_expert_params[layer] == two.workload.layer_expert_params[layer]
+    assert one.workload.layer_costs[layer].mlp_fwd.flops == pytest.approx(two.workload.layer_costs[layer].mlp_fwd.flops)
+    assert one.workload.ep_bytes == two.workload.ep_bytes
+    calls = {(axis, op): c for r, axis, op, c, *rest in one.comm_calls if r == one.simulated_ranks[0]}
+    calls_two = {(axis, op): c for r, axis, op, c, *rest in two.comm_calls if r == two.simulated_ranks[0]}
+    # per stage: 4 MoE layers x 4 micro-batches, each dropping one forward and one backward gather
+    assert calls_two[("tp", "all_gather")] - calls[("tp", "all_gather")] == 4 * 4 * 2

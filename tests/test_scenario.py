@@ -463,3 +463,26 @@ def test_vp_above_one_with_1f1b_means_interleaved_as_the_issue_example_says(tmp_
         "parallelism": {"tp": 4, "pp": 8, "dp": None, "vp": 12, "sequence_parallel": True, "zero_stage": 1},
         "schedule": "1f1b"})
     assert validate_plan(s) == [] and s.pipeline_schedule == "interleaved"
+
+
+def test_expert_tp_must_divide_tp_and_needs_sequence_parallelism_below_it():
+    import dataclasses
+
+    from simulator.config import ModelConfig, ParallelConfig, Scenario, ClusterConfig, TrainingConfig
+    from simulator.errors import ConfigError
+    from simulator.scenario import validate_plan
+
+    moe = ModelConfig(hidden_size=1024, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=8,
+                      intermediate_size=1024, vocab_size=32000, hidden_act="silu", num_experts=16,
+                      num_experts_per_tok=2)
+    s = Scenario(name="t", model=moe, cluster=ClusterConfig(topology="dgx-h100", num_nodes=1),
+                 training=TrainingConfig(seq_length=1024, global_batch_size=8),
+                 parallelism=ParallelConfig(tp=2, dp=4, ep=8, sequence_parallel=True))
+    with pytest.raises(ConfigError, match=r"parallelism\.ep: got 8; ep x etp \(8 x 2\) must divide .* set etp: 1"):
+        validate_plan(s)
+    ok = dataclasses.replace(s, parallelism=dataclasses.replace(s.parallelism, etp=1))
+    validate_plan(ok)
+    with pytest.raises(ConfigError, match=r"parallelism\.etp: got 3; must divide tp"):
+        validate_plan(dataclasses.replace(s, parallelism=dataclasses.replace(s.parallelism, etp=3)))
+    with pytest.raises(ConfigError, match=r"parallelism\.etp: got 1; below tp .* sequence_parallel"):
+        validate_plan(dataclasses.replace(ok, parallelism=dataclasses.replace(ok.parallelism, sequence_parallel=False)))

@@ -177,3 +177,11 @@ def test_a_run_on_part_of_a_node_uses_one_node_of_that_many_gpus():
     case["parallelism"].update(tp=4, pp=1, dp=1, vp=None)
     d = case_to_scenario_dict(case)
     assert d["cluster"]["num_nodes"] == 1 and d["cluster"]["gpus_per_node"] == 4
+
+
+def test_expert_parallelism_wider_than_dp_x_cp_folds_over_tp_ranks():
+    case = _case(tp=2, pp=8, dp=8, vp=None, ep=16)
+    case["model"].update(experts=16, topk=2)
+    d = case_to_scenario_dict(case)
+    assert d["parallelism"]["etp"] == 1 and d["parallelism"]["sequence_parallel"] is True
+    assert "etp" not in case_to_scenario_dict(_case())["parallelism"]
