@@ -185,3 +185,10 @@ def test_expert_parallelism_wider_than_dp_x_cp_folds_over_tp_ranks():
     d = case_to_scenario_dict(case)
     assert d["parallelism"]["etp"] == 1 and d["parallelism"]["sequence_parallel"] is True
     assert "etp" not in case_to_scenario_dict(_case())["parallelism"]
+
+
+def test_out_of_sample_nemo_24_07_fp8_runs_within_15pct():
+    """NVIDIA's NeMo 24.07 FP8 table (GPT-3 5B to 175B, Llama 2 7B to 70B, 8 to 512 H100)."""
+    out = validate_file(str(Path(__file__).parent / "data" / "nemo-2407-runs.yaml"), workers=2)
+    assert out["summary"]["scored"] == 7
+    assert out["summary"]["worst"] <= 0.15 and out["summary"]["mape"] <= 0.10
