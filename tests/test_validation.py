@@ -188,7 +188,8 @@ def test_expert_parallelism_wider_than_dp_x_cp_folds_over_tp_ranks():
 
 
 def test_out_of_sample_nemo_24_07_fp8_runs_within_15pct():
-    """NVIDIA's NeMo 24.07 FP8 table (GPT-3 5B to 175B, Llama 2 7B to 70B, 8 to 512 H100)."""
+    """NVIDIA's NeMo 24.07 FP8 table (GPT-3 5B to 175B, Llama 2 7B to 70B, Llama 3 8B and 70B
+    with CP2; 8 to 512 H100)."""
     out = validate_file(str(Path(__file__).parent / "data" / "nemo-2407-runs.yaml"), workers=2)
-    assert out["summary"]["scored"] == 7
+    assert out["summary"]["scored"] == 9
     assert out["summary"]["worst"] <= 0.15 and out["summary"]["mape"] <= 0.10
