@@ -119,6 +119,15 @@ class Scenario:
         return self.cluster.num_gpus // (p.tp * p.pp * p.cp)
 
     @property
+    def expert_dp(self) -> int:
+        """Ranks of a stage holding the same experts (expert-DP group): tp x dp x cp / (ep x etp);
+        dp x cp for a dense model, whose weights are all dense."""
+        p = self.parallelism
+        if not self.model.is_moe:
+            return self.dp * p.cp
+        return p.tp * self.dp * p.cp // (p.ep * p.expert_tp)
+
+    @property
     def num_microbatches(self) -> int:
         """Micro-batches per pipeline per step: global batch / (micro-batch x DP)."""
         return self.training.global_batch_size // (self.training.micro_batch_size * self.dp)

@@ -103,10 +103,15 @@ _AMPERE = dict(gemm_efficiency=_A100_GEMM, attention_efficiency=_A100_ATTN, sust
 _HOPPER = dict(gemm_efficiency=_HOPPER_GEMM, attention_efficiency=_HOPPER_ATTN, sustained_fraction=_HOPPER_SUSTAINED,
                memory_efficiency=_MEM_EFF, launch_overhead_s=_LAUNCH_S, nvlink_efficiency=_HOPPER_NVLINK)  # also B200, unmeasured
 
+# Dense peaks shared by the parts of one die: both A100 memory sizes, and H100 / H800 / H200
+# (the same GH100 compute at the same clocks; H800 differs in NVLink, H200 in memory).
+_A100_PEAK = {"bf16": 312 * TERA, "fp16": 312 * TERA, "tf32": 156 * TERA}
+_H100_PEAK = {"bf16": 989 * TERA, "fp16": 989 * TERA, "fp8": 1979 * TERA, "tf32": 494.7 * TERA}
+
 GPU_CATALOG: dict[str, GPUSpec] = {
     "A100-SXM4-80GB": GPUSpec(
         name="A100-SXM4-80GB",
-        peak_flops={"bf16": 312 * TERA, "fp16": 312 * TERA, "tf32": 156 * TERA},
+        peak_flops=_A100_PEAK,
         hbm_bandwidth_Bps=GBps(2039),
         hbm_capacity_bytes=80 * GiB,
         nvlink_bandwidth_Bps=GBps(300),
@@ -117,7 +122,7 @@ GPU_CATALOG: dict[str, GPUSpec] = {
     ),
     "A100-SXM4-40GB": GPUSpec(
         name="A100-SXM4-40GB",
-        peak_flops={"bf16": 312 * TERA, "fp16": 312 * TERA, "tf32": 156 * TERA},
+        peak_flops=_A100_PEAK,
         hbm_bandwidth_Bps=GBps(1555),
         hbm_capacity_bytes=40 * GiB,
         nvlink_bandwidth_Bps=GBps(300),
@@ -128,7 +133,7 @@ GPU_CATALOG: dict[str, GPUSpec] = {
     ),
     "H100-SXM5-80GB": GPUSpec(
         name="H100-SXM5-80GB",
-        peak_flops={"bf16": 989 * TERA, "fp16": 989 * TERA, "fp8": 1979 * TERA, "tf32": 494.7 * TERA},
+        peak_flops=_H100_PEAK,
         hbm_bandwidth_Bps=GBps(3350),
         hbm_capacity_bytes=80 * GiB,
         nvlink_bandwidth_Bps=GBps(450),
@@ -139,7 +144,7 @@ GPU_CATALOG: dict[str, GPUSpec] = {
     ),
     "H800-80GB": GPUSpec(
         name="H800-80GB",
-        peak_flops={"bf16": 989 * TERA, "fp16": 989 * TERA, "fp8": 1979 * TERA, "tf32": 494.7 * TERA},
+        peak_flops=_H100_PEAK,
         hbm_bandwidth_Bps=GBps(3350),
         hbm_capacity_bytes=80 * GiB,
         nvlink_bandwidth_Bps=GBps(200),
@@ -150,7 +155,7 @@ GPU_CATALOG: dict[str, GPUSpec] = {
     ),
     "H200-SXM-141GB": GPUSpec(
         name="H200-SXM-141GB",
-        peak_flops={"bf16": 989 * TERA, "fp16": 989 * TERA, "fp8": 1979 * TERA, "tf32": 494.7 * TERA},
+        peak_flops=_H100_PEAK,
         hbm_bandwidth_Bps=GBps(4800),
         hbm_capacity_bytes=141 * GiB,
         nvlink_bandwidth_Bps=GBps(450),

@@ -284,7 +284,7 @@ def stage_memory(
     par, tr, m = s.parallelism, s.training, s.model
     tp, pp, vp, zero = par.tp, par.pp, par.vp, par.zero_stage
     dense_group = s.dp * par.cp
-    expert_group = par.tp * dense_group // (par.ep * par.expert_tp) if m.is_moe else dense_group
+    expert_group = s.expert_dp
     params = _stage_params(s, stage)
     dense_states = _state_components(params.dense, dense_group, zero, weight_bytes, grad_bytes, optimizer_bytes)
     expert_states = _state_components(params.expert, expert_group, zero, weight_bytes, grad_bytes, optimizer_bytes)
@@ -292,8 +292,7 @@ def stage_memory(
 
     seq, b, sp, rc = tr.seq_length / par.cp, tr.micro_batch_size, par.sequence_parallel, tr.recompute
     layers = stage_layers(m, stage, pp, vp, par.first_pipeline_num_layers, par.last_pipeline_num_layers)
-    kernels = {"flash_attention": tr.attention == "flash", "dropout": tr.attention == "unfused"}
-    kernels["etp"] = par.expert_tp
+    kernels = {"flash_attention": tr.attention == "flash", "dropout": tr.attention == "unfused", "etp": par.expert_tp}
     per_mb = [layer_activation_bytes(m, layer, seq, b, tp, sp, rc, **kernels) for layer in layers]
     in_flight = microbatches_in_flight(s.pipeline_schedule, stage, pp, s.num_microbatches, vp)
     activations = sum(per_mb) / vp * in_flight
@@ -350,8 +349,7 @@ def memory_report(
             "bytes_per_param": {"weights": weight_bytes, "gradients": grad_bytes, "optimizer": optimizer_bytes},
             "zero_stage": par.zero_stage,
             "dense_shard_group": s.dp * par.cp,
-            "expert_shard_group": (par.tp * s.dp * par.cp // (par.ep * par.expert_tp) if s.model.is_moe
-                                   else s.dp * par.cp),
+            "expert_shard_group": s.expert_dp,
             "activations": "Korthikanti et al. 2022 Table 2 per layer, generalised to GQA/SwiGLU/MoE; "
                            "attention scores stored (no flash-attention credit), 16-bit, s / cp",
             "recompute": s.training.recompute,

@@ -15,8 +15,9 @@ says is fastest (``time = latency + bytes / bandwidth``, NVIDIA/nccl ``src/graph
 
 Checked against ``validation/collectives.yaml`` (8 x H100 all_reduce, measured vs this model
 with the ring on 450 GB/s NVLink, time): 8 B 13.7 vs 15.0 us (LL), 1 MiB 27.4 vs 31.3 us (LL),
-16 MiB 124 vs 112 us (LL128), 128 MiB 586 vs 578 us (Simple). NCCL's per-step latencies are measured end to end (wire, switch, flags and
-kernel), so they replace the topology's hop latencies for ring collectives.
+16 MiB 124 vs 112 us (LL128), 128 MiB 586 vs 578 us (Simple). NCCL's per-step latencies are
+measured end to end (wire, switch, flags and kernel), so they replace the topology's hop
+latencies for ring collectives.
 """
 
 from __future__ import annotations
