@@ -17,8 +17,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _collective(args) -> int:
-    from simulator.collectives import ALGORITHMS, OPS, bus_factor, time_collective
-    from simulator.topology import build_cluster, load_topology
+    from simulator.physical.collectives import ALGORITHMS, OPS, bus_factor, time_collective
+    from simulator.physical.topology import build_cluster, load_topology
 
     if args.op not in OPS:
         raise ConfigError("--op", args.op, f"valid: {', '.join(OPS)}")
@@ -64,7 +64,7 @@ def _load(args):
 
 
 def _check_memory(s, args) -> dict:
-    from simulator.memory import memory_report
+    from simulator.workload.memory import memory_report
 
     mem = memory_report(s)
     if not mem["fits"] and not args.allow_oom:
@@ -79,8 +79,8 @@ def _check_memory(s, args) -> dict:
 def _run(args) -> int:
     import time
 
-    from simulator.engine import SimOptions, simulate
-    from simulator.report import format_summary, step_report
+    from simulator.step.engine import SimOptions, simulate
+    from simulator.reports.report import format_summary, step_report
 
     s, warnings = _load(args)
     mem = _check_memory(s, args)
@@ -91,16 +91,16 @@ def _run(args) -> int:
     report["memory_gib_per_gpu"] = mem
     report["warnings"] = warnings
     if args.trace:
-        from simulator.perfetto import write_trace
+        from simulator.reports.perfetto import write_trace
         write_trace(result, args.trace)
     if args.timeline:
-        from simulator.plots import plot_timeline
-        from simulator.timeline import timeline
+        from simulator.reports.plots import plot_timeline
+        from simulator.reports.timeline import timeline
         plot_timeline(timeline(result, report), args.timeline)
     if args.json:
-        from simulator.commmap import comm_map
-        from simulator.critical_path import critical_path
-        from simulator.linkuse import link_use
+        from simulator.reports.commmap import comm_map
+        from simulator.reports.critical_path import critical_path
+        from simulator.reports.linkuse import link_use
         report["critical_path"] = critical_path(result)
         report["link_use"] = link_use(result)
         report["comm_map"] = comm_map(result)
@@ -111,7 +111,7 @@ def _run(args) -> int:
 
 
 def _memory(args) -> int:
-    from simulator.memory import format_memory_table, memory_report
+    from simulator.workload.memory import format_memory_table, memory_report
 
     s, _ = _load(args)
     mem = memory_report(s)
@@ -120,18 +120,18 @@ def _memory(args) -> int:
 
 
 def _validate(args) -> int:
-    from simulator.validate import format_table, validate_file
+    from simulator.studies.validate import format_table, validate_file
 
     result = validate_file(args.runs, workers=args.workers)
     if args.plot:
-        from simulator.plots import plot_validation
+        from simulator.reports.plots import plot_validation
         plot_validation(result, args.plot)
     print(json.dumps(result, indent=2) if args.json else format_table(result))
     return 0
 
 
 def _sweep(args) -> int:
-    from simulator.sweep import CSV, JSONL, format_table, run_sweep
+    from simulator.studies.sweep import CSV, JSONL, format_table, run_sweep
 
     rows = run_sweep(args.scenario, args.vary, args.out, sets=args.set or [], workers=args.workers,
                      executor=args.executor, address=args.address)
@@ -142,7 +142,7 @@ def _sweep(args) -> int:
 
 
 def _whatif(args) -> int:
-    from simulator.whatif import format_whatif, whatif, write_whatif
+    from simulator.studies.whatif import format_whatif, whatif, write_whatif
 
     s, _ = _load(args)
     _check_memory(s, args)
@@ -155,7 +155,7 @@ def _whatif(args) -> int:
 
 
 def _bench(args) -> int:
-    from simulator.bench import run
+    from simulator.studies.bench import run
 
     run(quick=args.quick)
     return 0

@@ -30,9 +30,9 @@ import yaml
 
 from simulator.config import ClusterConfig, ModelConfig, ParallelConfig, Scenario, TrainingConfig
 from simulator.errors import ConfigError
-from simulator.plan import vstage_layers
-from simulator.schedules import SCHEDULES, check_schedule_args
-from simulator.topology import load_topology
+from simulator.step.plan import vstage_layers
+from simulator.step.schedules import SCHEDULES, check_schedule_args
+from simulator.physical.topology import load_topology
 
 HIDDEN_ACTS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "silu", "swiglu")
 PRECISIONS = ("bf16", "fp16", "fp8")
@@ -380,7 +380,7 @@ def validate_plan(s: Scenario) -> list[str]:
     Warnings name the slower link a TP or EP group falls back to when it spans nodes (ranks are
     laid out TP fastest, then CP/DP with EP consecutive right after TP).
     """
-    from simulator.hardware import get_gpu, peak
+    from simulator.physical.hardware import get_gpu, peak
 
     s = scenario_from_dict(scenario_to_dict(s))
     m, c, t, p = s.model, s.cluster, s.training, s.parallelism

@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from simulator import collectives as C
-from simulator.topology import build_cluster, load_topology
+from simulator.physical import collectives as C
+from simulator.physical.topology import build_cluster, load_topology
 
 VALIDATION = Path(__file__).resolve().parents[2] / "shared" / "validation"
 GiB = 2**30
@@ -83,7 +83,7 @@ def test_hierarchical_all_reduce_equals_its_phases_closed_form():
 def test_contention_between_collectives_of_two_groups_on_shared_links():
     """Two 8-GPU all-reduces on the same node share NVLink: each takes about twice as long."""
     import simpy
-    from simulator.network import Network
+    from simulator.physical.network import Network
     cluster = build_cluster(load_topology("dgx-h100"), 1)
     env = simpy.Environment()
     coll = C.Collectives(env, Network(env, cluster.link_bw), cluster)

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from simulator.compute import (
+from simulator.workload.compute import (
     BlockCost,
     embedding_cost,
     gemm_efficiency,
@@ -18,7 +18,7 @@ from simulator.compute import (
 )
 from simulator.config import ModelConfig, ParallelConfig, TrainingConfig
 from simulator.errors import ConfigError
-from simulator.hardware import get_gpu, peak
+from simulator.physical.hardware import get_gpu, peak
 
 H100 = get_gpu("H100")
 A100 = get_gpu("A100")

@@ -6,8 +6,8 @@ import json
 import pytest
 
 from simulator.config import ClusterConfig, ModelConfig, ParallelConfig, Scenario, TrainingConfig
-from simulator.engine import SimOptions, simulate
-from simulator.report import step_report
+from simulator.step.engine import SimOptions, simulate
+from simulator.reports.report import step_report
 
 DENSE = ModelConfig(hidden_size=1024, num_hidden_layers=16, num_attention_heads=8, num_key_value_heads=8,
                     intermediate_size=4096, vocab_size=32000)
@@ -109,7 +109,7 @@ def test_full_recompute_is_slower_than_selective_and_none():
 
 
 def test_first_and_last_pipeline_layers_split_the_rest_evenly():
-    from simulator.plan import vstage_layers
+    from simulator.step.plan import vstage_layers
     assert [len(r) for r in vstage_layers(70, 12, 1, 5, 5)] == [5] + [6] * 10 + [5]
     assert [len(r) for r in vstage_layers(126, 16, 8, 0, 0)] == [0] + [1] * 126 + [0]
     assert [r.start for r in vstage_layers(8, 2, 2)] == [0, 2, 4, 6]
@@ -130,8 +130,8 @@ def test_uneven_stages_run_and_the_lighter_stages_idle_more():
 def test_backward_tp_all_reduce_hides_under_the_weight_gradient_gemm():
     """Forward TP all-reduces wait in full; each backward one (after a column-parallel GEMM's
     input gradient) runs under that GEMM's weight gradient, so only max(0, AR - wgrad) shows."""
-    from simulator.collectives import nccl_ring_time
-    from simulator.compute import split_at_gemm
+    from simulator.physical.collectives import nccl_ring_time
+    from simulator.workload.compute import split_at_gemm
 
     s = scenario(model=dataclasses.replace(DENSE, num_hidden_layers=1), tp=8, m=1, seq=4096)
     with_comm = simulate(s, SimOptions(extras=False))

@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 
 from simulator.errors import ConfigError
-from simulator.hardware import GPU_CATALOG, PRECISIONS, GPUSpec, gemm_ceiling, get_gpu, peak
+from simulator.physical.hardware import GPU_CATALOG, PRECISIONS, GPUSpec, gemm_ceiling, get_gpu, peak
 
 
 def test_h100_datasheet_numbers():

@@ -7,10 +7,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simulator.compute import param_counts
+from simulator.workload.compute import param_counts
 from simulator.config import ClusterConfig, ModelConfig, ParallelConfig, Scenario, TrainingConfig
 from simulator.errors import ConfigError
-from simulator.memory import (
+from simulator.workload.memory import (
     format_memory_table,
     korthikanti_activation_bytes,
     layer_activation_bytes,
@@ -20,7 +20,7 @@ from simulator.memory import (
     stage_layers,
     stage_memory,
 )
-from simulator.schedules import SCHEDULES
+from simulator.step.schedules import SCHEDULES
 from simulator.units import GiB
 
 GPT3 = ModelConfig(
@@ -92,7 +92,7 @@ SHAPES = [
 
 
 def table2(s, b, h, a, t):
-    """Table 2, row by row, written out independently of simulator.memory."""
+    """Table 2, row by row, written out independently of simulator.workload.memory."""
     return {
         ("none", False): s * b * h * (10 + 24 / t + 5 * a * s / (h * t)),
         ("none", True): s * b * h / t * (34 + 5 * a * s / h),

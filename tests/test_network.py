@@ -5,7 +5,7 @@ import pytest
 import simpy
 from hypothesis import given, settings, strategies as st
 
-from simulator.network import Network, max_min_rates
+from simulator.physical.network import Network, max_min_rates
 
 
 def run_transfers(capacity, specs):

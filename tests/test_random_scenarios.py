@@ -2,10 +2,10 @@
 
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from simulator.engine import simulate
+from simulator.step.engine import simulate
 from simulator.errors import ConfigError
-from simulator.memory import memory_report
-from simulator.report import step_report
+from simulator.workload.memory import memory_report
+from simulator.reports.report import step_report
 from simulator.scenario import scenario_from_dict, validate_plan
 
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from simulator.engine import simulate
-from simulator.memory import memory_report
-from simulator.report import step_report
+from simulator.step.engine import simulate
+from simulator.workload.memory import memory_report
+from simulator.reports.report import step_report
 from simulator.scenario import load_scenario, validate_plan
 
 SCENARIOS = sorted((Path(__file__).resolve().parents[1] / "scenarios").glob("*.yaml"))

@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from simulator.errors import ConfigError
-from simulator.schedules import (
+from simulator.step.schedules import (
     SCHEDULES,
     Step,
     check_schedule_args,

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from simulator.errors import ConfigError
-from simulator.sweep import CSV, JSONL, METRICS, parse_vary, points, read_log, run_sweep, table_csv
-from simulator.whatif import TARGETS, whatif, write_whatif
+from simulator.studies.sweep import CSV, JSONL, METRICS, parse_vary, points, read_log, run_sweep, table_csv
+from simulator.studies.whatif import TARGETS, whatif, write_whatif
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = str(ROOT / "scenarios" / "tiny.yaml")

@@ -4,7 +4,7 @@ import networkx as nx
 import pytest
 
 from simulator.errors import ConfigError
-from simulator.topology import TOPOLOGY_DIR, build_cluster, load_topology, route_nodes
+from simulator.physical.topology import TOPOLOGY_DIR, build_cluster, load_topology, route_nodes
 
 SHIPPED = sorted(p.stem for p in TOPOLOGY_DIR.glob("*.yaml"))
 
@@ -117,7 +117,7 @@ def test_a_stage_to_stage_shift_uses_every_spine_once():
 
 
 def test_cross_rail_transfers_cross_nvlink_first_then_stay_on_the_destination_rail():
-    from simulator.topology import path_nodes
+    from simulator.physical.topology import path_nodes
     c = build_cluster(load_topology("dgx-h100"), 64)
     assert path_nodes(c, 4, 40 * 8) == ["n0.g4", "n0.nvs", "n0.g0", "n0.nic0", "pod0.leaf0", "pod0.spine8",
                                         "pod0.leaf8", "n40.nic0", "n40.g0"]

@@ -9,13 +9,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from simulator.commmap import comm_map
-from simulator.critical_path import CATEGORIES, critical_path
-from simulator.engine import SimOptions, simulate
-from simulator.linkuse import link_use, peak_load
-from simulator.perfetto import trace_events
+from simulator.reports.commmap import comm_map
+from simulator.reports.critical_path import CATEGORIES, critical_path
+from simulator.step.engine import SimOptions, simulate
+from simulator.reports.linkuse import link_use, peak_load
+from simulator.reports.perfetto import trace_events
 from simulator.scenario import load_scenario
-from simulator.timeline import timeline
+from simulator.reports.timeline import timeline
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = sorted((ROOT / "scenarios").glob("*.yaml"))

@@ -6,9 +6,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from simulator.collectives import bus_factor, time_collective
-from simulator.topology import build_cluster, load_topology
-from simulator.validate import case_to_scenario_dict, predict, validate_file
+from simulator.physical.collectives import bus_factor, time_collective
+from simulator.physical.topology import build_cluster, load_topology
+from simulator.studies.validate import case_to_scenario_dict, predict, validate_file
 
 VALIDATION = Path(__file__).resolve().parents[2] / "shared" / "validation"
 
@@ -77,7 +77,7 @@ def test_layer_times_of_korthikanti_table_4_within_8pct():
     import dataclasses
 
     from simulator.config import ClusterConfig, ModelConfig, ParallelConfig, Scenario, TrainingConfig
-    from simulator.engine import SimOptions, simulate
+    from simulator.step.engine import SimOptions, simulate
 
     data = yaml.safe_load((VALIDATION / "layer-times.yaml").read_text())
     layer = data["layer"]
@@ -112,7 +112,7 @@ def _case(**par):
 
 
 def test_unknown_interleave_degree_is_1_unless_the_1f1b_bubble_would_exceed_15pct():
-    from simulator.validate import default_vp
+    from simulator.studies.validate import default_vp
 
     assert default_vp(96, 8, 64) == 1  # bubble 7/71 = 9.9%
     assert default_vp(96, 1, 4) == 1
@@ -129,7 +129,7 @@ def test_missing_dp_is_the_gpus_left_by_tp_pp_cp():
 
 
 def test_measured_step_falls_back_to_tokens_then_tflops_then_mfu():
-    from simulator.validate import measured_step
+    from simulator.studies.validate import measured_step
 
     case = _case()
     case.pop("derived", None)
@@ -147,7 +147,7 @@ def test_measured_step_falls_back_to_tokens_then_tflops_then_mfu():
 
 
 def test_a_file_without_measurements_still_prints_its_predictions(tmp_path):
-    from simulator.validate import format_table
+    from simulator.studies.validate import format_table
 
     case = _case()
     case.pop("measured"), case.pop("derived", None)

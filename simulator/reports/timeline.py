@@ -13,8 +13,8 @@ from __future__ import annotations
 from bisect import bisect_right
 from dataclasses import dataclass
 
-from simulator.engine import SimResult
-from simulator.report import step_report
+from simulator.step.engine import SimResult
+from simulator.reports.report import step_report
 
 CATEGORIES = ("forward", "backward", "recompute", "optimizer", "tp", "pp", "dp", "fsdp", "ep", "cp", "idle")
 

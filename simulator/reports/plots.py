@@ -183,7 +183,7 @@ TIMELINE_COLORS = {"forward": "#4C72B0", "backward": "#55A868", "recompute": "#8
 
 
 def plot_timeline(tl, path: str) -> None:
-    """Gantt chart of a :class:`simulator.timeline.Timeline`: one row per stage, micro-batch numbers
+    """Gantt chart of a :class:`simulator.reports.timeline.Timeline`: one row per stage, micro-batch numbers
     on the schedule steps wide enough to hold them (as the Megatron-LM schedule figures)."""
     plt = _pyplot()
     from matplotlib.patches import Patch

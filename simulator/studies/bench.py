@@ -16,14 +16,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 _STEP = """
 import json, resource, sys, time
 t0 = time.perf_counter()
 from simulator.scenario import load_scenario, validate_plan
-from simulator.engine import simulate
-from simulator.report import step_report
+from simulator.step.engine import simulate
+from simulator.reports.report import step_report
 s = load_scenario(sys.argv[1], sys.argv[2:])
 validate_plan(s)
 t1 = time.perf_counter()
@@ -37,8 +37,8 @@ print(json.dumps({"wall_s": t2 - t0, "simulate_s": t2 - t1, "events": r["events"
 _ALL_REDUCE = """
 import json, resource, time
 t0 = time.perf_counter()
-from simulator.collectives import time_collective
-from simulator.topology import build_cluster, load_topology
+from simulator.physical.collectives import time_collective
+from simulator.physical.topology import build_cluster, load_topology
 cluster = build_cluster(load_topology("dgx-h100"), 128)
 t1 = time.perf_counter()
 sim, net = time_collective(cluster, "all_reduce", range(1024), 8 * 2**30)

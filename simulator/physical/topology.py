@@ -30,9 +30,9 @@ import yaml
 
 from simulator import units
 from simulator.errors import ConfigError
-from simulator.hardware import get_gpu
+from simulator.physical.hardware import get_gpu
 
-TOPOLOGY_DIR = Path(__file__).resolve().parent.parent / "topologies"
+TOPOLOGY_DIR = Path(__file__).resolve().parents[2] / "topologies"
 LINK_CLASSES = ("nvlink", "pcie", "nic", "leaf-spine", "spine-core")
 
 
@@ -275,7 +275,7 @@ def build_cluster(spec: TopologySpec, num_nodes: int, *, gpus_per_node: int | No
     """Scale ``spec`` to ``num_nodes`` nodes, applying the scenario's optional overrides.
 
     NVLink links carry the nominal rate times the GPU's ``nvlink_efficiency`` (the GPU is ``gpu``,
-    else the topology's; ``simulator.hardware``), what NCCL transfers actually sustain."""
+    else the topology's; ``simulator.physical.hardware``), what NCCL transfers actually sustain."""
     if not isinstance(num_nodes, int) or isinstance(num_nodes, bool) or num_nodes < 1:
         raise ConfigError("cluster.num_nodes", num_nodes, "must be a whole number >= 1")
     overrides = {k: v for k, v in dict(

@@ -3,7 +3,7 @@
 Every rank (or, folded, one representative per pipeline stage) is a generator that computes
 with the compute model and communicates through the network model, so TP, PP, DP, CP and EP
 traffic all contend for the same links. The engine only appends rows to a trace; analysis lives
-in ``simulator.report``.
+in ``simulator.reports.report``.
 
 Folding (``SimOptions.fold``): in a regular layout all ranks of one pipeline stage run the same
 program on the same link loads (every TP rank, DP replica, CP rank and EP rank of the stage).
@@ -21,15 +21,15 @@ from typing import Generator
 
 import simpy
 
-from simulator.collectives import Collectives
-from simulator.compute import joined, split_at_gemm
+from simulator.physical.collectives import Collectives
+from simulator.workload.compute import joined, split_at_gemm
 from simulator.config import Scenario
-from simulator.hardware import GPUSpec, gpu_of
-from simulator.network import Network
-from simulator.plan import Plan
-from simulator.schedules import SCHEDULES, virtual_stage
-from simulator.topology import Cluster, build_cluster, load_topology
-from simulator.workload import GRAD_BYTES, PARAM_BYTES, Workload, build_workload
+from simulator.physical.hardware import GPUSpec, gpu_of
+from simulator.physical.network import Network
+from simulator.step.plan import Plan
+from simulator.step.schedules import SCHEDULES, virtual_stage
+from simulator.physical.topology import Cluster, build_cluster, load_topology
+from simulator.workload.workload import GRAD_BYTES, PARAM_BYTES, Workload, build_workload
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,7 @@ from pathlib import Path
 
 import yaml
 
-from simulator.compute import param_counts
+from simulator.workload.compute import param_counts
 from simulator.config import ModelConfig
 from simulator.errors import ConfigError
 from simulator.scenario import scenario_from_dict, validate_plan
@@ -184,8 +184,8 @@ def groups_of(case: dict, scenario_dict: dict) -> dict[str, str]:
 
 def predict(case: dict) -> dict:
     """Simulate one case; returns its row (predictions, measured values, error) or an error row."""
-    from simulator.engine import simulate
-    from simulator.report import step_report
+    from simulator.step.engine import simulate
+    from simulator.reports.report import step_report
 
     d = case_to_scenario_dict(case)
     row = {"id": case["id"], "groups": groups_of(case, d)}

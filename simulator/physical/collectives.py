@@ -10,7 +10,7 @@ Algorithms (what is modelled, and what is not):
   members are its edges, so it runs at its most contended edge's fair share, in the NCCL
   protocol (LL, LL128, Simple) fastest for its size: the protocol's efficiency inflates the
   bytes, its base latency plus per-step latency (NVLink or network) is added once
-  (:mod:`simulator.nccl`). A group spanning nodes with k ranks in each uses k rings (NCCL channels),
+  (:mod:`simulator.physical.nccl`). A group spanning nodes with k ranks in each uses k rings (NCCL channels),
   each carrying size/k: ring c enters every node at the node's c-th rank and leaves from the
   one before it, so every NIC carries one ring in and one out and the inter-node traffic per
   node is 2(n-1)/n x size, as NCCL's ring measures (validation/collectives.yaml: 24 A100 over
@@ -40,9 +40,9 @@ from typing import Generator, Sequence
 import numpy as np
 import simpy
 
-from simulator import nccl
-from simulator.network import Network
-from simulator.topology import Cluster
+from simulator.physical import nccl
+from simulator.physical.network import Network
+from simulator.physical.topology import Cluster
 
 OPS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "send_recv")
 ALGORITHMS = ("auto", "ring", "hierarchical")
@@ -88,7 +88,7 @@ class Collectives:
 
     def ring_spec(self, op: str, ring: Sequence[int], per_step: float, steps: int) -> Spec:
         """``steps`` ring steps of ``per_step`` bytes per rank, as one coupled transfer, in the NCCL
-        protocol (:mod:`simulator.nccl`) that is fastest alone: its efficiency inflates the bytes
+        protocol (:mod:`simulator.physical.nccl`) that is fastest alone: its efficiency inflates the bytes
         on the wire, its base and per-step latencies give the transfer's latency."""
         n = len(ring)
         edges = tuple((ring[i], ring[(i + 1) % n]) for i in range(n))
@@ -268,7 +268,7 @@ def ring_gather_time(n: int, size: float, bw: float, alpha: float) -> float:
 
 def nccl_ring_time(op: str, n: int, size: float, bw: float, inter_fraction: float = 0.0) -> float:
     """A ring ``op`` (all_reduce, reduce_scatter, all_gather) of ``size`` over ``n`` ranks on
-    links of ``bw`` in the NCCL protocol :func:`simulator.nccl.choose` picks: base latency plus
+    links of ``bw`` in the NCCL protocol :func:`simulator.physical.nccl.choose` picks: base latency plus
     the alpha-beta ring with the protocol's per-step latency and efficiency."""
     steps = 2 * (n - 1) if op == "all_reduce" else n - 1
     proto, eff = nccl.choose(op, steps / n * size, steps, bw, inter_fraction)

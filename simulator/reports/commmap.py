@@ -2,7 +2,7 @@
 
 Per GPU figures are means over the simulated ranks (one per pipeline stage when folded):
 ``calls`` per step, ``bytes_per_call`` and ``bytes_per_step`` in the nccl-tests size convention of
-``simulator.collectives``, ``time_s`` from launch to completion summed over the calls (the time
+``simulator.physical.collectives``, ``time_s`` from launch to completion summed over the calls (the time
 the collective was in flight, overlapped or not) and ``exposed_s``, the time the compute stream
 waited on it. ``wire_bytes`` is what the whole cluster put on links for that kind (every link of
 every route counted) and ``link_classes`` splits it by link class; both need recorded flows
@@ -16,8 +16,8 @@ from collections import defaultdict
 
 import numpy as np
 
-from simulator.engine import SimResult
-from simulator.linkuse import LINK_CLASSES
+from simulator.step.engine import SimResult
+from simulator.reports.linkuse import LINK_CLASSES
 
 KINDS = ("tp", "sp", "pp", "dp", "fsdp", "ep", "cp")
 

@@ -39,7 +39,7 @@ import yaml
 
 from simulator.config import Scenario
 from simulator.errors import ConfigError
-from simulator.report import AXES
+from simulator.reports.report import AXES
 from simulator.scenario import apply_overrides, read_scenario_file, scenario_to_dict
 from simulator.files import atomic_write_text, remove_stale
 
@@ -70,9 +70,9 @@ class Task:
 
 def evaluate(task: Task) -> dict:
     """The metrics of one point (``METRICS``); a ConfigError becomes the row's ``error``."""
-    from simulator.engine import SimOptions, scenario_cluster, simulate
-    from simulator.memory import memory_report
-    from simulator.report import step_report
+    from simulator.step.engine import SimOptions, scenario_cluster, simulate
+    from simulator.workload.memory import memory_report
+    from simulator.reports.report import step_report
     from simulator.scenario import scenario_from_dict, validate_plan
 
     row: dict = dict.fromkeys(METRICS)
@@ -362,7 +362,7 @@ def run_sweep(scenario: str | Path | Scenario | dict, vary: Sequence[str] | Mapp
         if folder is not None:
             atomic_write_text(folder / CSV, table_csv(rows, keys))
             if plots:
-                from simulator.plots import plot_sweep
+                from simulator.reports.plots import plot_sweep
                 plot_sweep(rows, keys, str(folder))
         return rows
     finally:

@@ -5,7 +5,7 @@ Peaks are dense (no 2:4 sparsity) FLOP/s. HBM and NVLink bandwidths are decimal 
 size read as GiB, the convention in ``simulator.units``.
 
 Besides the datasheet numbers each ``GPUSpec`` carries the handful of achieved-performance
-constants used by ``simulator.compute`` (same for every scenario, never per case):
+constants used by ``simulator.workload.compute`` (same for every scenario, never per case):
 
 - ``gemm_efficiency[precision]``: largest fraction of peak a dense GEMM reaches at its best
   shape (the "maximum achievable matmul FLOPS", MAMF). Shape losses are applied on top.

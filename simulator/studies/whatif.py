@@ -16,8 +16,8 @@ from pathlib import Path
 
 from simulator.errors import ConfigError
 from simulator.files import atomic_write_text
-from simulator.sweep import Task, base_of, run_tasks
-from simulator.topology import LINK_CLASSES
+from simulator.studies.sweep import Task, base_of, run_tasks
+from simulator.physical.topology import LINK_CLASSES
 
 TARGETS = (*LINK_CLASSES, "compute")
 
@@ -25,7 +25,7 @@ TARGETS = (*LINK_CLASSES, "compute")
 def whatif(scenario, *, sets: Sequence[str] = (), factor: float = 2.0, executor: str = "process",
            workers: int | None = None, address: str | None = None) -> dict:
     """Baseline and per-target step times at ``factor`` x faster and slower, as plain data."""
-    from simulator.engine import scenario_cluster
+    from simulator.step.engine import scenario_cluster
     from simulator.scenario import scenario_from_dict, validate_plan
 
     if not isinstance(factor, (int, float)) or isinstance(factor, bool) or not factor > 1:
@@ -91,7 +91,7 @@ def write_whatif(result: dict, folder: str | Path) -> list[str]:
     """``whatif.csv``, ``whatif.json`` and ``tornado.png`` in ``folder``, each written atomically."""
     import json
 
-    from simulator.plots import plot_tornado
+    from simulator.reports.plots import plot_tornado
 
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)

@@ -24,10 +24,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from simulator.compute import BlockCost, LayerCost, embedding_cost, head_cost, layer_cost, optimizer_cost, param_counts
+from simulator.workload.compute import BlockCost, LayerCost, embedding_cost, head_cost, layer_cost, optimizer_cost, param_counts
 from simulator.config import Scenario
-from simulator.hardware import GPUSpec
-from simulator.plan import vstage_layers
+from simulator.physical.hardware import GPUSpec
+from simulator.step.plan import vstage_layers
 
 GRAD_BYTES = 4  # Megatron-LM keeps and reduces fp32 main gradients in bf16 training
 PARAM_BYTES = 2

@@ -33,8 +33,8 @@ from dataclasses import dataclass
 
 from simulator.config import ModelConfig, Scenario
 from simulator.errors import ConfigError
-from simulator.plan import vstage_layers
-from simulator.schedules import check_schedule_args
+from simulator.step.plan import vstage_layers
+from simulator.step.schedules import check_schedule_args
 from simulator.units import GiB
 
 RECOMPUTE_MODES = ("none", "selective", "full")
@@ -327,7 +327,7 @@ def memory_report(
     ``gpu_capacity_bytes`` defaults to the HBM capacity of ``s.cluster.gpu``.
     """
     if gpu_capacity_bytes is None:
-        from simulator.hardware import gpu_of
+        from simulator.physical.hardware import gpu_of
 
         gpu_capacity_bytes = gpu_of(s.cluster, s.training.precision).hbm_capacity_bytes
     if not gpu_capacity_bytes > 0:

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import json
 
-from simulator.critical_path import category, op_name
-from simulator.engine import Row, SimResult
+from simulator.reports.critical_path import category, op_name
+from simulator.step.engine import Row, SimResult
 from simulator.files import atomic_write
 
 THREADS = ("schedule", "compute", "dp")

@@ -2,7 +2,7 @@
 
 Each kernel (``Op``) takes ``max(flops / (peak * eff), bytes / (hbm_bw * mem_eff)) + launch``
 (Williams, Waterman and Patterson 2009, "Roofline"), where ``eff`` depends on the GEMM shape
-(``gemm_efficiency``) and the per-GPU constants live in ``simulator.hardware``.
+(``gemm_efficiency``) and the per-GPU constants live in ``simulator.physical.hardware``.
 
 Conventions:
 - ``Op.flops`` counts matrix-multiply FLOPs only (GEMMs and the attention matmuls actually
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from simulator.config import ModelConfig, ParallelConfig, TrainingConfig
 from simulator.errors import ConfigError
-from simulator.hardware import GPUSpec, gemm_ceiling, peak
+from simulator.physical.hardware import GPUSpec, gemm_ceiling, peak
 
 ACT_BYTES = 2
 TILE_M, TILE_N = 128, 256

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from simulator.compute import model_flops_per_token
-from simulator.engine import SimResult
-from simulator.hardware import gpu_of, peak
+from simulator.workload.compute import model_flops_per_token
+from simulator.step.engine import SimResult
+from simulator.physical.hardware import gpu_of, peak
 
 AXES = ("tp", "pp", "dp", "fsdp", "cp", "ep")
 COMPUTE_KINDS = ("F", "B", "R", "embed", "head", "opt")

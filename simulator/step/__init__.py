@@ -1,0 +1,1 @@
+"""One training step: the rank grid, pipeline schedules, and the engine that walks them."""

@@ -1,0 +1,1 @@
+"""Many simulations: sweeps, what-ifs, validation against published runs, benchmarks."""

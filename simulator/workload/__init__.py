@@ -1,0 +1,1 @@
+"""What the model costs: per-kernel compute, memory per GPU, per-stage work and message sizes."""
