@@ -182,3 +182,17 @@ def test_validate_reads_framework_and_options():
 def test_gpu_variants_with_other_clocks_are_an_error_not_the_sxm_part(name):
     with pytest.raises(ConfigError):
         get_gpu(name)
+
+
+def test_torchtitan_selective_recompute_reruns_every_second_matmul():
+    """Per-op SAC on a SwiGLU block (mm order wq, wk, wv, wo, w1, w3, w2): wk, wo, w3 re-run,
+    i.e. the K share of the QKV GEMM, the whole output projection and half the up-projection, plus
+    every elementwise op; the attention core is saved."""
+    s = dataclasses.replace(scen("torchtitan", options=FrameworkOptions(compile=True)),
+                            training=dataclasses.replace(TRAIN, recompute="selective"))
+    base, sac = sw_layer(s)
+    flops = {op.name: op.flops for op in base.attn_fwd.ops + base.mlp_fwd.ops}
+    expected = flops["qkv_proj"] * 1024 / (1024 + 2 * 1024) + flops["out_proj"] + flops["mlp_up"] / 2
+    assert sac.attn_recompute.flops == pytest.approx(expected)
+    assert "attn_core" not in [op.name for op in sac.attn_recompute.ops]
+    assert base.attn_recompute.flops == flops["attn_core"]  # the reference: attention core only

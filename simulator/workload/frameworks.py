@@ -28,8 +28,9 @@ FUSION_KEYS = ("norm", "rope", "activation")
 EXECUTION_KEYS = ("compile", "cuda_graphs", "host_issue_us", "compiled_host_issue_us")
 FP8_KEYS = ("recipe", "casts_fused_into_producers", "weight_cast_once_per_step")
 OPTIMIZER_KEYS = ("adam_bytes_per_param", "clip_bytes_per_param", "zero_grad_bytes_per_param")
+SELECTIVE_POLICIES = ("attention_core", "every_second_matmul", "elementwise")
 SECTIONS = {"overlap": OVERLAP_KEYS, "fusion": FUSION_KEYS, "execution": EXECUTION_KEYS, "fp8": FP8_KEYS,
-            "optimizer": OPTIMIZER_KEYS}
+            "optimizer": OPTIMIZER_KEYS, "recompute": ("selective",)}
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,7 @@ class Software:
     adam_bytes_per_param: float
     clip_bytes_per_param: float
     zero_grad_bytes_per_param: float
+    selective_recompute: str = "attention_core"  # what training.recompute: selective re-runs (SELECTIVE_POLICIES)
 
 
 def framework_names() -> tuple[str, ...]:
@@ -79,6 +81,9 @@ def load_profile(name: str) -> dict:
             if not isinstance(entry, dict) or "value" not in entry or not entry.get("source"):
                 raise ConfigError(f"{path.name}: {section}.{key}", entry, "needs a value and a source")
             out[section][key] = entry["value"]
+    if out["recompute"]["selective"] not in SELECTIVE_POLICIES:
+        raise ConfigError(f"{path.name}: recompute.selective", out["recompute"]["selective"],
+                          f"valid: {', '.join(SELECTIVE_POLICIES)}")
     if out["fp8"]["recipe"] not in FP8_RECIPES:
         raise ConfigError(f"{path.name}: fp8.recipe", out["fp8"]["recipe"], f"valid: {', '.join(FP8_RECIPES)}")
     return out
@@ -117,4 +122,5 @@ def resolve(s) -> Software:
         adam_bytes_per_param=float(op["adam_bytes_per_param"]),
         clip_bytes_per_param=float(op["clip_bytes_per_param"]),
         zero_grad_bytes_per_param=float(op["zero_grad_bytes_per_param"]),
+        selective_recompute=prof["recompute"]["selective"],
     )

@@ -42,6 +42,15 @@ as its own named :class:`Op` (so a ``megatron-core`` profile adds nothing):
   ``fp8_cast_bwd`` in the backward.
 - Host issue (``host_issue_s`` per kernel) is applied by the engine, which keeps each rank's host
   clock: see ``simulator.step.engine``; ``BlockCost.kernels`` counts the launches.
+- Selective recompute per framework (profile ``recompute.selective``, with ``training.recompute:
+  selective``): ``attention_core`` is the reference (Megatron, Korthikanti et al. 2022);
+  ``every_second_matmul`` is torchtitan's per-op SAC (torchtitan/distributed/activation_checkpoint.py),
+  which saves every mm output except the 2nd, 4th, ... of a block and re-runs everything else: in a
+  Llama block (mm order wq, wk, wv, wo, w1, w3, w2) wk, wo and w3 (the K share of the fused QKV
+  GEMM, the output projection, half of the fused up-projection; for GeLU, mm order wq, wk, wv,
+  wo, w1, w2: wk, wo and w2) plus every elementwise op; ``elementwise`` (MaxText minimal_flash) re-runs
+  only the elementwise ops. All of it runs before the attention backward; MoE layers keep the
+  reference.
 - Optimizer passes per framework (profile ``optimizer`` section): ``grad_norm`` (clipping), ``adam``
   and ``zero_grad`` as memory-bound kernels, bytes per parameter from the profile's source.
 """
@@ -156,9 +165,36 @@ def layer_with_software(cost: LayerCost, model: ModelConfig, training: TrainingC
     attn_fwd, attn_bwd = blocks["attn"]
     mlp_fwd, mlp_bwd = blocks["mlp"]
     full = cost.attn_recompute is cost.attn_fwd and cost.mlp_recompute is cost.mlp_fwd and cost.attn_fwd.ops
+    if (training.recompute == "selective" and sw.selective_recompute != "attention_core"
+            and not model.is_moe_layer(layer)):
+        shares = recompute_shares(model, par.tp, sw.selective_recompute)
+        ops = [_scaled(op, shares.get(op.name, 0.0 if op.flops else 1.0))
+               for op in attn_fwd.ops + mlp_fwd.ops]
+        return replace(cost, attn_fwd=attn_fwd, attn_bwd=attn_bwd, mlp_fwd=mlp_fwd, mlp_bwd=mlp_bwd,
+                       attn_recompute=BlockCost(tuple(op for op in ops if op is not None)),
+                       mlp_recompute=BlockCost())
     return replace(cost, attn_fwd=attn_fwd, attn_bwd=attn_bwd, mlp_fwd=mlp_fwd, mlp_bwd=mlp_bwd,
                    attn_recompute=attn_fwd if full else cost.attn_recompute,
                    mlp_recompute=mlp_fwd if full else cost.mlp_recompute)
+
+
+def recompute_shares(model: ModelConfig, tp: int, policy: str) -> dict[str, float]:
+    """Share of each forward GEMM a selective policy re-runs (elementwise ops re-run whole)."""
+    if policy != "every_second_matmul":
+        return {}
+    q = model.num_attention_heads * model.head_dim
+    kv = max(model.num_key_value_heads, tp) * model.head_dim
+    if model.mlp_matrices == 3:
+        return {"qkv_proj": kv / (q + 2 * kv), "out_proj": 1.0, "mlp_up": 0.5}
+    return {"qkv_proj": kv / (q + 2 * kv), "out_proj": 1.0, "mlp_down": 1.0}
+
+
+def _scaled(op: Op, share: float) -> Op | None:
+    if share <= 0:
+        return None
+    if share == 1.0:
+        return op
+    return Op(f"{op.name}_part", op.flops * share, op.bytes * share, op.time_s * share, op.kernels)
 
 
 def head_with_software(head: tuple[BlockCost, BlockCost], gpu: GPUSpec, sw: Software) -> tuple[BlockCost, BlockCost]:
