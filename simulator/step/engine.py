@@ -15,6 +15,7 @@ unfolded runs on small clusters.
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from typing import Generator
@@ -22,8 +23,6 @@ from typing import Generator
 import simpy
 
 from simulator.physical.collectives import Collectives
-import functools
-
 from simulator.workload.compute import BlockCost, joined, split_at_gemm
 from simulator.config import Scenario
 from simulator.physical.hardware import GPUSpec, gpu_of
