@@ -95,6 +95,28 @@ class ParallelConfig:
 
 
 @dataclass(frozen=True)
+class OverlapConfig:
+    """Which communication the framework hides under compute; None takes the framework profile's
+    default (``frameworks/<name>.yaml``)."""
+
+    tp_comm: bool | None = None  # backward TP all-reduce / reduce-scatter under the weight-gradient GEMM
+    grad_reduce: bool | None = None  # DP gradient buckets reduced during the last backward
+    param_gather: bool | None = None  # ZeRO-1/2 parameter all-gather under the forward; FSDP prefetch
+    param_prefetch_depth: int | None = None  # FSDP (ZeRO-3) layers gathered ahead of the one computing
+    async_tp: bool | None = None  # forward TP all-gather / reduce-scatter pipelined with the GEMMs
+    cp_comm: bool | None = None  # context-parallel K/V exchange under the attention core
+
+
+@dataclass(frozen=True)
+class FrameworkOptions:
+    """Switches of the training framework; None takes the profile's default."""
+
+    compile: bool | None = None  # torch.compile / XLA: fused elementwise kernels, lower host cost
+    cuda_graphs: bool | None = None  # kernels replayed from a CUDA graph: no per-kernel host issue
+    fp8_recipe: str | None = None  # delayed | tensorwise | rowwise | blockwise | mxfp8
+
+
+@dataclass(frozen=True)
 class Scenario:
     name: str
     model: ModelConfig
@@ -102,6 +124,9 @@ class Scenario:
     training: TrainingConfig = field(default_factory=TrainingConfig)
     parallelism: ParallelConfig = field(default_factory=ParallelConfig)
     schedule: str = "1f1b"  # gpipe | 1f1b | interleaved
+    framework: str = "megatron-core"  # a profile in frameworks/
+    overlap: OverlapConfig = field(default_factory=OverlapConfig)
+    framework_options: FrameworkOptions = field(default_factory=FrameworkOptions)
 
     @property
     def pipeline_schedule(self) -> str:

@@ -28,11 +28,13 @@ from pathlib import Path
 
 import yaml
 
-from simulator.config import ClusterConfig, ModelConfig, ParallelConfig, Scenario, TrainingConfig
+from simulator.config import (ClusterConfig, FrameworkOptions, ModelConfig, OverlapConfig, ParallelConfig, Scenario,
+                              TrainingConfig)
 from simulator.errors import ConfigError
 from simulator.step.plan import vstage_layers
 from simulator.step.schedules import SCHEDULES, check_schedule_args
 from simulator.physical.topology import load_topology
+from simulator.workload.frameworks import FP8_RECIPES, framework_names
 
 HIDDEN_ACTS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "silu", "swiglu")
 PRECISIONS = ("bf16", "fp16", "fp8")
@@ -50,8 +52,10 @@ SECTIONS = {
     "cluster": ClusterConfig,
     "training": TrainingConfig,
     "parallelism": ParallelConfig,
+    "overlap": OverlapConfig,
+    "framework_options": FrameworkOptions,
 }
-TOP_LEVEL_SCALARS = ("name", "schedule")
+TOP_LEVEL_SCALARS = ("name", "schedule", "framework")
 
 
 # --- field checkers: (dotted field, value) -> value, or ConfigError ---------------------------
@@ -86,6 +90,14 @@ def _boolean(field: str, value: object) -> bool:
     if not isinstance(value, bool):
         raise ConfigError(field, value, "must be true or false")
     return value
+
+
+def _optional_boolean(field: str, value: object) -> bool | None:
+    return None if value is None else _boolean(field, value)
+
+
+def _optional_choice(field: str, value: object, choices: tuple) -> object:
+    return None if value is None else _choice(field, value, choices)
 
 
 def _text(field: str, value: object) -> str:
@@ -145,6 +157,19 @@ _CHECKS: dict[str, dict[str, Checker]] = {
         "zero_stage": partial(_choice, choices=ZERO_STAGES),
         "first_pipeline_num_layers": partial(_optional_whole, minimum=0),
         "last_pipeline_num_layers": partial(_optional_whole, minimum=0),
+    },
+    "overlap": {
+        "tp_comm": _optional_boolean,
+        "grad_reduce": _optional_boolean,
+        "param_gather": _optional_boolean,
+        "param_prefetch_depth": partial(_optional_whole, minimum=0),
+        "async_tp": _optional_boolean,
+        "cp_comm": _optional_boolean,
+    },
+    "framework_options": {
+        "compile": _optional_boolean,
+        "cuda_graphs": _optional_boolean,
+        "fp8_recipe": partial(_optional_choice, choices=FP8_RECIPES),
     },
 }
 
@@ -261,6 +286,9 @@ def scenario_from_dict(d: dict, overrides: Iterable[str] = (), *, base_dir: str 
         training=_section("training", sections["training"], TrainingConfig),
         parallelism=_section("parallelism", sections["parallelism"], ParallelConfig),
         schedule=_choice("schedule", d.get("schedule", "1f1b"), tuple(SCHEDULES)),
+        framework=_choice("framework", d.get("framework", "megatron-core"), framework_names()),
+        overlap=_section("overlap", sections["overlap"], OverlapConfig),
+        framework_options=_section("framework_options", sections["framework_options"], FrameworkOptions),
     )
 
 
@@ -360,6 +388,7 @@ def scenario_to_dict(s: Scenario) -> dict:
     for name in SECTIONS:
         out[name] = asdict(getattr(s, name))
     out["schedule"] = s.schedule
+    out["framework"] = s.framework
     return out
 
 

@@ -142,6 +142,19 @@ GPU_CATALOG: dict[str, GPUSpec] = {
         num_sms=132,
         **_HOPPER,
     ),
+    "H100-SXM5-96GB": GPUSpec(
+        name="H100-SXM5-96GB",
+        peak_flops=_H100_PEAK,
+        hbm_bandwidth_Bps=GBps(2400),
+        hbm_capacity_bytes=96 * GiB,
+        nvlink_bandwidth_Bps=GBps(450),
+        source="Meta Grand Teton H100 as torchtitan's benchmarks describe it (benchmarks/"
+        "llama3_h100_202412_torchtitan.md): the H100 SXM die (132 SMs, same boost clock, so the "
+        "SXM5 datasheet peaks) with 96 GB at 2.4 TB/s, 900 GB/s NVLink; run at a 500 W power limit, "
+        "whose lower sustained clocks are not modelled beyond the Hopper sustained fraction",
+        num_sms=132,
+        **_HOPPER,
+    ),
     "H800-80GB": GPUSpec(
         name="H800-80GB",
         peak_flops=_H100_PEAK,
@@ -186,6 +199,8 @@ _ALIASES = {
     "h100-sxm": "H100-SXM5-80GB",
     "h100-sxm5": "H100-SXM5-80GB",
     "h100-80gb": "H100-SXM5-80GB",
+    "h100-96gb": "H100-SXM5-96GB",
+    "h100-sxm5-96gb": "H100-SXM5-96GB",
     "h800": "H800-80GB",
     "h800-sxm5-80gb": "H800-80GB",
     "h200": "H200-SXM-141GB",
@@ -196,7 +211,8 @@ _ALIASES = {
 _LOOKUP = {**{k.lower(): k for k in GPU_CATALOG}, **_ALIASES}
 
 
-_FAMILIES = (("a100", "40gb", "A100-SXM4-40GB"), ("a100", "", "A100-SXM4-80GB"), ("h100", "", "H100-SXM5-80GB"),
+_FAMILIES = (("a100", "40gb", "A100-SXM4-40GB"), ("a100", "", "A100-SXM4-80GB"), ("h100", "96gb", "H100-SXM5-96GB"),
+             ("h100", "", "H100-SXM5-80GB"),
              ("h800", "", "H800-80GB"), ("h200", "", "H200-SXM-141GB"), ("b200", "", "B200-SXM-180GB"))
 
 
@@ -209,7 +225,7 @@ def _lookup(name: str) -> str | None:
     text = re.sub(r"[\s_]+", "-", text.replace("nvidia", "")).strip("-")
     if text in _LOOKUP:
         return _LOOKUP[text]
-    if "pcie" in text or "nvl" in text:
+    if "pcie" in text or "nvl" in text or "94gb" in text:
         return None
     for family, detail, key in _FAMILIES:
         if family in text and detail in text:

@@ -15,6 +15,7 @@ unfolded runs on small clusters.
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from typing import Generator
@@ -22,7 +23,7 @@ from typing import Generator
 import simpy
 
 from simulator.physical.collectives import Collectives
-from simulator.workload.compute import joined, split_at_gemm
+from simulator.workload.compute import BlockCost, joined, split_at_gemm
 from simulator.config import Scenario
 from simulator.physical.hardware import GPUSpec, gpu_of
 from simulator.physical.network import Network
@@ -114,6 +115,9 @@ class StepEngine:
         self._pairs: dict = {}
         self.stage_end: dict[int, float] = {}
         self.comm_calls: dict = {}
+        self.sw = self.work.software
+        self.host_issue_s = self.sw.host_issue_s
+        self.host: dict[int, float] = {}  # per rank: when its CPU has issued every kernel so far
 
     # communication -------------------------------------------------------------------------
 
@@ -234,8 +238,21 @@ class StepEngine:
     # compute ----------------------------------------------------------------------------------
 
     def compute(self, rank: int, kind: str, block, label: str, microbatch=-1, chunk=-1, layer=-1) -> Generator:
+        """Run ``block`` on the rank's compute stream. The host issues its kernels one after another
+        (``host_issue_s`` each, from the framework profile) and runs ahead of the GPU until it is
+        the slower of the two (a queue: the block cannot end before its last kernel is issued);
+        the GPU time lost to it is a row labelled ``host_dispatch``."""
         if block.time_s <= 0:
             return
+        if self.host_issue_s:
+            issued = self.host.get(rank, 0.0) + block.kernels * self.host_issue_s
+            self.host[rank] = issued
+            stall = issued - (self.env.now + block.time_s)
+            if stall > 0:
+                start = self.env.now
+                yield self.env.timeout(stall)
+                self.trace.add(Row(rank, self.plan.stage_of(rank), "compute", kind, "", start, self.env.now,
+                                   microbatch, chunk, layer, "host_dispatch"))
         start = self.env.now
         yield self.env.timeout(block.time_s)
         self.trace.add(Row(rank, self.plan.stage_of(rank), "compute", kind, "", start, self.env.now,
@@ -246,12 +263,46 @@ class StepEngine:
         cost = w.layer_costs[layer]
         sp = s.parallelism.sequence_parallel and s.parallelism.tp > 1
         at = dict(microbatch=mb, chunk=chunk, layer=layer)
+        if sp and self.sw.async_tp:
+            cp_ev = self.launch(rank, "cp", "all_gather", w.cp_bytes * s.parallelism.cp, "cp")
+            yield from self.async_tp_forward(rank, kind, cost.attn_fwd, "qkv_proj", "out_proj", "attention", at)
+            yield from self.wait(rank, cp_ev, "cp", **at)
+            if not s.model.is_moe_layer(layer):
+                yield from self.async_tp_forward(rank, kind, cost.mlp_fwd, "mlp_up", "mlp_down", "mlp", at)
+                return
+            yield from self.mlp_forward(rank, layer, kind, at, sp=True)
+            return
         if sp:
             yield from self.collective(rank, "tp", "all_gather", w.tp_bytes, "tp", **at)
         cp_ev = self.launch(rank, "cp", "all_gather", w.cp_bytes * s.parallelism.cp, "cp")
         yield from self.compute(rank, kind, cost.attn_fwd, "attention", mb, chunk, layer)
         yield from self.wait(rank, cp_ev, "cp", **at)
         yield from self.collective(rank, "tp", "reduce_scatter" if sp else "all_reduce", w.tp_bytes, "tp", **at)
+        yield from self.mlp_forward(rank, layer, kind, at, sp)
+
+    def async_tp_forward(self, rank: int, kind: str, block, first: str, last: str, label: str, at: dict) -> Generator:
+        """A sequence-parallel block with async TP (torch micro-pipelined collective matmuls, TE
+        userbuffers): the input all-gather runs under the first GEMM and the output reduce-scatter
+        under the last, as the chunked GEMMs hide them (torchtitan async-TP post; Wang et al. 2022,
+        'Overlap communication with dependent computation via decomposition')."""
+        w = self.work
+        mb, chunk, layer = at["microbatch"], at["chunk"], at["layer"]
+        before, head, rest = split_forward(block, first)
+        middle, tail, after = split_forward(rest, last)
+        yield from self.compute(rank, kind, before, label, mb, chunk, layer)
+        gather = self.launch(rank, "tp", "all_gather", w.tp_bytes, "tp")
+        yield from self.compute(rank, kind, head, label, mb, chunk, layer)
+        yield from self.wait(rank, gather, "tp", label="all_gather", **at)
+        yield from self.compute(rank, kind, middle, label, mb, chunk, layer)
+        scatter = self.launch(rank, "tp", "reduce_scatter", w.tp_bytes, "tp")
+        yield from self.compute(rank, kind, tail, label, mb, chunk, layer)
+        yield from self.wait(rank, scatter, "tp", label="reduce_scatter", **at)
+        yield from self.compute(rank, kind, after, label, mb, chunk, layer)
+
+    def mlp_forward(self, rank: int, layer: int, kind: str, at: dict, sp: bool) -> Generator:
+        s, w = self.s, self.work
+        cost = w.layer_costs[layer]
+        mb, chunk = at["microbatch"], at["chunk"]
         moe = s.model.is_moe_layer(layer)
         if sp:
             yield from self.mlp_tp_collective(rank, moe, "all_gather", at)
@@ -298,6 +349,30 @@ class StepEngine:
 
     def column_parallel_backward(self, rank: int, block, gemm: str, label: str, sp: bool, at: dict,
                                  cp_ev: simpy.Event | None = None) -> Generator:
+        if not (self.sw.tp_comm or (sp and self.sw.async_tp)):
+            yield from self.column_parallel_backward_exposed(rank, block, gemm, label, sp, at, cp_ev)
+            return
+        yield from self.column_parallel_backward_overlapped(rank, block, gemm, label, sp, at, cp_ev)
+
+    def column_parallel_backward_exposed(self, rank: int, block, gemm: str, label: str, sp: bool, at: dict,
+                                         cp_ev: simpy.Event | None = None) -> Generator:
+        """The same backward without TP communication overlap (``overlap.tp_comm: false``, e.g.
+        DTensor TP in eager PyTorch): the input re-gather before the input-gradient GEMM and the
+        gradient all-reduce or reduce-scatter after the weight-gradient GEMM, both exposed."""
+        w = self.work
+        before, dgrad, wgrad, after = split_at_gemm(block, gemm)
+        mb, chunk, layer = at["microbatch"], at["chunk"], at["layer"]
+        yield from self.compute(rank, "B", before, label, mb, chunk, layer)
+        if sp:
+            yield from self.collective(rank, "tp", "all_gather", w.tp_bytes, "tp", **at)
+        yield from self.compute(rank, "B", joined(dgrad, wgrad), label, mb, chunk, layer)
+        if cp_ev is not None:
+            yield from self.wait(rank, cp_ev, "cp", **at)
+        yield from self.collective(rank, "tp", "reduce_scatter" if sp else "all_reduce", w.tp_bytes, "tp", **at)
+        yield from self.compute(rank, "B", after, label, mb, chunk, layer)
+
+    def column_parallel_backward_overlapped(self, rank: int, block, gemm: str, label: str, sp: bool, at: dict,
+                                            cp_ev: simpy.Event | None = None) -> Generator:
         """Backward of a block that ends in a column-parallel GEMM, with Megatron-LM's overlap of
         its TP communication (``LinearWithGradAccumulationAndAsyncCommunication``, also Transformer
         Engine's Linear): the input-gradient all-reduce (or, with sequence parallelism, its
@@ -382,6 +457,13 @@ class StepEngine:
             pending.append(self._stamp(done))
             return done
 
+        sw = self.sw
+        deferred: list[tuple] = []  # gradient collectives held until the backward ends (overlap.grad_reduce off)
+        if self.host_issue_s and self.opt.extras:
+            # The host issued this step's first kernels while the previous step's optimizer ran on the
+            # GPU (it synchronised for the gradient norm before issuing the optimizer's kernels).
+            opt = w.optimizer[stage]
+            self.host[rank] = min(0.0, opt.kernels * self.host_issue_s - opt.time_s)
         param_ready: dict[int, simpy.Event] = {}
         if zero in (1, 2):
             for chunk in range(v):
@@ -393,6 +475,15 @@ class StepEngine:
                     for layer in bucket.layers:
                         if ev is not None:
                             param_ready[layer] = ev
+        if param_ready and not sw.param_gather:
+            # No overlap (DeepSpeed ZeRO-1/2 gathers right after the optimizer step): every
+            # parameter all-gather is exposed before the first forward.
+            gathers = list(dict.fromkeys(param_ready.values()))
+            everything = self.env.all_of(gathers)
+            everything.parts = gathers
+            yield from self.wait(rank, everything, "dp")
+            param_ready.clear()
+        depth = sw.param_prefetch_depth if sw.param_gather else 0
         fsdp_ready: dict = {}
 
         def fsdp_gather(layer, key):
@@ -416,8 +507,9 @@ class StepEngine:
                     if layer in param_ready:
                         yield from self.wait(rank, param_ready.pop(layer), "dp", layer=layer, **at)
                     fsdp_gather(layer, ("F", st.microbatch, layer))
-                    if zero == 3 and layer + 1 in layers:
-                        fsdp_gather(layer + 1, ("F", st.microbatch, layer + 1))
+                    for ahead in range(layer + 1, layer + 1 + depth):
+                        if zero == 3 and ahead in layers:
+                            fsdp_gather(ahead, ("F", st.microbatch, ahead))
                     if zero == 3:
                         yield from self.wait(rank, fsdp_ready.pop(("F", st.microbatch, layer)), "fsdp", layer=layer, **at)
                     yield from self.layer_forward(rank, layer, st.microbatch, st.chunk)
@@ -438,26 +530,37 @@ class StepEngine:
                 for layer in reversed(layers):
                     if zero == 3:
                         fsdp_gather(layer, ("B", st.microbatch, layer))
-                        if layer - 1 in layers:
-                            fsdp_gather(layer - 1, ("B", st.microbatch, layer - 1))
+                        for ahead in range(layer - 1, layer - 1 - depth, -1):
+                            if ahead in layers:
+                                fsdp_gather(ahead, ("B", st.microbatch, ahead))
                         yield from self.wait(rank, fsdp_ready.pop(("B", st.microbatch, layer)), "fsdp", layer=layer, **at)
                     yield from self.layer_backward(rank, layer, st.microbatch, st.chunk)
-                    if zero == 3:
+                    if zero == 3 and not sw.grad_reduce:
+                        deferred.append(("dpcp", "reduce_scatter", w.layer_dense_params[layer] * GRAD_BYTES, "fsdp"))
+                    elif zero == 3:
                         ev = self.launch(rank, "dpcp", "reduce_scatter", w.layer_dense_params[layer] * GRAD_BYTES, "fsdp")
                         pending.append(self._stamp(ev))
                     elif final and grads_of[layer].layers[-1] == layer:
                         for kind, op, size in self._grad_ops(grads_of[layer], zero):
-                            enqueue(kind, op, size, "dp")
+                            if sw.grad_reduce:
+                                enqueue(kind, op, size, "dp")
+                            else:
+                                deferred.append((kind, op, size, "dp"))
                 if vs == 0 and self.opt.extras:
                     yield from self.compute(rank, "embed", w.embedding[1], "embedding", **at)
                 if final and zero != 3:
                     for bucket in w.buckets[vs]:
                         if not bucket.layers:
                             for kind, op, size in self._grad_ops(bucket, zero):
-                                enqueue(kind, op, size, "dp")
+                                if sw.grad_reduce:
+                                    enqueue(kind, op, size, "dp")
+                                else:
+                                    deferred.append((kind, op, size, "dp"))
                 self.trace.add(Row(rank, stage, "step", "B", "", start, self.env.now, st.microbatch, st.chunk, dep=sender))
                 if vs > 0:
                     self.send(rank, (stage - 1) % p, vs - 1, st.microbatch, "B")
+        for item in deferred:
+            enqueue(*item)
         queue.put(None)
         if pending:
             everything = self.env.all_of(pending)
@@ -495,6 +598,16 @@ class StepEngine:
             simulated_ranks=tuple(ranks), events=events, link_bytes=self.net.stats.bytes_carried,
             transfers=self.net.stats.transfers, flows=tuple(self.net.flows),
             comm_calls=tuple(sorted((*k, *v) for k, v in self.comm_calls.items())))
+
+
+@functools.lru_cache(maxsize=64)
+def split_forward(block: BlockCost, gemm: str) -> tuple[BlockCost, BlockCost, BlockCost]:
+    """A forward block as (before, ``gemm``, after); a block without it is all ``before``."""
+    names = [op.name for op in block.ops]
+    if gemm not in names:
+        return block, BlockCost(), BlockCost()
+    i = names.index(gemm)
+    return BlockCost(block.ops[:i]), BlockCost(block.ops[i:i + 1]), BlockCost(block.ops[i + 1:])
 
 
 def scenario_cluster(s: Scenario) -> Cluster:

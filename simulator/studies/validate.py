@@ -33,6 +33,20 @@ only, so predictions are the same with them removed. Documented defaults for unk
   rest evenly, f the largest value <= ceil(layers / (pp x vp)) that makes this possible (how
   Megatron-DeepSpeed balanced BLOOM, whose first and last stages also carry the embedding).
 
+- framework: the case's ``framework:`` (a profile in ``frameworks/``: megatron-core, nemo,
+  torchtitan, deepspeed, composer, maxtext), ``megatron-core`` when the case does not say (the
+  stack of the calibration runs). An unknown name makes that case an error row naming the valid ones.
+- framework_options (each absent key takes the profile's default): ``compile``, ``cuda_graphs``
+  and ``fp8_recipe`` (delayed, tensorwise, rowwise, blockwise, mxfp8) go to the scenario's
+  ``framework_options``; ``async_tp`` and the ``overlap:`` mapping (tp_comm, grad_reduce,
+  param_gather, param_prefetch_depth, async_tp, cp_comm) to its ``overlap`` section;
+  ``activation_checkpointing`` (none, selective, full) sets recompute in place of the
+  parallelism block's recompute text. Other keys (pp_p2p, fsdp_*, context_parallel_rotate,
+  pp_schedule, ...) describe the run but are not modelled and are ignored.
+- GPU names: a catalog entry or alias, or a family match (``simulator.physical.hardware``); the
+  96 GB H100 of Meta's Grand Teton hosts is its own entry (2.4 TB/s HBM2e); PCIe, NVL and 94 GB
+  parts are an error, never mapped to the SXM part.
+
 Predicted TFLOP/s per GPU are the measured ones scaled by measured / predicted step time, i.e.
 the source's own FLOP convention (model or hardware FLOPs) applied to the predicted step.
 """
@@ -105,19 +119,40 @@ def source_year(case: dict) -> int | None:
     return int(year.group(1)) if year else None
 
 
+OVERLAP_OPTIONS = ("tp_comm", "grad_reduce", "param_gather", "param_prefetch_depth", "async_tp", "cp_comm")
+FRAMEWORK_OPTIONS = ("compile", "cuda_graphs", "fp8_recipe")
+
+
+def _framework_keys(case: dict) -> dict:
+    """The scenario's framework, overlap and framework_options keys from the case (module docstring)."""
+    opts = case.get("framework_options") or {}
+    if not isinstance(opts, dict):
+        raise ConfigError(f"{case.get('id')}: framework_options", opts, "must be a mapping")
+    overlap = {k: v for k, v in (opts.get("overlap") or {}).items() if k in OVERLAP_OPTIONS}
+    if "async_tp" in opts:
+        overlap["async_tp"] = opts["async_tp"]
+    out = {"framework": case.get("framework") or "megatron-core",
+           "framework_options": {k: opts[k] for k in FRAMEWORK_OPTIONS if k in opts}}
+    if overlap:
+        out["overlap"] = overlap
+    return out
+
+
 def case_to_scenario_dict(case: dict) -> dict:
     """A scenario (as a dict) from the description of one published run."""
     m, hw, par = case["model"], case["hardware"], case["parallelism"]
     gpu = hw["gpu"]
     gpn = hw.get("gpus_per_node") or 8
-    recompute_text = str(par.get("recompute") or "").lower()
+    checkpointing = (case.get("framework_options") or {}).get("activation_checkpointing")
+    recompute_text = str(checkpointing or par.get("recompute") or "").lower()
+    sp_text = str(par.get("recompute") or "").lower()
     if recompute_text.startswith("full"):
         recompute = "full"
     elif recompute_text.startswith("selective"):
         recompute = "selective"
     else:
         recompute = "none"
-    sp = "sequence-parallel" in recompute_text or (not recompute_text and par["tp"] > 1)
+    sp = "sequence-parallel" in sp_text or (not sp_text and par["tp"] > 1)
     pp, cp = par["pp"], par.get("cp") or 1
     dp = par.get("dp") or hw["count"] // (par["tp"] * pp * cp)
     mbs = par.get("mbs") or 1
@@ -150,6 +185,7 @@ def case_to_scenario_dict(case: dict) -> dict:
                      "attention": "unfused" if (source_year(case) or 9999) < 2023 else "flash"},
         "parallelism": parallelism,
         "schedule": "interleaved" if vp > 1 else "1f1b",
+        **_framework_keys(case),
     }
 
 

@@ -49,6 +49,7 @@ class Op:
     flops: float
     bytes: float
     time_s: float
+    kernels: int = 1  # kernel launches this op stands for (an unfused chain of elementwise kernels > 1)
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,10 @@ class BlockCost:
     @property
     def flops(self) -> float:
         return sum(op.flops for op in self.ops)
+
+    @functools.cached_property
+    def kernels(self) -> int:
+        return sum(op.kernels for op in self.ops)
 
 
 @dataclass(frozen=True)

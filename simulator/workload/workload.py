@@ -24,10 +24,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from simulator.workload.compute import BlockCost, LayerCost, embedding_cost, head_cost, layer_cost, optimizer_cost, param_counts
+from simulator.workload.compute import BlockCost, LayerCost, embedding_cost, head_cost, layer_cost, param_counts
 from simulator.config import Scenario
 from simulator.physical.hardware import GPUSpec
 from simulator.step.plan import vstage_layers
+from simulator.workload.frameworks import Software, resolve
+from simulator.workload.software import head_with_software, layer_with_software, optimizer_block
 
 GRAD_BYTES = 4  # Megatron-LM keeps and reduces fp32 main gradients in bf16 training
 PARAM_BYTES = 2
@@ -57,6 +59,7 @@ class Workload:
     pp_bytes: float
     cp_bytes: float
     ep_bytes: float
+    software: Software | None = None  # the resolved framework profile (overlaps, host issue cost)
 
     def layers(self, vstage: int) -> range:
         return self.vstages[vstage]
@@ -66,6 +69,7 @@ def build_workload(s: Scenario, gpu: GPUSpec) -> Workload:
     m, t, par = s.model, s.training, s.parallelism
     p, v = par.pp, par.vp
     nvs = p * v
+    sw = resolve(s)
     vstages = vstage_layers(m.num_hidden_layers, p, v, par.first_pipeline_num_layers, par.last_pipeline_num_layers)
     costs: dict[bool, LayerCost] = {}
     layer_costs = {}
@@ -77,7 +81,7 @@ def build_workload(s: Scenario, gpu: GPUSpec) -> Workload:
     for layer in range(m.num_hidden_layers):
         moe = m.is_moe_layer(layer)
         if moe not in costs:
-            costs[moe] = layer_cost(m, t, par, gpu, layer)
+            costs[moe] = layer_with_software(layer_cost(m, t, par, gpu, layer), m, t, par, gpu, layer, sw)
         layer_costs[layer] = costs[moe]
         if moe:
             dense_params[layer] = dense_part_of_moe / par.tp
@@ -114,7 +118,7 @@ def build_workload(s: Scenario, gpu: GPUSpec) -> Workload:
             local = dense / (dp * par.cp) + expert / max(1, s.expert_dp)
         else:
             local = dense + expert
-        optimizer[stage] = optimizer_cost(local, gpu, t, num_params_buffer=dense + expert)
+        optimizer[stage] = optimizer_block(local, dense + expert, gpu, sw)
 
     b, seq, h = t.micro_batch_size, t.seq_length, m.hidden_size
     act = b * seq / par.cp * h * 2
@@ -122,10 +126,10 @@ def build_workload(s: Scenario, gpu: GPUSpec) -> Workload:
     topk = max(1, m.num_experts_per_tok)
     return Workload(
         scenario=s, vstages=vstages, layer_costs=layer_costs,
-        embedding=embedding_cost(m, t, par, gpu), head=head_cost(m, t, par, gpu),
+        embedding=embedding_cost(m, t, par, gpu), head=head_with_software(head_cost(m, t, par, gpu), gpu, sw),
         optimizer=optimizer, buckets=buckets, layer_dense_params=dense_params,
         layer_expert_params=expert_params, tp_bytes=act, pp_bytes=act / par.tp, cp_bytes=kv,
-        ep_bytes=act / par.tp * topk)
+        ep_bytes=act / par.tp * topk, software=sw)
 
 
 def _moe_dense_part(m, counts) -> float:

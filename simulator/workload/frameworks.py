@@ -1,0 +1,126 @@
+"""Framework profiles: what the training software does around the GEMMs, read from ``frameworks/*.yaml``.
+
+A profile is data, one YAML file per framework at the repository root (``frameworks/``): which
+communication overlaps exist and are on by default, which elementwise ops run fused, eager or
+compiled execution and its host cost per kernel, the FP8 recipe and how its casts are fused, and
+the optimizer's passes. Every entry carries the framework docs or source it comes from. The
+engine and the cost models read the resolved :class:`Software` value only; nothing branches on a
+framework's name.
+
+Resolution: the profile's defaults, then the scenario's ``framework_options`` and ``overlap``
+keys (each overrides the profile's value).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from simulator.errors import ConfigError
+
+FRAMEWORKS_DIR = Path(__file__).resolve().parents[2] / "frameworks"
+FP8_RECIPES = ("delayed", "tensorwise", "rowwise", "blockwise", "mxfp8")
+OVERLAP_KEYS = ("tp_comm", "grad_reduce", "param_gather", "param_prefetch_depth", "async_tp", "cp_comm")
+FUSION_KEYS = ("norm", "rope", "activation")
+EXECUTION_KEYS = ("compile", "cuda_graphs", "host_issue_us", "compiled_host_issue_us")
+FP8_KEYS = ("recipe", "casts_fused_into_producers", "weight_cast_once_per_step")
+OPTIMIZER_KEYS = ("adam_bytes_per_param", "clip_bytes_per_param", "zero_grad_bytes_per_param")
+SELECTIVE_POLICIES = ("attention_core", "every_second_matmul", "elementwise")
+SECTIONS = {"overlap": OVERLAP_KEYS, "fusion": FUSION_KEYS, "execution": EXECUTION_KEYS, "fp8": FP8_KEYS,
+            "optimizer": OPTIMIZER_KEYS, "recompute": ("selective",)}
+
+
+@dataclass(frozen=True)
+class Software:
+    """The resolved behaviour of one framework for one scenario (SI units)."""
+
+    framework: str
+    tp_comm: bool
+    grad_reduce: bool
+    param_gather: bool
+    param_prefetch_depth: int
+    async_tp: bool
+    cp_comm: bool
+    fused_norm: bool
+    fused_rope: bool
+    fused_activation: bool
+    compile: bool
+    cuda_graphs: bool
+    host_issue_s: float  # CPU time to issue one kernel (0 when replayed from a CUDA graph)
+    fp8_recipe: str
+    fp8_casts_fused: bool  # casts of norm / activation outputs fused into those kernels (TE)
+    fp8_weight_cast_once: bool  # FP8 weights cached over the step's micro-batches (TE is_first_microbatch)
+    adam_bytes_per_param: float
+    clip_bytes_per_param: float
+    zero_grad_bytes_per_param: float
+    selective_recompute: str = "attention_core"  # what training.recompute: selective re-runs (SELECTIVE_POLICIES)
+
+
+def framework_names() -> tuple[str, ...]:
+    """Profiles shipped in ``frameworks/``, sorted."""
+    return tuple(sorted(p.stem for p in FRAMEWORKS_DIR.glob("*.yaml")))
+
+
+@functools.lru_cache(maxsize=16)
+def load_profile(name: str) -> dict:
+    """The profile's values by section (sources dropped), or a one-line ConfigError."""
+    names = framework_names()
+    if name not in names:
+        raise ConfigError("framework", name, f"valid: {', '.join(names)}")
+    path = FRAMEWORKS_DIR / f"{name}.yaml"
+    raw = yaml.safe_load(path.read_text())
+    out: dict = {}
+    for section, keys in SECTIONS.items():
+        entries = raw.get(section) or {}
+        out[section] = {}
+        for key in keys:
+            entry = entries.get(key)
+            if not isinstance(entry, dict) or "value" not in entry or not entry.get("source"):
+                raise ConfigError(f"{path.name}: {section}.{key}", entry, "needs a value and a source")
+            out[section][key] = entry["value"]
+    if out["recompute"]["selective"] not in SELECTIVE_POLICIES:
+        raise ConfigError(f"{path.name}: recompute.selective", out["recompute"]["selective"],
+                          f"valid: {', '.join(SELECTIVE_POLICIES)}")
+    if out["fp8"]["recipe"] not in FP8_RECIPES:
+        raise ConfigError(f"{path.name}: fp8.recipe", out["fp8"]["recipe"], f"valid: {', '.join(FP8_RECIPES)}")
+    return out
+
+
+def _pick(override, default):
+    return default if override is None else override
+
+
+def resolve(s) -> Software:
+    """The scenario's framework profile with its ``framework_options`` and ``overlap`` overrides."""
+    prof = load_profile(s.framework)
+    ov, opt = s.overlap, s.framework_options
+    po, ex = prof["overlap"], prof["execution"]
+    compile_ = bool(_pick(opt.compile, ex["compile"]))
+    graphs = bool(_pick(opt.cuda_graphs, ex["cuda_graphs"]))
+    issue_us = 0.0 if graphs else float(ex["compiled_host_issue_us"] if compile_ else ex["host_issue_us"])
+    fu, f8, op = prof["fusion"], prof["fp8"], prof["optimizer"]
+    return Software(
+        framework=s.framework,
+        tp_comm=bool(_pick(ov.tp_comm, po["tp_comm"])),
+        grad_reduce=bool(_pick(ov.grad_reduce, po["grad_reduce"])),
+        param_gather=bool(_pick(ov.param_gather, po["param_gather"])),
+        param_prefetch_depth=int(_pick(ov.param_prefetch_depth, po["param_prefetch_depth"])),
+        async_tp=bool(_pick(ov.async_tp, po["async_tp"])),
+        cp_comm=bool(_pick(ov.cp_comm, po["cp_comm"])),
+        fused_norm=bool(fu["norm"]) or compile_,
+        fused_rope=bool(fu["rope"]) or compile_,
+        fused_activation=bool(fu["activation"]) or compile_,
+        compile=compile_,
+        cuda_graphs=graphs,
+        host_issue_s=issue_us * 1e-6,
+        fp8_recipe=str(_pick(opt.fp8_recipe, f8["recipe"])),
+        fp8_casts_fused=bool(f8["casts_fused_into_producers"]),
+        fp8_weight_cast_once=bool(f8["weight_cast_once_per_step"]),
+        adam_bytes_per_param=float(op["adam_bytes_per_param"]),
+        clip_bytes_per_param=float(op["clip_bytes_per_param"]),
+        zero_grad_bytes_per_param=float(op["zero_grad_bytes_per_param"]),
+        selective_recompute=prof["recompute"]["selective"],
+    )

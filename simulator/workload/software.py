@@ -1,0 +1,218 @@
+"""Kernel-level software costs that FLOPs and bytes miss: pure functions of a layer's cost and the
+resolved framework profile (:class:`simulator.workload.frameworks.Software`).
+
+The reference is stepsim's compute model (``compute.py``): Megatron-core with Transformer Engine,
+whose fused kernels (norm, bias+activation, FP8 casts inside LayerNormLinear, multi-tensor Adam)
+are the ops it already prices. Each term here is what a framework does *beyond* that reference,
+as its own named :class:`Op` (so a ``megatron-core`` profile adds nothing):
+
+- Unfused elementwise ops (eager PyTorch without torch.compile), forward bytes per element; the
+  backward moves 2x (compute.py's convention):
+  * RMSNorm as torch's composite ``rms_norm`` (aten/src/ATen/native/layer_norm.cpp, torch 2.5-2.6):
+    upcast (r2 w4), pow (r4 w4), mean (r4), add-eps and rsqrt (per row, ~0), mul (r4 w4), cast back
+    (r4 w2), mul by weight (r2 w2): 36 bytes and 7 kernels against the fused kernel's 4 bytes and 1:
+    32 bytes and 6 kernels more per element of the normalised activation.
+  * RoPE as complex multiply (torchtitan ``apply_rotary_emb``): float cast (r2 w4), complex multiply
+    (r4 w4), cast back (r4 w2) on q and on k: 20 bytes and 3 kernels per element of q and of k. The
+    fused RoPE kernel is not priced by the reference, so the whole unfused cost is added.
+  * SwiGLU as ``silu(gate) * up``: silu (r2 w2) and mul (r2 r2 w2), 10 bytes and 2 kernels against
+    the fused 6 bytes and 1: 4 bytes and 1 kernel more per element of the activation output.
+    GeLU is one kernel either way (no extra). Residual adds, cross-entropy over the vocabulary
+    (PyTorch's fp32 log-softmax: about the 12 bytes per logit the reference charges) and dropout
+    (0 in these recipes) are already what the reference prices.
+- FP8 casts, per GEMM and micro-batch, on the tensors a recipe quantises: the input X (m x k),
+  the weight W (k x n) and, in the backward, the output gradient dY (m x n), each needed in two
+  layouts (Hopper FP8 GEMMs take only the TN layout). Cost per 16-bit element (bytes, kernels):
+  * delayed (TE ``cast_transpose``, amax fused, scale from the amax history): r2 w1 w1 = 4, 1.
+  * tensorwise (dynamic, torchao Float8Linear / TE Float8CurrentScaling): the amax must be known
+    before the cast, so an amax pass (r2, plus a tiny final reduction) then a cast and a transposed
+    copy: eager 2 + 3 + 2 = 7 bytes in 4 kernels; compiled, Inductor fuses cast and transpose:
+    2 + 4 = 6 bytes in 2 kernels (torchao/float8/float8_scaling_utils.py, float8_linear.py).
+  * rowwise (torchao): each orientation has its own scales: two amax passes and two casts,
+    2 x (2 + 3) = 10 bytes, 4 kernels eager, 2 compiled.
+  * blockwise (TE Float8BlockScaling, 1x128 / 128x128) and mxfp8 (TE MXFP8, 32-element blocks):
+    one quantize kernel writes both layouts with local scales: r2 w1 w1 (+ 1 scale byte per 128 or
+    per 32 elements per layout) = 4.02 / 4.06 bytes, 1 kernel.
+  The reference (TE delayed, LayerNormLinear) pays 4 bytes / 1 kernel for every X except those a
+  norm produces (QKV, MLP up: cast fused into the norm, 0), for every dY, and casts each weight once
+  per step (amortised to 0 per micro-batch); the FP8 GEMM ceiling in hardware.py (0.70 of peak)
+  already prices those. A profile pays its recipe's cost on every tensor, except norm-produced X when
+  it fuses casts into producers with a single-pass recipe, and the weight when it caches FP8
+  weights over micro-batches; the difference is an ``fp8_cast`` op in the forward and
+  ``fp8_cast_bwd`` in the backward.
+- Host issue (``host_issue_s`` per kernel) is applied by the engine, which keeps each rank's host
+  clock: see ``simulator.step.engine``; ``BlockCost.kernels`` counts the launches.
+- Selective recompute per framework (profile ``recompute.selective``, with ``training.recompute:
+  selective``): ``attention_core`` is the reference (Megatron, Korthikanti et al. 2022);
+  ``every_second_matmul`` is torchtitan's per-op SAC (torchtitan/distributed/activation_checkpoint.py),
+  which saves every mm output except the 2nd, 4th, ... of a block and re-runs everything else: in a
+  Llama block (mm order wq, wk, wv, wo, w1, w3, w2) wk, wo and w3 (the K share of the fused QKV
+  GEMM, the output projection, half of the fused up-projection; for GeLU, mm order wq, wk, wv,
+  wo, w1, w2: wk, wo and w2) plus every elementwise op; ``elementwise`` (MaxText minimal_flash) re-runs
+  only the elementwise ops. All of it runs before the attention backward; MoE layers keep the
+  reference.
+- Optimizer passes per framework (profile ``optimizer`` section): ``grad_norm`` (clipping), ``adam``
+  and ``zero_grad`` as memory-bound kernels, bytes per parameter from the profile's source.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from simulator.config import ModelConfig, ParallelConfig, TrainingConfig
+from simulator.physical.hardware import GPUSpec
+from simulator.workload.compute import (
+    ACT_BYTES, BlockCost, LayerCost, Op, _Gemm, _attn_plan, _local_tokens, _mlp_plan, _roofline,
+)
+from simulator.workload.frameworks import Software
+
+NORM_EXTRA = (32.0, 6)  # bytes per element, kernels: composite rms_norm over the fused kernel
+ROPE_UNFUSED = (20.0, 3)  # per element of q and of k
+SWIGLU_EXTRA = (4.0, 1)  # per element of the activation output
+NORM_OPS = ("input_norm", "post_attn_norm", "final_norm")
+ACT_OPS = ("mlp_act", "expert_act", "shared_act")
+NORM_FED_GEMMS = ("qkv_proj", "mlp_up", "shared_up", "router", "lm_head")
+SINGLE_PASS_RECIPES = ("delayed", "blockwise", "mxfp8")
+_REFERENCE_CAST = (4.0, 1)
+
+
+def fp8_cast_cost(recipe: str, compiled: bool) -> tuple[float, int]:
+    """(bytes, kernels) per 16-bit element to produce both FP8 layouts of one tensor (module docstring)."""
+    if recipe == "delayed":
+        return 4.0, 1
+    if recipe == "tensorwise":
+        return (6.0, 2) if compiled else (7.0, 4)
+    if recipe == "rowwise":
+        return (10.0, 2) if compiled else (10.0, 4)
+    if recipe == "blockwise":
+        return 4.0 + 2.0 / 128, 1
+    return 4.0 + 2.0 / 32, 1  # mxfp8
+
+
+def _mem_op(name: str, nbytes: float, kernels: int, gpu: GPUSpec) -> Op:
+    """A chain of ``kernels`` memory-bound kernels moving ``nbytes``: roofline plus one launch gap each."""
+    time = _roofline(0.0, nbytes, gpu, 1.0) + (kernels - 1) * gpu.launch_overhead_s
+    return Op(name, 0.0, nbytes, time, kernels)
+
+
+def _gemms(plan) -> list[_Gemm]:
+    return [st for st in plan if isinstance(st, _Gemm)]
+
+
+def fp8_extra(gemms: list[_Gemm], sw: Software) -> tuple[float, int, float, int]:
+    """(forward bytes, forward kernels, backward bytes, backward kernels) of FP8 casts beyond the
+    reference, per micro-batch, for these GEMMs (module docstring)."""
+    c_bytes, c_kern = fp8_cast_cost(sw.fp8_recipe, sw.compile)
+    r_bytes, r_kern = _REFERENCE_CAST
+    fb = bb = 0.0
+    fk = bk = 0
+    for g in gemms:
+        x, w, dy = g.groups * g.m * g.k, g.groups * g.k * g.n, g.groups * g.m * g.n
+        norm_fed = g.name in NORM_FED_GEMMS
+        ref_x = (0.0, 0) if norm_fed else (r_bytes, r_kern)
+        own_x = (0.0, 0) if norm_fed and sw.fp8_casts_fused and sw.fp8_recipe in SINGLE_PASS_RECIPES else (c_bytes, c_kern)
+        fb += max(0.0, own_x[0] - ref_x[0]) * x
+        fk += max(0, own_x[1] - ref_x[1]) * g.groups
+        if not sw.fp8_weight_cast_once:  # cached weights cost once per step, amortised to ~0 as in the reference
+            fb += c_bytes * w
+            fk += c_kern * g.groups
+        bb += max(0.0, c_bytes - r_bytes) * dy
+        bk += max(0, c_kern - r_kern) * g.groups
+    return fb, fk, bb, bk
+
+
+def _rope_bytes(model: ModelConfig, tokens: float, tp: int) -> float:
+    q = model.num_attention_heads * model.head_dim / tp
+    k = max(model.num_key_value_heads, tp) * model.head_dim / tp
+    return ROPE_UNFUSED[0] * tokens * (q + k)
+
+
+def _add(block: BlockCost, extra: list[Op]) -> BlockCost:
+    extra = [op for op in extra if op.bytes > 0]
+    return BlockCost(block.ops + tuple(extra)) if extra else block
+
+
+def layer_with_software(cost: LayerCost, model: ModelConfig, training: TrainingConfig, par: ParallelConfig,
+                        gpu: GPUSpec, layer: int, sw: Software) -> LayerCost:
+    """``cost`` with the profile's unfused elementwise ops and FP8 casts as their own ops."""
+    tokens, tokens_norm = _local_tokens(training, par)
+    attn_plan = _attn_plan(model, tokens, tokens_norm, par.tp)
+    mlp_plan = _mlp_plan(model, layer, tokens, tokens_norm, par)
+    swiglu = model.mlp_matrices == 3
+    blocks = {}
+    for name, fwd, bwd, plan in (("attn", cost.attn_fwd, cost.attn_bwd, attn_plan),
+                                 ("mlp", cost.mlp_fwd, cost.mlp_bwd, mlp_plan)):
+        nbytes, kernels = 0.0, 0
+        for op in fwd.ops:
+            if op.name in NORM_OPS and not sw.fused_norm:
+                nbytes += NORM_EXTRA[0] * op.bytes / (2 * ACT_BYTES)
+                kernels += NORM_EXTRA[1]
+            elif op.name in ACT_OPS and not sw.fused_activation and swiglu:
+                nbytes += SWIGLU_EXTRA[0] * op.bytes / (3 * ACT_BYTES)
+                kernels += SWIGLU_EXTRA[1]
+        if name == "attn" and not sw.fused_rope:
+            nbytes += _rope_bytes(model, tokens, par.tp)
+            kernels += 2 * ROPE_UNFUSED[1]
+        fwd_extra = [_mem_op("unfused_elementwise", nbytes, kernels, gpu)] if kernels else []
+        bwd_extra = [_mem_op("unfused_elementwise_bwd", 2.0 * nbytes, 2 * kernels, gpu)] if kernels else []
+        if training.precision == "fp8":
+            fb, fk, bb, bk = fp8_extra(_gemms(plan), sw)
+            if fk or fb:
+                fwd_extra.append(_mem_op("fp8_cast", fb, max(1, fk), gpu))
+            if bk or bb:
+                bwd_extra.append(_mem_op("fp8_cast_bwd", bb, max(1, bk), gpu))
+        blocks[name] = (_add(fwd, fwd_extra), _add(bwd, bwd_extra))
+    attn_fwd, attn_bwd = blocks["attn"]
+    mlp_fwd, mlp_bwd = blocks["mlp"]
+    full = cost.attn_recompute is cost.attn_fwd and cost.mlp_recompute is cost.mlp_fwd and cost.attn_fwd.ops
+    if (training.recompute == "selective" and sw.selective_recompute != "attention_core"
+            and not model.is_moe_layer(layer)):
+        shares = recompute_shares(model, par.tp, sw.selective_recompute)
+        ops = [_scaled(op, shares.get(op.name, 0.0 if op.flops else 1.0))
+               for op in attn_fwd.ops + mlp_fwd.ops]
+        return replace(cost, attn_fwd=attn_fwd, attn_bwd=attn_bwd, mlp_fwd=mlp_fwd, mlp_bwd=mlp_bwd,
+                       attn_recompute=BlockCost(tuple(op for op in ops if op is not None)),
+                       mlp_recompute=BlockCost())
+    return replace(cost, attn_fwd=attn_fwd, attn_bwd=attn_bwd, mlp_fwd=mlp_fwd, mlp_bwd=mlp_bwd,
+                   attn_recompute=attn_fwd if full else cost.attn_recompute,
+                   mlp_recompute=mlp_fwd if full else cost.mlp_recompute)
+
+
+def recompute_shares(model: ModelConfig, tp: int, policy: str) -> dict[str, float]:
+    """Share of each forward GEMM a selective policy re-runs (elementwise ops re-run whole)."""
+    if policy != "every_second_matmul":
+        return {}
+    q = model.num_attention_heads * model.head_dim
+    kv = max(model.num_key_value_heads, tp) * model.head_dim
+    if model.mlp_matrices == 3:
+        return {"qkv_proj": kv / (q + 2 * kv), "out_proj": 1.0, "mlp_up": 0.5}
+    return {"qkv_proj": kv / (q + 2 * kv), "out_proj": 1.0, "mlp_down": 1.0}
+
+
+def _scaled(op: Op, share: float) -> Op | None:
+    if share <= 0:
+        return None
+    if share == 1.0:
+        return op
+    return Op(f"{op.name}_part", op.flops * share, op.bytes * share, op.time_s * share, op.kernels)
+
+
+def head_with_software(head: tuple[BlockCost, BlockCost], gpu: GPUSpec, sw: Software) -> tuple[BlockCost, BlockCost]:
+    """The final norm, unfused when the profile does not fuse norms."""
+    fwd, bwd = head
+    if sw.fused_norm:
+        return head
+    elems = sum(op.bytes for op in fwd.ops if op.name == "final_norm") / (2 * ACT_BYTES)
+    return (_add(fwd, [_mem_op("unfused_elementwise", NORM_EXTRA[0] * elems, NORM_EXTRA[1], gpu)]),
+            _add(bwd, [_mem_op("unfused_elementwise_bwd", 2 * NORM_EXTRA[0] * elems, 2 * NORM_EXTRA[1], gpu)]))
+
+
+def optimizer_block(num_params_local: float, num_params_buffer: float, gpu: GPUSpec, sw: Software) -> BlockCost:
+    """Clipping norm, Adam and gradient zeroing as memory-bound passes with the profile's bytes per
+    parameter (shard for the first two, every local gradient for the zeroing)."""
+    ops = [
+        ("grad_norm", sw.clip_bytes_per_param, num_params_local),
+        ("adam", sw.adam_bytes_per_param, num_params_local),
+        ("zero_grad", sw.zero_grad_bytes_per_param, num_params_buffer),
+    ]
+    return BlockCost(tuple(_mem_op(name, per * n, 1, gpu) for name, per, n in ops if per > 0))

@@ -1,0 +1,198 @@
+"""Framework profiles and the kernel-level software costs: closed forms on small layers and tiny worlds."""
+
+import dataclasses
+
+import pytest
+
+from simulator.config import (ClusterConfig, FrameworkOptions, ModelConfig, OverlapConfig, ParallelConfig, Scenario,
+                              TrainingConfig)
+from simulator.errors import ConfigError
+from simulator.physical.hardware import get_gpu
+from simulator.reports.report import step_report
+from simulator.scenario import load_scenario, scenario_from_dict, scenario_to_dict
+from simulator.step.engine import simulate
+from simulator.studies.validate import case_to_scenario_dict
+from simulator.workload.compute import _Gemm, layer_cost
+from simulator.workload.frameworks import framework_names, load_profile, resolve
+from simulator.workload.software import fp8_extra, layer_with_software
+
+H100 = get_gpu("H100")
+LLAMA = ModelConfig(hidden_size=1024, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=8,
+                    intermediate_size=4096, vocab_size=32000, hidden_act="silu")
+TRAIN = TrainingConfig(seq_length=1024, micro_batch_size=1, global_batch_size=8)
+
+
+def scen(framework="megatron-core", overlap=OverlapConfig(), options=FrameworkOptions(), model=LLAMA, dp=8,
+         tp=1, sp=False, zero=0, precision="bf16", m=1):
+    return Scenario(name="t", model=model, cluster=ClusterConfig(),
+                    training=dataclasses.replace(TRAIN, precision=precision, global_batch_size=m * dp),
+                    parallelism=ParallelConfig(tp=tp, dp=dp, sequence_parallel=sp, zero_stage=zero),
+                    framework=framework, overlap=overlap, framework_options=options)
+
+
+def sw_layer(s):
+    base = layer_cost(s.model, s.training, s.parallelism, H100, 0)
+    return base, layer_with_software(base, s.model, s.training, s.parallelism, H100, 0, resolve(s))
+
+
+def test_the_six_frameworks_load_and_every_entry_names_a_source():
+    assert framework_names() == ("composer", "deepspeed", "maxtext", "megatron-core", "nemo", "torchtitan")
+    for name in framework_names():
+        assert load_profile(name)["overlap"]["param_prefetch_depth"] >= 0
+
+
+def test_unknown_framework_is_one_line_error_listing_the_valid_ones():
+    d = scenario_to_dict(scen())
+    d["framework"] = "jax-thing"
+    with pytest.raises(ConfigError) as err:
+        scenario_from_dict(d)
+    assert "\n" not in str(err.value) and "torchtitan" in str(err.value) and "framework" in str(err.value)
+
+
+def test_overlap_key_overrides_the_profile():
+    assert resolve(scen()).grad_reduce is True
+    assert resolve(scen(overlap=OverlapConfig(grad_reduce=False))).grad_reduce is False
+    assert resolve(scen("deepspeed")).grad_reduce is False
+    assert resolve(scen("torchtitan", options=FrameworkOptions(cuda_graphs=True))).host_issue_s == 0
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp8"])
+def test_megatron_core_profile_adds_nothing_to_the_reference_layer(precision):
+    base, with_sw = sw_layer(scen(precision=precision))
+    assert with_sw == base
+
+
+def test_kernel_count_of_one_layer_per_profile():
+    """Reference (fused) SwiGLU layer: forward 5 + 5 kernels (norm, QKV, attention, out-proj,
+    residual; norm, up, activation, down, residual), backward 7 + 7 (each GEMM's dgrad and wgrad).
+    Eager torchtitan adds 6 per RMSNorm, 3 + 3 for RoPE on q and k, 1 for silu * up; the
+    backward twice those; torch.compile fuses them back to the reference count."""
+    base, _ = sw_layer(scen())
+    assert [b.kernels for b in (base.attn_fwd, base.mlp_fwd, base.attn_bwd, base.mlp_bwd)] == [5, 5, 7, 7]
+    _, eager = sw_layer(scen("torchtitan", options=FrameworkOptions(compile=False)))
+    assert [b.kernels for b in (eager.attn_fwd, eager.mlp_fwd, eager.attn_bwd, eager.mlp_bwd)] == \
+        [5 + 6 + 6, 5 + 6 + 1, 7 + 2 * 12, 7 + 2 * 7]
+    _, compiled = sw_layer(scen("torchtitan", options=FrameworkOptions(compile=True)))
+    assert [b.kernels for b in (compiled.attn_fwd, compiled.mlp_fwd)] == [5, 5]
+
+
+def test_unfused_rmsnorm_moves_36_bytes_per_element_against_the_fused_4():
+    s = scen("torchtitan", options=FrameworkOptions(compile=False), model=dataclasses.replace(LLAMA, hidden_act="gelu"))
+    base, eager = sw_layer(s)
+    extra = [op for op in eager.mlp_fwd.ops if op.name == "unfused_elementwise"][0]
+    norm = [op for op in base.mlp_fwd.ops if op.name == "post_attn_norm"][0]
+    assert norm.bytes == 4 * 1024 * 1024  # tokens x hidden x (read 2 + write 2)
+    assert extra.bytes == 32 * 1024 * 1024 and extra.kernels == 6  # GeLU adds nothing
+
+
+def test_fp8_tensorwise_cast_bytes_per_gemm_closed_form():
+    """torchao tensorwise, compiled: 6 bytes per element of X, W and dY (amax pass r2, cast and
+    transpose r2 w1 w1); the reference pays 4 on X (0 when a norm produces it) and dY, and casts
+    the weight once per step."""
+    m, n, k = 4096.0, 3072.0, 1024.0
+    sw = resolve(scen("torchtitan", options=FrameworkOptions(compile=True, fp8_recipe="tensorwise"), precision="fp8"))
+    fb, _, bb, _ = fp8_extra([_Gemm("out_proj", m, n, k)], sw)
+    assert fb == pytest.approx(2 * m * k + 6 * k * n) and bb == pytest.approx(2 * m * n)
+    fb, _, bb, _ = fp8_extra([_Gemm("qkv_proj", m, n, k)], sw)
+    assert fb == pytest.approx(6 * m * k + 6 * k * n) and bb == pytest.approx(2 * m * n)
+    te = resolve(scen("megatron-core", precision="fp8"))
+    assert fp8_extra([_Gemm("qkv_proj", m, n, k), _Gemm("out_proj", m, n, k)], te) == (0.0, 0, 0.0, 0)
+
+
+def _dp(report):
+    return report["time_breakdown_s"]["exposed_comm_s"]["dp"]
+
+
+def test_exposed_grad_reduce_equals_its_collective_time_when_overlap_is_off():
+    off = simulate(scen(overlap=OverlapConfig(grad_reduce=False), zero=0))
+    comm = sum(r.end - r.start for r in off.trace if r.stream == "dp" and r.kind == "comm")
+    rep_off = step_report(off)
+    assert comm > 0 and _dp(rep_off) == pytest.approx(comm, rel=1e-9)
+    rep_on = step_report(simulate(scen(zero=0)))
+    assert _dp(rep_on) < _dp(rep_off)
+    assert rep_off["step_time_s"] - rep_on["step_time_s"] == pytest.approx(_dp(rep_off) - _dp(rep_on), rel=1e-6)
+
+
+def test_tp_comm_overlap_off_exposes_the_backward_tp_collectives():
+    on = step_report(simulate(scen(dp=1, tp=8, sp=True)))
+    off = step_report(simulate(scen(dp=1, tp=8, sp=True, overlap=OverlapConfig(tp_comm=False))))
+    on_tp, off_tp = (r["time_breakdown_s"]["exposed_comm_s"]["tp"] for r in (on, off))
+    assert off_tp > on_tp and off["step_time_s"] > on["step_time_s"]
+
+
+def test_async_tp_hides_forward_sequence_parallel_collectives():
+    plain = step_report(simulate(scen(dp=1, tp=8, sp=True)))
+    fast = step_report(simulate(scen(dp=1, tp=8, sp=True, overlap=OverlapConfig(async_tp=True))))
+    assert fast["time_breakdown_s"]["exposed_comm_s"]["tp"] < plain["time_breakdown_s"]["exposed_comm_s"]["tp"]
+
+
+def test_param_gather_off_exposes_the_zero1_all_gather():
+    on = step_report(simulate(scen(zero=1)))
+    off = step_report(simulate(scen(zero=1, overlap=OverlapConfig(param_gather=False))))
+    assert _dp(off) > _dp(on)
+
+
+def test_a_host_bound_step_lasts_at_least_its_kernel_issue_time():
+    """A tiny eager model: every kernel's GPU time is below the 10 us host issue time, so the
+    compute stream waits on the host (host_dispatch rows) and the step is at least the number of
+    kernels issued times 10 us (minus the lead the host had at the step's start); with CUDA graphs
+    there is no host issue cost."""
+    tiny = ModelConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+                       intermediate_size=256, vocab_size=100, hidden_act="silu")
+    s = dataclasses.replace(scen("torchtitan", model=tiny, dp=1, options=FrameworkOptions(compile=False)),
+                            training=TrainingConfig(seq_length=32, micro_batch_size=1, global_batch_size=1))
+    res = simulate(s)
+    stalls = [r for r in res.trace if r.label == "host_dispatch"]
+    assert stalls
+    w = res.workload
+    lc = w.layer_costs[0]
+    kernels = (2 * sum(b.kernels for b in (lc.attn_fwd, lc.mlp_fwd, lc.attn_bwd, lc.mlp_bwd))
+               + sum(b.kernels for b in w.embedding + w.head))
+    assert res.step_time_s >= kernels * 10e-6 - w.optimizer[0].time_s
+    graphs = simulate(dataclasses.replace(s, framework_options=FrameworkOptions(compile=False, cuda_graphs=True)))
+    assert not [r for r in graphs.trace if r.label == "host_dispatch"]
+    assert graphs.step_time_s < res.step_time_s
+
+
+def test_megatron_core_reproduces_todays_tiny_report():
+    """The step time of scenarios/tiny.yaml before framework profiles existed (commit 2fa9630)."""
+    plain = step_report(simulate(load_scenario("scenarios/tiny.yaml")))
+    explicit = step_report(simulate(load_scenario("scenarios/tiny.yaml", ["framework=megatron-core"])))
+    assert plain["step_time_s"] == explicit["step_time_s"] == 0.00708287188943954
+
+
+def test_validate_reads_framework_and_options():
+    case = {"id": "x", "framework": "torchtitan",
+            "framework_options": {"compile": True, "fp8_recipe": "rowwise", "async_tp": True,
+                                  "activation_checkpointing": "full", "overlap": {"grad_reduce": False, "pp_p2p": False}},
+            "model": {"params_b": None, "layers": 4, "hidden": 1024, "ffn_hidden": 4096, "heads": 8, "vocab": 32000,
+                      "seq_len": 1024},
+            "hardware": {"gpu": "H100 96GB HBM2e (Grand Teton, 500 W power limit)", "count": 8},
+            "parallelism": {"tp": 1, "pp": 1, "gbs": 8}}
+    s = scenario_from_dict(case_to_scenario_dict(case))
+    assert s.framework == "torchtitan" and s.training.recompute == "full"
+    assert s.framework_options == FrameworkOptions(compile=True, fp8_recipe="rowwise")
+    assert s.overlap == OverlapConfig(grad_reduce=False, async_tp=True)
+    assert get_gpu(s.cluster.gpu).name == "H100-SXM5-96GB"
+    without = scenario_from_dict(case_to_scenario_dict({**case, "framework": None, "framework_options": None}))
+    assert without.framework == "megatron-core"
+
+
+@pytest.mark.parametrize("name", ["H100 PCIe", "H100 NVL 94GB"])
+def test_gpu_variants_with_other_clocks_are_an_error_not_the_sxm_part(name):
+    with pytest.raises(ConfigError):
+        get_gpu(name)
+
+
+def test_torchtitan_selective_recompute_reruns_every_second_matmul():
+    """Per-op SAC on a SwiGLU block (mm order wq, wk, wv, wo, w1, w3, w2): wk, wo, w3 re-run,
+    i.e. the K share of the QKV GEMM, the whole output projection and half the up-projection, plus
+    every elementwise op; the attention core is saved."""
+    s = dataclasses.replace(scen("torchtitan", options=FrameworkOptions(compile=True)),
+                            training=dataclasses.replace(TRAIN, recompute="selective"))
+    base, sac = sw_layer(s)
+    flops = {op.name: op.flops for op in base.attn_fwd.ops + base.mlp_fwd.ops}
+    expected = flops["qkv_proj"] * 1024 / (1024 + 2 * 1024) + flops["out_proj"] + flops["mlp_up"] / 2
+    assert sac.attn_recompute.flops == pytest.approx(expected)
+    assert "attn_core" not in [op.name for op in sac.attn_recompute.ops]
+    assert base.attn_recompute.flops == flops["attn_core"]  # the reference: attention core only
