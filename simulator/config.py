@@ -72,7 +72,7 @@ class TrainingConfig:
     global_batch_size: int = 1
     precision: str = "bf16"  # bf16 | fp16 | fp8
     recompute: str = "none"  # none | selective | full
-    attention: str = "flash"  # flash (fused kernel) | unfused (materialised scores, pre-2023 Megatron)
+    attention: str = "flash"  # flash (the framework's fused kernel) | fa2 | fa3 | cudnn | unfused (materialised scores, pre-2023 Megatron)
 
 
 @dataclass(frozen=True)

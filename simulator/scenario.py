@@ -131,7 +131,7 @@ _CHECKS: dict[str, dict[str, Checker]] = {
         "global_batch_size": _POSITIVE,
         "precision": partial(_choice, choices=PRECISIONS),
         "recompute": partial(_choice, choices=RECOMPUTE),
-        "attention": partial(_choice, choices=("flash", "unfused")),
+        "attention": partial(_choice, choices=("flash", "fa2", "fa3", "cudnn", "unfused")),
     },
     "parallelism": {
         "tp": _POSITIVE,

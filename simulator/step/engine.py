@@ -22,7 +22,7 @@ from typing import Generator
 import simpy
 
 from simulator.physical.collectives import Collectives
-from simulator.workload.compute import joined, split_at_gemm
+from simulator.workload.compute import joined, split_at_gemm, split_around, CP_CORE_OPS
 from simulator.config import Scenario
 from simulator.physical.hardware import GPUSpec, gpu_of
 from simulator.physical.network import Network
@@ -248,9 +248,12 @@ class StepEngine:
         at = dict(microbatch=mb, chunk=chunk, layer=layer)
         if sp:
             yield from self.collective(rank, "tp", "all_gather", w.tp_bytes, "tp", **at)
-        cp_ev = self.launch(rank, "cp", "all_gather", w.cp_bytes * s.parallelism.cp, "cp")
-        yield from self.compute(rank, kind, cost.attn_fwd, "attention", mb, chunk, layer)
-        yield from self.wait(rank, cp_ev, "cp", **at)
+        if s.parallelism.cp > 1:
+            yield from self.context_parallel_attention(rank, kind, cost.attn_fwd, w.cp_bytes, at)
+        else:
+            cp_ev = self.launch(rank, "cp", "all_gather", w.cp_bytes * s.parallelism.cp, "cp")
+            yield from self.compute(rank, kind, cost.attn_fwd, "attention", mb, chunk, layer)
+            yield from self.wait(rank, cp_ev, "cp", **at)
         yield from self.collective(rank, "tp", "reduce_scatter" if sp else "all_reduce", w.tp_bytes, "tp", **at)
         moe = s.model.is_moe_layer(layer)
         if sp:
@@ -293,8 +296,31 @@ class StepEngine:
             yield from self.collective(rank, "tp", "all_gather", w.tp_bytes, "tp", **at)
         if s.training.recompute == "selective":
             yield from self.compute(rank, "R", cost.attn_recompute, "attention", mb, chunk, layer)
-        cp_ev = self.launch(rank, "cp", "all_gather", 2 * w.cp_bytes * s.parallelism.cp, "cp")
-        yield from self.column_parallel_backward(rank, cost.attn_bwd, "qkv_proj", "attention", sp, at, cp_ev)
+        if s.parallelism.cp > 1:
+            rest = yield from self.context_parallel_attention(rank, "B", cost.attn_bwd, 2 * w.cp_bytes, at)
+            yield from self.column_parallel_backward(rank, rest, "qkv_proj", "attention", sp, at)
+        else:
+            cp_ev = self.launch(rank, "cp", "all_gather", 2 * w.cp_bytes * s.parallelism.cp, "cp")
+            yield from self.column_parallel_backward(rank, cost.attn_bwd, "qkv_proj", "attention", sp, at, cp_ev)
+
+    def context_parallel_attention(self, rank: int, kind: str, block, chunk_bytes: float, at: dict) -> Generator:
+        """The attention block under context parallelism, as Transformer Engine runs its ring
+        (``AttnFuncWithCPAndKVP2P``): the ops before the attention core compute first; the
+        cp - 1 ring steps that bring the other ranks' K and V (and, backward, carry dK and dV on)
+        start with the core and overlap only it, so whatever of the exchange the core cannot
+        hide is exposed before the ops after it (output projection forward; the QKV backward).
+        Forward, the rest of the block computes here; backward, it is returned for the
+        column-parallel backward to run with its TP overlap."""
+        mb, chunk, layer = at["microbatch"], at["chunk"], at["layer"]
+        before, core, after = split_around(block, CP_CORE_OPS)
+        yield from self.compute(rank, kind, before, "attention", mb, chunk, layer)
+        cp_ev = self.launch(rank, "cp", "all_gather", chunk_bytes * self.s.parallelism.cp, "cp")
+        yield from self.compute(rank, kind, core, "attention", mb, chunk, layer)
+        yield from self.wait(rank, cp_ev, "cp", **at)
+        if kind == "B":
+            return after
+        yield from self.compute(rank, kind, after, "attention", mb, chunk, layer)
+        return None
 
     def column_parallel_backward(self, rank: int, block, gemm: str, label: str, sp: bool, at: dict,
                                  cp_ev: simpy.Event | None = None) -> Generator:
