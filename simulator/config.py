@@ -88,6 +88,7 @@ class ParallelConfig:
     first_pipeline_num_layers: int | None = None  # Megatron-core decoder_first_pipeline_num_layers
     last_pipeline_num_layers: int | None = None  # decoder_last_pipeline_num_layers
     etp: int | None = None  # expert tensor parallel size (Megatron-core); None: the same as tp
+    cp_comm_type: str = "p2p"  # p2p (K/V ring under the attention core) | all_gather (K/V gathered first)
 
     @property
     def expert_tp(self) -> int:

@@ -145,6 +145,7 @@ _CHECKS: dict[str, dict[str, Checker]] = {
         "zero_stage": partial(_choice, choices=ZERO_STAGES),
         "first_pipeline_num_layers": partial(_optional_whole, minimum=0),
         "last_pipeline_num_layers": partial(_optional_whole, minimum=0),
+        "cp_comm_type": partial(_choice, choices=("p2p", "all_gather")),
     },
 }
 

@@ -102,8 +102,32 @@ def test_cp_attention_flops_are_the_unsharded_flops_over_cp_and_merges_cost_byte
     cost = layer_cost(LLAMA8B, train, ParallelConfig(cp=8), H100, 0)
     core = next(op for op in cost.attn_fwd.ops if op.name == "attn_core")
     merge = next(op for op in cost.attn_fwd.ops if op.name == "attn_cp_merge")
-    assert core.flops == pytest.approx(one.flops / 8)
+    ring = next(op for op in cost.attn_fwd.ops if op.name == "attn_core_cp")
+    assert core.flops + ring.flops == pytest.approx(one.flops / 8)
+    assert core.flops == pytest.approx(one.flops / 64)  # the local causal call: (s/cp)^2 / 2
     # 7 later calls: 3 with all 16k local query rows, 4 with 8k; 10 bytes per query element
     assert merge.bytes == pytest.approx(10 * (3 * 16384 + 4 * 8192) * 4096)
     assert not [op for op in layer_cost(LLAMA8B, train, ParallelConfig(), H100, 0).attn_fwd.ops
                 if op.name == "attn_cp_merge"]
+
+
+def _cp_step(cp_comm_type, nodes=4):
+    from simulator.config import ClusterConfig, Scenario
+    from simulator.reports.report import step_report
+    from simulator.step.engine import simulate
+
+    s = Scenario(name="cp", model=dataclasses.replace(LLAMA8B, num_hidden_layers=2, num_key_value_heads=32),
+                 cluster=ClusterConfig(topology="dgx-h100", num_nodes=nodes, gpus_per_node=8, gpu="H100-SXM5-80GB"),
+                 training=TrainingConfig(seq_length=32768, micro_batch_size=1, global_batch_size=1),
+                 parallelism=ParallelConfig(tp=8, cp=nodes, dp=1, sequence_parallel=True, cp_comm_type=cp_comm_type))
+    return step_report(simulate(s))
+
+
+def test_all_gather_cp_waits_where_the_p2p_ring_hides_under_the_core():
+    """MHA K/V of 32k tokens over four nodes (48 MiB to gather per rank per layer): the ring
+    overlaps the whole attention core, the gather only the local causal call (a quarter of the
+    work, 1/16 of the causal square), so all_gather exposes more CP time; both compute the same."""
+    p2p, gather = _cp_step("p2p"), _cp_step("all_gather")
+    assert gather["time_breakdown_s"]["compute_s"] == pytest.approx(p2p["time_breakdown_s"]["compute_s"], rel=1e-9)
+    assert gather["time_breakdown_s"]["exposed_comm_s"]["cp"] > p2p["time_breakdown_s"]["exposed_comm_s"]["cp"]
+    assert gather["step_time_s"] > p2p["step_time_s"]

@@ -166,6 +166,9 @@ def _attn_core(
     log-sum-exp correction (Transformer Engine keeps the running output in fp32: read the call's
     16-bit output and the fp32 accumulator, write the accumulator, 10 bytes per query element it
     touched), and the backward accumulates dQ and dK/dV the same way (2x): op ``attn_cp_merge``.
+    Ops: ``attn_core`` (the local causal call; the only one without CP), ``attn_core_cp`` (the
+    cp - 1 calls on arriving keys, which need the exchange), ``attn_cp_merge``; ``_bwd`` backward.
+    Attention is compute-bound at these sizes; its HBM bytes are split 1/cp to the local call.
     """
     b, s = training.micro_batch_size, training.seq_length
     tp, cp = par.tp, par.cp
@@ -173,31 +176,36 @@ def _attn_core(
     heads = model.num_attention_heads / tp
     q_dim = heads * model.head_dim
     kv_dim = max(model.num_key_value_heads, tp) * model.head_dim / tp
-    nbytes = ACT_BYTES * (2 * tokens * q_dim + 2 * b * s * kv_dim)
+    nbytes = ACT_BYTES * (2 * tokens * q_dim + 2 * b * s * kv_dim) * (2.0 if backward else 1.0)
     backend = attention.resolve_backend(training.attention, gpu.name)
     direction = "bwd" if backward else "fwd"
     flop_rate_16 = peak(gpu, _attention_precision(training.precision)) * gpu.sustained_fraction
     reference = _occupancy(attention.REFERENCE_CTAS, gpu.num_sms)
-    flops = seconds = merged_rows = 0.0
-    for i, (q_len, kv_len, causal) in enumerate(attention.cp_attention_calls(s, cp)):
+    calls = []  # (flops, seconds) per call
+    for q_len, kv_len, causal in attention.cp_attention_calls(s, cp):
         call = 4.0 * b * q_len * kv_len * q_dim / (2.0 if causal else 1.0)
         if backward:
             call *= FA_BWD_FLOP_RATIO
         ctas = b * heads * math.ceil(q_len / TILE_M)
         kernel = attention.AttentionKernel(backend, direction, causal, model.head_dim, kv_len)
         eff = attention.peak_fraction(kernel, gpu.name) * _occupancy(ctas, gpu.num_sms) / reference
-        flops += call
-        seconds += call / (flop_rate_16 * eff)
-        if i:
-            merged_rows += b * q_len
-    if backward:
-        nbytes *= 2.0
-    name = "attn_core_bwd" if backward else "attn_core"
-    ops = [Op(name, flops, nbytes, max(seconds, nbytes / (gpu.hbm_bandwidth_Bps * gpu.memory_efficiency))
-              + gpu.launch_overhead_s * len(attention.cp_attention_calls(s, cp)))]
-    if merged_rows:
+        calls.append((call, call / (flop_rate_16 * eff)))
+    suffix = "_bwd" if backward else ""
+    # The first (local, causal) call reads this rank's Q, K, V; the later calls the arriving K, V.
+    local_bytes = nbytes / cp if cp > 1 else nbytes
+    first_flops, first_s = calls[0]
+    ops = [Op(f"attn_core{suffix}", first_flops, local_bytes,
+              max(first_s, local_bytes / (gpu.hbm_bandwidth_Bps * gpu.memory_efficiency)) + gpu.launch_overhead_s)]
+    if cp > 1:
+        ring_flops = sum(f for f, _ in calls[1:])
+        ring_s = sum(t for _, t in calls[1:])
+        ring_bytes = nbytes - local_bytes
+        ops.append(Op(f"attn_core_cp{suffix}", ring_flops, ring_bytes,
+                      max(ring_s, ring_bytes / (gpu.hbm_bandwidth_Bps * gpu.memory_efficiency))
+                      + gpu.launch_overhead_s * (cp - 1)))
+        merged_rows = sum(b * q_len for q_len, _, _ in attention.cp_attention_calls(s, cp)[1:])
         merge = CP_MERGE_BYTES * merged_rows * q_dim * (2.0 if backward else 1.0)
-        ops.append(_mem("attn_cp_merge_bwd" if backward else "attn_cp_merge", merge, gpu))
+        ops.append(_mem(f"attn_cp_merge{suffix}", merge, gpu))
     return ops
 
 
@@ -377,7 +385,7 @@ def layer_cost(
     if training.recompute == "full":
         attn_re, mlp_re = attn_fwd, mlp_fwd
     elif training.recompute == "selective":
-        attn_re = BlockCost(tuple(op for op in attn_fwd.ops if op.name in ("attn_core", "attn_cp_merge") + UNFUSED_ATTENTION_OPS))
+        attn_re = BlockCost(tuple(op for op in attn_fwd.ops if op.name in ("attn_core", "attn_core_cp", "attn_cp_merge") + UNFUSED_ATTENTION_OPS))
         mlp_re = BlockCost()
     else:
         attn_re, mlp_re = BlockCost(), BlockCost()
@@ -405,7 +413,8 @@ def split_at_gemm(block: BlockCost, gemm: str) -> tuple[BlockCost, BlockCost, Bl
             BlockCost(tuple(op for i, op in enumerate(ops) if i > d and i != g)))
 
 
-CP_CORE_OPS = ("attn_core", "attn_cp_merge", "attn_core_bwd", "attn_cp_merge_bwd")
+CP_CORE_OPS = ("attn_core", "attn_core_cp", "attn_cp_merge", "attn_core_bwd", "attn_core_cp_bwd", "attn_cp_merge_bwd")
+CP_LOCAL_OPS = ("attn_core", "attn_core_bwd")
 
 
 @functools.lru_cache(maxsize=64)
