@@ -72,7 +72,7 @@ class TrainingConfig:
     global_batch_size: int = 1
     precision: str = "bf16"  # bf16 | fp16 | fp8
     recompute: str = "none"  # none | selective | full
-    attention: str = "flash"  # flash (fused kernel) | unfused (materialised scores, pre-2023 Megatron)
+    attention: str = "flash"  # flash (the framework's fused kernel) | fa2 | fa3 | cudnn | unfused (materialised scores, pre-2023 Megatron)
 
 
 @dataclass(frozen=True)
@@ -88,6 +88,7 @@ class ParallelConfig:
     first_pipeline_num_layers: int | None = None  # Megatron-core decoder_first_pipeline_num_layers
     last_pipeline_num_layers: int | None = None  # decoder_last_pipeline_num_layers
     etp: int | None = None  # expert tensor parallel size (Megatron-core); None: the same as tp
+    cp_comm_type: str | None = None  # p2p (K/V ring under the attention core) | all_gather (gathered first); None: the framework's
 
     @property
     def expert_tp(self) -> int:

@@ -143,7 +143,7 @@ _CHECKS: dict[str, dict[str, Checker]] = {
         "global_batch_size": _POSITIVE,
         "precision": partial(_choice, choices=PRECISIONS),
         "recompute": partial(_choice, choices=RECOMPUTE),
-        "attention": partial(_choice, choices=("flash", "unfused")),
+        "attention": partial(_choice, choices=("flash", "fa2", "fa3", "cudnn", "unfused")),
     },
     "parallelism": {
         "tp": _POSITIVE,
@@ -157,6 +157,7 @@ _CHECKS: dict[str, dict[str, Checker]] = {
         "zero_stage": partial(_choice, choices=ZERO_STAGES),
         "first_pipeline_num_layers": partial(_optional_whole, minimum=0),
         "last_pipeline_num_layers": partial(_optional_whole, minimum=0),
+        "cp_comm_type": partial(_optional_choice, choices=("p2p", "all_gather")),
     },
     "overlap": {
         "tp_comm": _optional_boolean,

@@ -101,7 +101,8 @@ def test_context_parallel_halves_tokens_and_attention():
     one = layer_cost(TINY, TINY_TRAIN, ParallelConfig(cp=1), H100, 0)
     two = layer_cost(TINY, TINY_TRAIN, ParallelConfig(cp=2), H100, 0)
     assert two.attn_fwd.flops == one.attn_fwd.flops / 2
-    assert flops_by_name(two.attn_fwd)["attn_core"] == flops_by_name(one.attn_fwd)["attn_core"] / 2
+    core = flops_by_name(two.attn_fwd)
+    assert core["attn_core"] + core["attn_core_cp"] == flops_by_name(one.attn_fwd)["attn_core"] / 2
 
 
 def test_sequence_parallel_divides_norm_and_residual_bytes_by_tp():
@@ -278,15 +279,3 @@ def test_h100_large_gemms_sustain_mamf_times_the_sustained_fraction():
     assert 0.9 * ceiling < mlp_up.flops / mlp_up.time_s / 989e12 <= ceiling
 
 
-def test_flash_attention_backward_runs_at_63_of_73_of_the_forward_rate():
-    """Long sequence, compute-bound: backward time = 2.5 x forward FLOPs at 63/73 of the rate."""
-    from simulator.config import TrainingConfig
-
-    model = dataclasses.replace(TINY, hidden_size=4096, num_attention_heads=32, num_key_value_heads=8,
-                                intermediate_size=14336, hidden_act="silu")
-    train = TrainingConfig(seq_length=8192, micro_batch_size=1, global_batch_size=1)
-    cost = layer_cost(model, train, ParallelConfig(), H100, 0)
-    fwd = next(op for op in cost.attn_fwd.ops if op.name == "attn_core")
-    bwd = next(op for op in cost.attn_bwd.ops if op.name == "attn_core_bwd")
-    launch = H100.launch_overhead_s
-    assert (bwd.time_s - launch) == pytest.approx((fwd.time_s - launch) * 2.5 * 73 / 63, rel=1e-9)

@@ -23,7 +23,7 @@ from typing import Generator
 import simpy
 
 from simulator.physical.collectives import Collectives
-from simulator.workload.compute import BlockCost, joined, split_at_gemm
+from simulator.workload.compute import CP_CORE_OPS, CP_LOCAL_OPS, BlockCost, joined, split_at_gemm, split_around
 from simulator.config import Scenario
 from simulator.physical.hardware import GPUSpec, gpu_of
 from simulator.physical.network import Network
@@ -274,9 +274,12 @@ class StepEngine:
             return
         if sp:
             yield from self.collective(rank, "tp", "all_gather", w.tp_bytes, "tp", **at)
-        cp_ev = self.launch(rank, "cp", "all_gather", w.cp_bytes * s.parallelism.cp, "cp")
-        yield from self.compute(rank, kind, cost.attn_fwd, "attention", mb, chunk, layer)
-        yield from self.wait(rank, cp_ev, "cp", **at)
+        if s.parallelism.cp > 1:
+            yield from self.context_parallel_attention(rank, kind, cost.attn_fwd, w.cp_bytes, at)
+        else:
+            cp_ev = self.launch(rank, "cp", "all_gather", w.cp_bytes * s.parallelism.cp, "cp")
+            yield from self.compute(rank, kind, cost.attn_fwd, "attention", mb, chunk, layer)
+            yield from self.wait(rank, cp_ev, "cp", **at)
         yield from self.collective(rank, "tp", "reduce_scatter" if sp else "all_reduce", w.tp_bytes, "tp", **at)
         yield from self.mlp_forward(rank, layer, kind, at, sp)
 
@@ -344,8 +347,39 @@ class StepEngine:
             yield from self.collective(rank, "tp", "all_gather", w.tp_bytes, "tp", **at)
         if s.training.recompute == "selective":
             yield from self.compute(rank, "R", cost.attn_recompute, "attention", mb, chunk, layer)
-        cp_ev = self.launch(rank, "cp", "all_gather", 2 * w.cp_bytes * s.parallelism.cp, "cp")
-        yield from self.column_parallel_backward(rank, cost.attn_bwd, "qkv_proj", "attention", sp, at, cp_ev)
+        if s.parallelism.cp > 1:
+            rest = yield from self.context_parallel_attention(rank, "B", cost.attn_bwd, 2 * w.cp_bytes, at)
+            yield from self.column_parallel_backward(rank, rest, "qkv_proj", "attention", sp, at)
+        else:
+            cp_ev = self.launch(rank, "cp", "all_gather", 2 * w.cp_bytes * s.parallelism.cp, "cp")
+            yield from self.column_parallel_backward(rank, cost.attn_bwd, "qkv_proj", "attention", sp, at, cp_ev)
+
+    def context_parallel_attention(self, rank: int, kind: str, block, chunk_bytes: float, at: dict) -> Generator:
+        """The attention block under context parallelism. The ops before the attention core
+        compute first; the exchange of the other ranks' K and V (backward: also carrying dK and
+        dV on) starts with the core. With ``cp_comm_type: p2p`` (Megatron-core / Transformer
+        Engine ``AttnFuncWithCPAndKVP2P``) its cp - 1 ring steps overlap the whole core; with
+        ``all_gather`` (Llama 3, Sec. 3.3.2; PyTorch's context_parallel ``allgather`` rotater)
+        K and V are gathered while only the local causal call computes, and the calls on the
+        other ranks' keys wait for the gather. Whatever the core cannot hide is exposed.
+        Forward, the rest of the block computes here; backward, it is returned for the
+        column-parallel backward to run with its TP overlap."""
+        mb, chunk, layer = at["microbatch"], at["chunk"], at["layer"]
+        before, core, after = split_around(block, CP_CORE_OPS)
+        yield from self.compute(rank, kind, before, "attention", mb, chunk, layer)
+        cp_ev = self.launch(rank, "cp", "all_gather", chunk_bytes * self.s.parallelism.cp, "cp")
+        if self.sw.cp_comm_type == "all_gather":
+            _, local, remote = split_around(core, CP_LOCAL_OPS)
+            yield from self.compute(rank, kind, local, "attention", mb, chunk, layer)
+            yield from self.wait(rank, cp_ev, "cp", **at)
+            yield from self.compute(rank, kind, remote, "attention", mb, chunk, layer)
+        else:
+            yield from self.compute(rank, kind, core, "attention", mb, chunk, layer)
+            yield from self.wait(rank, cp_ev, "cp", **at)
+        if kind == "B":
+            return after
+        yield from self.compute(rank, kind, after, "attention", mb, chunk, layer)
+        return None
 
     def column_parallel_backward(self, rank: int, block, gemm: str, label: str, sp: bool, at: dict,
                                  cp_ev: simpy.Event | None = None) -> Generator:

@@ -12,7 +12,8 @@ only, so predictions are the same with them removed. Documented defaults for unk
 - micro-batch size 1; zero_stage 1 (Megatron's distributed optimizer, the default of
   Megatron-core and NeMo recipes); precision fp8 when the case says fp8, else bf16; dp =
   count / (tp x pp x cp) when not given.
-- interleave degree: 1 (plain 1F1B), unless that schedule's bubble (p-1)/(m+p-1) would exceed
+- interleave degree: 1 when ``framework_options.pp_schedule`` says 1F1B or GPipe; otherwise 1
+  (plain 1F1B), unless that schedule's bubble (p-1)/(m+p-1) would exceed
   15%; then the smallest v that brings it to 15% or less and that Megatron can run (m a multiple
   of p, layers split over p x v virtual stages as below), else the largest such v. Nobody
   publishes throughput with a 30-50% bubble: runs with few micro-batches per pipeline stage
@@ -24,6 +25,8 @@ only, so predictions are the same with them removed. Documented defaults for unk
 - expert parallelism wider than dp x cp (Qwen3-235B: TP2, EP32 on 16 DP ranks): expert tensor
   parallelism 1, expert groups spanning TP ranks (Megatron-core MoE parallel folding), with
   sequence parallelism (Megatron-core requires it for MoE with TP).
+- context-parallel exchange: ``all_gather`` when ``framework_options.context_parallel_rotate``
+  says allgather (PyTorch's context_parallel), else the ring (``p2p``, Megatron-core).
 - attention kernel: ``unfused`` (materialised scores, attention dropout) when the case's source
   names a year before 2023, as an arXiv id (``2104.04473`` is April 2021) or a 20xx year, else
   ``flash``: FlashAttention (Dao et al., May 2022) entered the Megatron-LM and DeepSpeed training
@@ -110,6 +113,13 @@ def default_vp(layers: int, pp: int, m: int) -> int:
     return runnable[-1] if runnable else 1
 
 
+def _stated_vp(case: dict) -> int | None:
+    """1 when the case says it ran a non-interleaved pipeline schedule (``framework_options.
+    pp_schedule``: 1F1B or GPipe, as torchtitan's tables do), else None (the default applies)."""
+    stated = str((case.get("framework_options") or {}).get("pp_schedule") or "").lower().replace("-", "")
+    return 1 if stated in ("1f1b", "gpipe") else None
+
+
 def source_year(case: dict) -> int | None:
     text = str(case.get("source", ""))
     arxiv = re.search(r"arXiv[: ]*(\d{2})(\d{2})\.\d{4,5}", text)
@@ -156,7 +166,7 @@ def case_to_scenario_dict(case: dict) -> dict:
     pp, cp = par["pp"], par.get("cp") or 1
     dp = par.get("dp") or hw["count"] // (par["tp"] * pp * cp)
     mbs = par.get("mbs") or 1
-    vp = par.get("vp") or default_vp(m["layers"], pp, par["gbs"] // max(1, dp * mbs))
+    vp = par.get("vp") or _stated_vp(case) or default_vp(m["layers"], pp, par["gbs"] // max(1, dp * mbs))
     ends = _ends(m["layers"], pp * vp)
     parallelism = {"tp": par["tp"], "pp": pp, "dp": dp, "cp": cp,
                    "ep": par.get("ep") or 1, "vp": vp, "sequence_parallel": bool(sp),
@@ -166,6 +176,9 @@ def case_to_scenario_dict(case: dict) -> dict:
         parallelism.update(etp=1, sequence_parallel=True)  # expert groups span TP ranks (MoE parallel folding)
     if ends is not None:
         parallelism.update(first_pipeline_num_layers=ends, last_pipeline_num_layers=ends)
+    rotate = str((case.get("framework_options") or {}).get("context_parallel_rotate") or "").lower()
+    if cp > 1 and rotate.replace("-", "_") in ("allgather", "all_gather"):
+        parallelism["cp_comm_type"] = "all_gather"
     model = {"hidden_size": m["hidden"], "num_hidden_layers": m["layers"], "num_attention_heads": m["heads"],
              "num_key_value_heads": m.get("kv_heads") or m["heads"], "intermediate_size": m["ffn_hidden"],
              "vocab_size": m["vocab"], "hidden_act": _hidden_act(m), "tie_word_embeddings": False}

@@ -28,11 +28,11 @@ from dataclasses import dataclass
 from simulator.config import ModelConfig, ParallelConfig, TrainingConfig
 from simulator.errors import ConfigError
 from simulator.physical.hardware import GPUSpec, gemm_ceiling, peak
+from simulator.workload import attention
 
 ACT_BYTES = 2
 TILE_M, TILE_N = 128, 256
 K_HALF = 64
-ATTN_SEQ_HALF = 512
 FA_BWD_FLOP_RATIO = 2.5
 # Flash-attention backward runs at a lower fraction of peak than its forward: FlashAttention-2
 # (Dao 2023, Sec. 4.1) reaches up to 73% of A100 peak forward and 63% backward; FlashAttention-3
@@ -155,33 +155,69 @@ def _attention_precision(precision: str) -> str:
 
 def _attn_core(
     model: ModelConfig, training: TrainingConfig, par: ParallelConfig, gpu: GPUSpec, backward: bool
-) -> Op:
-    """Fused causal flash attention on this GPU's heads (nq / tp) and queries (s / cp).
+) -> list[Op]:
+    """Fused causal attention on this GPU's heads (nq / tp) and queries (s / cp).
 
-    Forward FLOPs 4 * b * s^2 * h_attn / 2 before sharding (QK^T and PV, causal half;
-    h_attn = heads * head_dim), divided by tp and cp (load-balanced causal CP, Megatron-core).
-    Efficiency: attention_efficiency * occupancy(b * heads/tp * query tiles of 128)
-    * L / (L + 512) with L = s / cp the key length per kernel; FlashAttention-2 Fig. 5
-    shows causal throughput at s = 512 about half of that at 16k.
+    Forward FLOPs 4 * b * q * k * h_attn per call (QK^T and PV; halved on the causal diagonal;
+    h_attn = heads * head_dim / tp), over the calls ``attention.cp_attention_calls`` lists: one
+    causal call without CP; with load-balanced causal CP one causal call on the local chunks and
+    cp - 1 non-causal calls of half its size, s^2 / (2 cp) per rank in all. Each call runs at the
+    measured efficiency of the kernel that runs (``attention.peak_fraction``: kernel, direction,
+    causal mask, head dim, key length) times the GPU's sustained fraction, times the occupancy
+    of its query tiles relative to the measured runs'. Backward: 2.5x the forward FLOPs
+    (FlashAttention-2) at the measured backward efficiency.
+
+    Under CP every call after the first merges its partial output into the running one with the
+    log-sum-exp correction (Transformer Engine keeps the running output in fp32: read the call's
+    16-bit output and the fp32 accumulator, write the accumulator, 10 bytes per query element it
+    touched), and the backward accumulates dQ and dK/dV the same way (2x): op ``attn_cp_merge``.
+    Ops: ``attn_core`` (the local causal call; the only one without CP), ``attn_core_cp`` (the
+    cp - 1 calls on arriving keys, which need the exchange), ``attn_cp_merge``; ``_bwd`` backward.
+    Attention is compute-bound at these sizes; its HBM bytes are split 1/cp to the local call.
     """
     b, s = training.micro_batch_size, training.seq_length
     tp, cp = par.tp, par.cp
     tokens = b * s / cp
-    q_dim = model.num_attention_heads * model.head_dim / tp
+    heads = model.num_attention_heads / tp
+    q_dim = heads * model.head_dim
     kv_dim = max(model.num_key_value_heads, tp) * model.head_dim / tp
-    flops = 4.0 * b * s * s * q_dim / 2.0 / cp
-    nbytes = ACT_BYTES * (2 * tokens * q_dim + 2 * b * s * kv_dim)
-    seq = s / cp
-    ctas = b * (model.num_attention_heads / tp) * math.ceil(seq / TILE_M)
-    eff = gpu.attention_efficiency * gpu.sustained_fraction * _occupancy(ctas, gpu.num_sms) * seq / (seq + ATTN_SEQ_HALF)
-    rate = peak(gpu, _attention_precision(training.precision)) * eff
-    if backward:
-        flops, nbytes, rate = FA_BWD_FLOP_RATIO * flops, 2.0 * nbytes, rate * FA_BWD_EFFICIENCY
-    name = "attn_core_bwd" if backward else "attn_core"
-    return Op(name, flops, nbytes, _roofline(flops, nbytes, gpu, rate))
+    nbytes = ACT_BYTES * (2 * tokens * q_dim + 2 * b * s * kv_dim) * (2.0 if backward else 1.0)
+    backend = attention.resolve_backend(training.attention, gpu.name)
+    direction = "bwd" if backward else "fwd"
+    flop_rate_16 = peak(gpu, _attention_precision(training.precision)) * gpu.sustained_fraction
+    reference = _occupancy(attention.REFERENCE_CTAS, gpu.num_sms)
+    calls = []  # (flops, seconds) per call
+    for q_len, kv_len, causal in attention.cp_attention_calls(s, cp):
+        call = 4.0 * b * q_len * kv_len * q_dim / (2.0 if causal else 1.0)
+        if backward:
+            call *= FA_BWD_FLOP_RATIO
+        ctas = b * heads * math.ceil(q_len / TILE_M)
+        kernel = attention.AttentionKernel(backend, direction, causal, model.head_dim, kv_len)
+        eff = attention.peak_fraction(kernel, gpu.name) * _occupancy(ctas, gpu.num_sms) / reference
+        calls.append((call, call / (flop_rate_16 * eff)))
+    suffix = "_bwd" if backward else ""
+    # The first (local, causal) call reads this rank's Q, K, V; the later calls the arriving K, V.
+    local_bytes = nbytes / cp if cp > 1 else nbytes
+    first_flops, first_s = calls[0]
+    ops = [Op(f"attn_core{suffix}", first_flops, local_bytes,
+              max(first_s, local_bytes / (gpu.hbm_bandwidth_Bps * gpu.memory_efficiency)) + gpu.launch_overhead_s)]
+    if cp > 1:
+        ring_flops = sum(f for f, _ in calls[1:])
+        ring_s = sum(t for _, t in calls[1:])
+        ring_bytes = nbytes - local_bytes
+        ops.append(Op(f"attn_core_cp{suffix}", ring_flops, ring_bytes,
+                      max(ring_s, ring_bytes / (gpu.hbm_bandwidth_Bps * gpu.memory_efficiency))
+                      + gpu.launch_overhead_s * (cp - 1)))
+        merged_rows = sum(b * q_len for q_len, _, _ in attention.cp_attention_calls(s, cp)[1:])
+        merge = CP_MERGE_BYTES * merged_rows * q_dim * (2.0 if backward else 1.0)
+        ops.append(_mem(f"attn_cp_merge{suffix}", merge, gpu))
+    return ops
 
 
-ATTENTION_KERNELS = ("flash", "unfused")
+CP_MERGE_BYTES = 10.0
+
+
+ATTENTION_KERNELS = attention.ATTENTION_BACKENDS
 UNFUSED_ATTENTION_OPS = ("attn_scores", "attn_softmax", "attn_dropout", "attn_values")
 ATTENTION_DROPOUT = 0.1  # the unfused path is the GPT-3-era recipe, which trained with dropout 0.1
 
@@ -321,7 +357,7 @@ def _run(
             if training.attention == "unfused":
                 ops.extend(_attn_core_unfused(model, training, par, gpu, backward))
             else:
-                ops.append(_attn_core(model, training, par, gpu, backward))
+                ops.extend(_attn_core(model, training, par, gpu, backward))
         elif backward:
             ops.append(_mem(f"{step.name}_bwd", 2.0 * step.nbytes, gpu))
         else:
@@ -354,7 +390,7 @@ def layer_cost(
     if training.recompute == "full":
         attn_re, mlp_re = attn_fwd, mlp_fwd
     elif training.recompute == "selective":
-        attn_re = BlockCost(tuple(op for op in attn_fwd.ops if op.name in ("attn_core",) + UNFUSED_ATTENTION_OPS))
+        attn_re = BlockCost(tuple(op for op in attn_fwd.ops if op.name in ("attn_core", "attn_core_cp", "attn_cp_merge") + UNFUSED_ATTENTION_OPS))
         mlp_re = BlockCost()
     else:
         attn_re, mlp_re = BlockCost(), BlockCost()
@@ -380,6 +416,22 @@ def split_at_gemm(block: BlockCost, gemm: str) -> tuple[BlockCost, BlockCost, Bl
     ops = block.ops
     return (BlockCost(ops[:d]), BlockCost(ops[d:d + 1]), BlockCost(ops[g:g + 1]),
             BlockCost(tuple(op for i, op in enumerate(ops) if i > d and i != g)))
+
+
+CP_CORE_OPS = ("attn_core", "attn_core_cp", "attn_cp_merge", "attn_core_bwd", "attn_core_cp_bwd", "attn_cp_merge_bwd")
+CP_LOCAL_OPS = ("attn_core", "attn_core_bwd")
+
+
+@functools.lru_cache(maxsize=64)
+def split_around(block: BlockCost, names: tuple[str, ...]) -> tuple[BlockCost, BlockCost, BlockCost]:
+    """A block as (ops before the first op named in ``names``, those ops, the ops after them):
+    the pieces around which the attention core's context-parallel exchange runs."""
+    ops = block.ops
+    inside = [i for i, op in enumerate(ops) if op.name in names]
+    if not inside:
+        return block, BlockCost(), BlockCost()
+    first, last = inside[0], inside[-1] + 1
+    return BlockCost(ops[:first]), BlockCost(ops[first:last]), BlockCost(ops[last:])
 
 
 @functools.lru_cache(maxsize=64)

@@ -29,7 +29,9 @@ EXECUTION_KEYS = ("compile", "cuda_graphs", "host_issue_us", "compiled_host_issu
 FP8_KEYS = ("recipe", "casts_fused_into_producers", "weight_cast_once_per_step")
 OPTIMIZER_KEYS = ("adam_bytes_per_param", "clip_bytes_per_param", "zero_grad_bytes_per_param")
 SELECTIVE_POLICIES = ("attention_core", "every_second_matmul", "elementwise")
-SECTIONS = {"overlap": OVERLAP_KEYS, "fusion": FUSION_KEYS, "execution": EXECUTION_KEYS, "fp8": FP8_KEYS,
+ATTENTION_KERNELS = ("fa2", "fa3", "cudnn")
+CP_COMM_TYPES = ("p2p", "all_gather")
+SECTIONS = {"attention": ("kernel", "cp_comm_type"), "overlap": OVERLAP_KEYS, "fusion": FUSION_KEYS, "execution": EXECUTION_KEYS, "fp8": FP8_KEYS,
             "optimizer": OPTIMIZER_KEYS, "recompute": ("selective",)}
 
 
@@ -57,6 +59,8 @@ class Software:
     clip_bytes_per_param: float
     zero_grad_bytes_per_param: float
     selective_recompute: str = "attention_core"  # what training.recompute: selective re-runs (SELECTIVE_POLICIES)
+    attention_kernel: str = "cudnn"  # the fused kernel training.attention: flash runs (simulator.workload.attention)
+    cp_comm_type: str = "p2p"  # how K/V cross the CP group: ring (p2p) or gathered first (all_gather)
 
 
 def framework_names() -> tuple[str, ...]:
@@ -84,6 +88,9 @@ def load_profile(name: str) -> dict:
     if out["recompute"]["selective"] not in SELECTIVE_POLICIES:
         raise ConfigError(f"{path.name}: recompute.selective", out["recompute"]["selective"],
                           f"valid: {', '.join(SELECTIVE_POLICIES)}")
+    for key, valid in (("kernel", ATTENTION_KERNELS), ("cp_comm_type", CP_COMM_TYPES)):
+        if out["attention"][key] not in valid:
+            raise ConfigError(f"{path.name}: attention.{key}", out["attention"][key], f"valid: {', '.join(valid)}")
     if out["fp8"]["recipe"] not in FP8_RECIPES:
         raise ConfigError(f"{path.name}: fp8.recipe", out["fp8"]["recipe"], f"valid: {', '.join(FP8_RECIPES)}")
     return out
@@ -123,4 +130,6 @@ def resolve(s) -> Software:
         clip_bytes_per_param=float(op["clip_bytes_per_param"]),
         zero_grad_bytes_per_param=float(op["zero_grad_bytes_per_param"]),
         selective_recompute=prof["recompute"]["selective"],
+        attention_kernel=prof["attention"]["kernel"],
+        cp_comm_type=s.parallelism.cp_comm_type or prof["attention"]["cp_comm_type"],
     )

@@ -292,7 +292,7 @@ def stage_memory(
 
     seq, b, sp, rc = tr.seq_length / par.cp, tr.micro_batch_size, par.sequence_parallel, tr.recompute
     layers = stage_layers(m, stage, pp, vp, par.first_pipeline_num_layers, par.last_pipeline_num_layers)
-    kernels = {"flash_attention": tr.attention == "flash", "dropout": tr.attention == "unfused", "etp": par.expert_tp}
+    kernels = {"flash_attention": tr.attention != "unfused", "dropout": tr.attention == "unfused", "etp": par.expert_tp}
     per_mb = [layer_activation_bytes(m, layer, seq, b, tp, sp, rc, **kernels) for layer in layers]
     in_flight = microbatches_in_flight(s.pipeline_schedule, stage, pp, s.num_microbatches, vp)
     activations = sum(per_mb) / vp * in_flight

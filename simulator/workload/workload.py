@@ -22,7 +22,7 @@ Built once per scenario from the compute model; the engine only walks it. Messag
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from simulator.workload.compute import BlockCost, LayerCost, embedding_cost, head_cost, layer_cost, param_counts
 from simulator.config import Scenario
@@ -70,6 +70,8 @@ def build_workload(s: Scenario, gpu: GPUSpec) -> Workload:
     p, v = par.pp, par.vp
     nvs = p * v
     sw = resolve(s)
+    if t.attention == "flash":  # the framework's fused kernel (frameworks/*.yaml attention.kernel)
+        t = replace(t, attention=sw.attention_kernel)
     vstages = vstage_layers(m.num_hidden_layers, p, v, par.first_pipeline_num_layers, par.last_pipeline_num_layers)
     costs: dict[bool, LayerCost] = {}
     layer_costs = {}

@@ -1,0 +1,177 @@
+"""Fused attention kernels as they run: efficiency by kernel, direction, masking, head dim and length.
+
+A fused attention kernel's throughput is not one number. It depends on which kernel runs
+(FlashAttention-2, FlashAttention-3, cuDNN's fused SDPA), on the direction (the backward runs
+five matmuls with more synchronisation than the forward's two), on causal masking (the blocks on
+the diagonal do half their work, and short sequences have few blocks), on the head dimension, and
+on the key length each query tile streams over. The measured curves below are those of Shah et
+al. 2024, "FlashAttention-3" (arXiv 2407.08608), Figures 5 and 6: H100 80GB SXM5, BF16, batch x
+sequence = 16k tokens and 16 x 128 (or 32 x 64) of head width, so every kernel has thousands of
+CTAs and occupancy is not what limits it. TFLOP/s there count 4 s^2 d h per forward (halved
+for causal) and 2.5x that for the backward, the convention of ``simulator.workload.compute``.
+
+What runs where (each framework's default; a scenario picks another with ``training.attention``):
+- ``fa2``: FlashAttention-2 (Dao 2023). The kernel behind PyTorch's SDPA flash backend, so
+  torchtitan's default, and the ``flash_attn`` package of llm-foundry / Composer and
+  Megatron-DeepSpeed. Written for Ampere: on H100 it uses no wgmma/TMA and reaches about 35% of
+  peak (FlashAttention-3 abstract).
+- ``fa3``: FlashAttention-3, Hopper only (wgmma, TMA, warp specialisation).
+- ``cudnn``: cuDNN's fused flash attention, which Transformer Engine prefers on Hopper and newer
+  (TE ``get_attention_backend`` disables FlashAttention in favour of FusedAttention on sm90+ "for
+  performance reasons"), so Megatron-core, NeMo and MaxText's ``cudnn_flash_te`` run it. The
+  FlashAttention-3 paper measured cuDNN 9.1 at 86-100% of FA3 on these shapes; cuDNN releases
+  since have closed the gap, and stepsim's Megatron-core calibration (hardware.py) was fitted
+  with the FA3 curve, so ``cudnn`` uses the FA3 curve and says so rather than mixing a 2024 cuDNN
+  version into a 2025 recipe.
+- ``flash``: the framework's default fused kernel: ``cudnn`` on Hopper and Blackwell (FA3 does not
+  run on Blackwell; cuDNN and FlashAttention-4 do, at a similar fraction of the new peak), ``fa2``
+  on Ampere.
+On Ampere every fused kernel is FlashAttention-2 (FA3 needs Hopper; TE on sm80 uses FA2), whose
+A100 curve (FlashAttention-2 paper, Fig. 5: up to 73% of peak forward, 63% backward) is given by
+``A100_*`` below in the same form.
+
+Beyond 16k the measured curves are flat (both kernels plateau by 8k: the key loop is long enough
+to hide its prologue), so longer keys take the 16k value. Head dims between 64 and 128
+interpolate; above 128 take the 128 curve (the 256 curves are higher, so this errs slow); below
+64 the 64 curve. The causal backward is the non-causal backward times the forward's causal /
+non-causal ratio at the same length (the paper measured the backward without a mask only; the
+diagonal blocks cost the backward the same share).
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass
+
+H100_PEAK_TFLOPS = 989.0
+A100_PEAK_TFLOPS = 312.0
+SEQ_POINTS = (512, 1024, 2048, 4096, 8192, 16384)
+ATTENTION_BACKENDS = ("flash", "fa2", "fa3", "cudnn", "unfused")
+
+# FlashAttention-3 paper, Fig. 5 (forward) and Fig. 6 (backward), H100 SXM5 BF16, TFLOP/s at
+# SEQ_POINTS. Keys: (kernel, direction, causal, head_dim).
+_H100_TFLOPS: dict[tuple[str, str, bool, int], tuple[float, ...]] = {
+    ("fa2", "fwd", False, 128): (309, 350, 362, 368, 370, 370),
+    ("fa2", "fwd", True, 128): (191, 260, 298, 319, 333, 335),
+    ("fa2", "bwd", False, 128): (214, 260, 291, 310, 318, 322),
+    ("fa2", "fwd", False, 64): (282, 306, 318, 321, 322, 324),
+    ("fa2", "fwd", True, 64): (180, 229, 262, 284, 295, 299),
+    ("fa2", "bwd", False, 64): (198, 238, 264, 276, 284, 289),
+    ("fa3", "fwd", False, 128): (497, 565, 625, 638, 646, 648),
+    ("fa3", "fwd", True, 128): (292, 423, 521, 579, 602, 616),
+    ("fa3", "bwd", False, 128): (316, 424, 501, 542, 559, 561),
+    ("fa3", "fwd", False, 64): (333, 392, 460, 476, 496, 497),
+    ("fa3", "fwd", True, 64): (197, 265, 371, 420, 460, 473),
+    ("fa3", "bwd", False, 64): (272, 363, 422, 452, 471, 475),
+}
+
+# A100 (FlashAttention-2 paper, Dao 2023, Sec. 4.1 and Fig. 5): forward up to 73% of the 312
+# TFLOP/s peak, backward up to 63%; the curve's rise with length is that of the H100 FA2 curve
+# (same kernel design), scaled to these plateaus. The forward plateau used is 0.70, as before.
+A100_FWD_PLATEAU = 0.70
+A100_BWD_PLATEAU = 0.70 * 63 / 73
+
+
+@dataclass(frozen=True)
+class AttentionKernel:
+    """One fused attention call on one GPU, after sharding."""
+
+    backend: str        # fa2 | fa3 | cudnn
+    direction: str      # fwd | bwd
+    causal: bool
+    head_dim: int
+    kv_len: float       # keys each query tile streams over
+
+
+def architecture(gpu_name: str) -> str:
+    """``ampere``, ``hopper`` or ``blackwell`` from a catalog name (A100, H100/H800/H200/H20, B200/GB200...)."""
+    name = gpu_name.upper()
+    if name.startswith("A100") or name.startswith("A800"):
+        return "ampere"
+    if name.startswith(("B", "GB")):
+        return "blackwell"
+    return "hopper"
+
+
+def resolve_backend(attention: str, gpu_name: str, framework_default: str = "cudnn") -> str:
+    """The kernel that runs for ``training.attention`` on this GPU (see the module docstring)."""
+    arch = architecture(gpu_name)
+    if arch == "ampere":
+        return "fa2"
+    kernel = framework_default if attention == "flash" else attention
+    if arch == "blackwell" and kernel == "fa3":
+        return "cudnn"
+    return kernel
+
+
+def _interp_log2(points: tuple[float, ...], values: tuple[float, ...], x: float) -> float:
+    """Piecewise-linear in log2(x) between measured points; flat outside them."""
+    if x <= points[0]:
+        return values[0]
+    if x >= points[-1]:
+        return values[-1]
+    i = bisect.bisect_right(points, x) - 1
+    t = (math.log2(x) - math.log2(points[i])) / (math.log2(points[i + 1]) - math.log2(points[i]))
+    return values[i] + t * (values[i + 1] - values[i])
+
+
+def _curve(kernel: str, direction: str, causal: bool, head_dim: int, kv_len: float) -> float:
+    """H100 TFLOP/s of ``kernel`` at one of the measured head dims (64 or 128)."""
+    if direction == "fwd":
+        return _interp_log2(SEQ_POINTS, _H100_TFLOPS[(kernel, "fwd", causal, head_dim)], kv_len)
+    bwd = _interp_log2(SEQ_POINTS, _H100_TFLOPS[(kernel, "bwd", False, head_dim)], kv_len)
+    if not causal:
+        return bwd
+    ratio = (_interp_log2(SEQ_POINTS, _H100_TFLOPS[(kernel, "fwd", True, head_dim)], kv_len)
+             / _interp_log2(SEQ_POINTS, _H100_TFLOPS[(kernel, "fwd", False, head_dim)], kv_len))
+    return bwd * ratio
+
+
+def h100_tflops(k: AttentionKernel) -> float:
+    """Measured-curve TFLOP/s of kernel ``k`` on an H100 (``cudnn`` uses the FA3 curve, see above)."""
+    kernel = "fa3" if k.backend == "cudnn" else k.backend
+    d = min(max(k.head_dim, 64), 128)
+    if d in (64, 128):
+        return _curve(kernel, k.direction, k.causal, d, k.kv_len)
+    t = (d - 64) / 64
+    return (1 - t) * _curve(kernel, k.direction, k.causal, 64, k.kv_len) + t * _curve(kernel, k.direction, k.causal, 128, k.kv_len)
+
+
+def peak_fraction(k: AttentionKernel, gpu_name: str) -> float:
+    """Fraction of the GPU's 16-bit dense peak that attention kernel ``k`` reaches at full occupancy.
+
+    Hopper and Blackwell: the H100 curve / 989 TFLOP/s. Ampere: FlashAttention-2's A100
+    plateaus with the length dependence of its H100 curve (same kernel).
+    """
+    if architecture(gpu_name) == "ampere":
+        shape = h100_tflops(AttentionKernel("fa2", k.direction, k.causal, k.head_dim, k.kv_len))
+        top = h100_tflops(AttentionKernel("fa2", k.direction, False, k.head_dim, SEQ_POINTS[-1]))
+        plateau = A100_FWD_PLATEAU if k.direction == "fwd" else A100_BWD_PLATEAU
+        return plateau * shape / top
+    return h100_tflops(k) / H100_PEAK_TFLOPS
+
+
+# The measured curves ran 16k tokens x 16 heads of 128: 2048 query tiles of 128 rows, many waves
+# over 132 SMs. A call with fewer tiles (few local heads, short sequences) also loses occupancy.
+REFERENCE_CTAS = 16384 // 128 * 16
+
+
+def cp_attention_calls(seq_len: float, cp: int) -> list[tuple[float, float, bool]]:
+    """(query length, key length, causal) of the attention calls one rank makes for one
+    micro-batch under context parallelism, load-balanced for causal masking (Megatron-core /
+    Transformer Engine ``AttnFuncWithCPAndKVP2P``): the sequence is cut into 2 x cp chunks and
+    rank r holds chunks r and 2cp-1-r. Ring step 0 is causal attention of the local 2 chunks on
+    themselves; each of the cp - 1 later steps is one non-causal call of half a step's work:
+    either both local query chunks on the first chunk of the arriving keys, or the second query
+    chunk on both arriving key chunks. FLOPs add up to s^2 / (2 cp) per rank, as without CP.
+    Ranks differ only in how many later steps are of each kind (rank r: r of the first, cp-1-r
+    of the second); the calls returned are those of the mean rank, the first kind for the first
+    (cp - 1) // 2 steps.
+    """
+    local = seq_len / cp
+    if cp == 1:
+        return [(seq_len, seq_len, True)]
+    later = cp - 1
+    first = later // 2
+    return [(local, local, True)] + [(local, local / 2, False)] * first + [(local / 2, local, False)] * (later - first)

@@ -1,0 +1,133 @@
+"""Fused attention as it runs: the measured kernel curves, their use in the layer cost, and CP."""
+
+import dataclasses
+
+import pytest
+
+from simulator.config import ModelConfig, ParallelConfig, TrainingConfig
+from simulator.physical.hardware import get_gpu
+from simulator.workload import attention
+from simulator.workload.attention import AttentionKernel, cp_attention_calls, h100_tflops, peak_fraction
+from simulator.workload.compute import layer_cost
+
+H100 = get_gpu("H100-SXM5-80GB")
+A100 = get_gpu("A100-SXM4-80GB")
+LLAMA8B = ModelConfig(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+                      intermediate_size=14336, vocab_size=128256, hidden_act="silu")
+
+
+@pytest.mark.parametrize("backend,direction,causal,d,seq,tflops", [
+    # FlashAttention-3 paper (Shah et al. 2024) Fig. 5 and 6, H100 SXM5 BF16, read off the bars
+    ("fa2", "fwd", True, 128, 8192, 333), ("fa2", "fwd", False, 128, 8192, 370),
+    ("fa2", "bwd", False, 128, 8192, 318), ("fa3", "fwd", True, 128, 8192, 602),
+    ("fa3", "fwd", True, 128, 512, 292), ("fa3", "bwd", False, 128, 16384, 561),
+    ("fa2", "fwd", True, 64, 2048, 262), ("fa3", "fwd", False, 64, 4096, 476),
+])
+def test_measured_points_are_reproduced(backend, direction, causal, d, seq, tflops):
+    assert h100_tflops(AttentionKernel(backend, direction, causal, d, seq)) == pytest.approx(tflops)
+
+
+def test_8k_vs_128k_long_keys_take_the_plateau():
+    """The curves are flat from 8k to 16k (FA2 causal 333 -> 335, FA3 602 -> 616): 128k keys
+    run at the 16k rate, not faster, and 8k within 3% of it."""
+    for backend in ("fa2", "fa3"):
+        at_8k = h100_tflops(AttentionKernel(backend, "fwd", True, 128, 8192))
+        at_128k = h100_tflops(AttentionKernel(backend, "fwd", True, 128, 131072))
+        assert at_128k == h100_tflops(AttentionKernel(backend, "fwd", True, 128, 16384))
+        assert 0.97 < at_8k / at_128k <= 1.0
+
+
+def test_causal_backward_is_the_non_causal_backward_times_the_forward_causal_ratio():
+    k = AttentionKernel("fa2", "bwd", True, 128, 4096)
+    assert h100_tflops(k) == pytest.approx(310 * 319 / 368)
+
+
+def test_head_dims_between_64_and_128_interpolate_and_others_clamp():
+    mid = h100_tflops(AttentionKernel("fa3", "fwd", True, 96, 8192))
+    assert mid == pytest.approx((460 + 602) / 2)
+    assert h100_tflops(AttentionKernel("fa3", "fwd", True, 192, 8192)) == 602
+    assert h100_tflops(AttentionKernel("fa3", "fwd", True, 32, 8192)) == 460
+
+
+def test_kernel_choice_by_architecture():
+    assert attention.resolve_backend("flash", "A100-SXM4-80GB") == "fa2"
+    assert attention.resolve_backend("fa3", "A100-SXM4-80GB") == "fa2"  # FA3 needs Hopper
+    assert attention.resolve_backend("flash", "H100-SXM5-80GB") == "cudnn"
+    assert attention.resolve_backend("fa2", "H100-SXM5-80GB") == "fa2"
+    assert attention.resolve_backend("fa3", "B200-SXM-180GB") == "cudnn"
+
+
+def test_a100_plateaus_are_flashattention2s_73_and_63_percent_shape():
+    fwd = peak_fraction(AttentionKernel("fa2", "fwd", False, 128, 16384), "A100-SXM4-80GB")
+    bwd = peak_fraction(AttentionKernel("fa2", "bwd", False, 128, 16384), "A100-SXM4-80GB")
+    assert fwd == pytest.approx(0.70)
+    assert bwd == pytest.approx(0.70 * 63 / 73)
+
+
+def _core(model, train, par, gpu, backward=False):
+    cost = layer_cost(model, train, par, gpu, 0)
+    ops = cost.attn_bwd.ops if backward else cost.attn_fwd.ops
+    return next(op for op in ops if op.name == ("attn_core_bwd" if backward else "attn_core"))
+
+
+def test_layer_attention_time_is_flops_over_the_measured_rate():
+    """Llama 3 8B, 8k tokens, one GPU, FA2: forward = causal FLOPs / (335-ish TFLOP/s x sustained)."""
+    train = TrainingConfig(seq_length=8192, attention="fa2")
+    op = _core(LLAMA8B, train, ParallelConfig(), H100)
+    flops = 4 * 8192 * 8192 * 4096 / 2
+    assert op.flops == flops
+    rate = 333e12 * H100.sustained_fraction
+    assert op.time_s - H100.launch_overhead_s == pytest.approx(flops / rate, rel=0.02)
+
+
+def test_fa2_is_about_half_as_fast_as_the_fused_hopper_kernel_at_long_context():
+    train = TrainingConfig(seq_length=32768)
+    fused = _core(LLAMA8B, train, ParallelConfig(), H100).time_s
+    fa2 = _core(LLAMA8B, dataclasses.replace(train, attention="fa2"), ParallelConfig(), H100).time_s
+    assert fa2 / fused == pytest.approx(616 / 335, rel=0.02)
+
+
+def test_cp_calls_add_up_to_the_causal_work_and_balance():
+    s = 131072
+    for cp in (1, 2, 4, 8, 16):
+        calls = cp_attention_calls(s, cp)
+        assert len(calls) == cp
+        work = sum(q * k / (2 if causal else 1) for q, k, causal in calls)
+        assert work == pytest.approx(s * s / 2 / cp)
+
+
+def test_cp_attention_flops_are_the_unsharded_flops_over_cp_and_merges_cost_bytes():
+    train = TrainingConfig(seq_length=131072)
+    one = _core(LLAMA8B, train, ParallelConfig(), H100)
+    cost = layer_cost(LLAMA8B, train, ParallelConfig(cp=8), H100, 0)
+    core = next(op for op in cost.attn_fwd.ops if op.name == "attn_core")
+    merge = next(op for op in cost.attn_fwd.ops if op.name == "attn_cp_merge")
+    ring = next(op for op in cost.attn_fwd.ops if op.name == "attn_core_cp")
+    assert core.flops + ring.flops == pytest.approx(one.flops / 8)
+    assert core.flops == pytest.approx(one.flops / 64)  # the local causal call: (s/cp)^2 / 2
+    # 7 later calls: 3 with all 16k local query rows, 4 with 8k; 10 bytes per query element
+    assert merge.bytes == pytest.approx(10 * (3 * 16384 + 4 * 8192) * 4096)
+    assert not [op for op in layer_cost(LLAMA8B, train, ParallelConfig(), H100, 0).attn_fwd.ops
+                if op.name == "attn_cp_merge"]
+
+
+def _cp_step(cp_comm_type, nodes=4):
+    from simulator.config import ClusterConfig, Scenario
+    from simulator.reports.report import step_report
+    from simulator.step.engine import simulate
+
+    s = Scenario(name="cp", model=dataclasses.replace(LLAMA8B, num_hidden_layers=2, num_key_value_heads=32),
+                 cluster=ClusterConfig(topology="dgx-h100", num_nodes=nodes, gpus_per_node=8, gpu="H100-SXM5-80GB"),
+                 training=TrainingConfig(seq_length=32768, micro_batch_size=1, global_batch_size=1),
+                 parallelism=ParallelConfig(tp=8, cp=nodes, dp=1, sequence_parallel=True, cp_comm_type=cp_comm_type))
+    return step_report(simulate(s))
+
+
+def test_all_gather_cp_waits_where_the_p2p_ring_hides_under_the_core():
+    """MHA K/V of 32k tokens over four nodes (48 MiB to gather per rank per layer): the ring
+    overlaps the whole attention core, the gather only the local causal call (a quarter of the
+    work, 1/16 of the causal square), so all_gather exposes more CP time; both compute the same."""
+    p2p, gather = _cp_step("p2p"), _cp_step("all_gather")
+    assert gather["time_breakdown_s"]["compute_s"] == pytest.approx(p2p["time_breakdown_s"]["compute_s"], rel=1e-9)
+    assert gather["time_breakdown_s"]["exposed_comm_s"]["cp"] > p2p["time_breakdown_s"]["exposed_comm_s"]["cp"]
+    assert gather["step_time_s"] > p2p["step_time_s"]
