@@ -35,7 +35,7 @@ from simulator.step.schedules import SCHEDULES, check_schedule_args
 from simulator.physical.topology import load_topology
 
 HIDDEN_ACTS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "silu", "swiglu")
-PRECISIONS = ("bf16", "fp16", "fp8")
+PRECISIONS = ("bf16", "fp16", "fp8", "mxfp8", "nvfp4")  # GEMM precision; attention stays 16-bit
 RECOMPUTE = ("none", "selective", "full")
 ZERO_STAGES = (0, 1, 2, 3)
 
