@@ -45,6 +45,7 @@ class GPUSpec:
     launch_overhead_s: float = 3e-6
     sustained_fraction: float = 1.0
     nvlink_efficiency: float = 1.0
+    nvlink_generation: int = 0  # 3 Ampere, 4 Hopper (NVSwitch gen 3: NVLS), 5 Blackwell
 
     def __hash__(self) -> int:
         return hash(self.name)
@@ -109,11 +110,13 @@ _HOPPER_NVLINK = 1.0
 _BLACKWELL_GEMM = {**_HOPPER_GEMM, "mxfp8": _HOPPER_GEMM["fp8"], "nvfp4": _HOPPER_GEMM["fp8"]}
 
 _AMPERE = dict(gemm_efficiency=_A100_GEMM, attention_efficiency=_A100_ATTN, sustained_fraction=_A100_SUSTAINED,
-               memory_efficiency=_MEM_EFF, launch_overhead_s=_LAUNCH_S, nvlink_efficiency=_A100_NVLINK)
+               memory_efficiency=_MEM_EFF, launch_overhead_s=_LAUNCH_S, nvlink_efficiency=_A100_NVLINK,
+               nvlink_generation=3)
 _HOPPER = dict(gemm_efficiency=_HOPPER_GEMM, attention_efficiency=_HOPPER_ATTN, sustained_fraction=_HOPPER_SUSTAINED,
-               memory_efficiency=_MEM_EFF, launch_overhead_s=_LAUNCH_S, nvlink_efficiency=_HOPPER_NVLINK)  # also B200, unmeasured
+               memory_efficiency=_MEM_EFF, launch_overhead_s=_LAUNCH_S, nvlink_efficiency=_HOPPER_NVLINK,
+               nvlink_generation=4)
 
-_BLACKWELL = {**_HOPPER, "gemm_efficiency": _BLACKWELL_GEMM}  # unmeasured: Hopper's constants, see above
+_BLACKWELL = {**_HOPPER, "gemm_efficiency": _BLACKWELL_GEMM, "nvlink_generation": 5}  # unmeasured: Hopper's constants, see above
 
 # Dense peaks shared by the parts of one die: both A100 memory sizes, and H100 / H800 / H200
 # (the same GH100 compute at the same clocks; H800 differs in NVLink, H200 in memory).
