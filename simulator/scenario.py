@@ -472,6 +472,12 @@ def validate_plan(s: Scenario) -> list[str]:
     if c.gpus_per_node % p.tp:
         warnings.append(f"parallelism.tp: got {p.tp}; TP group spans nodes of {c.gpus_per_node} GPUs: "
                         f"its collectives cross {slower}")
+    block = p.tp * p.cp  # a CP group's ranks sit tp apart inside the first tp x cp consecutive ranks
+    if p.cp > 1 and c.gpus_per_node % block and block % c.gpus_per_node:
+        warnings.append(f"parallelism.cp: got {p.cp}; tp x cp = {block} consecutive ranks do not divide the "
+                        f"{c.gpus_per_node} GPUs of a node (NVLink domain), so some CP groups straddle two "
+                        f"nodes and cross {slower}; Megatron places ranks the same way, recipes pick "
+                        f"tp x cp dividing {c.gpus_per_node}")
     if p.ep > 1 and c.gpus_per_node % (p.ep * p.expert_tp):
         warnings.append(f"parallelism.ep: got {p.ep}; EP group spans nodes (ep x etp = {p.ep * p.expert_tp} consecutive "
                         f"ranks, {c.gpus_per_node} GPUs per node): its all-to-alls cross {slower}")
