@@ -4,13 +4,16 @@ The case format is ``shared/validation/public-runs.yaml``. Only the description 
 (model, hardware, layout); the ``measured`` and ``derived`` blocks are used for the error columns
 only, so predictions are the same with them removed. Documented defaults for unknown fields:
 
-- topology: ``dgx-a100`` for A100 GPUs, ``dgx-h100`` otherwise, with the case's per-GPU NVLink and
-  NIC rates as overrides; nodes = count / gpus_per_node (8 when not given); a run on fewer GPUs
+- topology: ``dgx-a100`` for A100 GPUs, ``gb200-nvl72`` / ``gb300-nvl72`` for GB200 / GB300 (the
+  case's ``gpus_per_node`` is then the job's NVLink domain inside the rack, e.g. the 64-GPU Slurm
+  segment Megatron-Bridge uses), ``dgx-b200`` for B200, ``hgx-b300`` for B300, ``dgx-h100``
+  otherwise, with the case's per-GPU NVLink and NIC rates as overrides; nodes = count / gpus_per_node (8 when not given); a run on fewer GPUs
   than a node uses one node of that many.
 - hidden_act: SwiGLU (silu) or GeLU, whichever makes the parameter count closer to ``params_b``;
   untied embeddings.
 - micro-batch size 1; zero_stage 1 (Megatron's distributed optimizer, the default of
-  Megatron-core and NeMo recipes); precision fp8 when the case says fp8, else bf16; dp =
+  Megatron-core and NeMo recipes); precision mxfp8 or nvfp4 when the case names them, else fp8
+  when it says fp8 (delayed, current or block scaling), else bf16; dp =
   count / (tp x pp x cp) when not given.
 - interleave degree: 1 (plain 1F1B), unless that schedule's bubble (p-1)/(m+p-1) would exceed
   15%; then the smallest v that brings it to 15% or less and that Megatron can run (m a multiple
@@ -31,7 +34,11 @@ only, so predictions are the same with them removed. Documented defaults for unk
   materialised scores.
 - layers not divisible by pp x vp: the first and last stages get f layers each and the others the
   rest evenly, f the largest value <= ceil(layers / (pp x vp)) that makes this possible (how
-  Megatron-DeepSpeed balanced BLOOM, whose first and last stages also carry the embedding).
+  Megatron-DeepSpeed balanced BLOOM, whose first and last stages also carry the embedding); when
+  no such f exists (DeepSeek-V3: 61 layers on 16 virtual stages), every stage but the last gets
+  ceil(layers / (pp x vp)) and the last the rest, the layout of Megatron-Bridge's DeepSeek-V3
+  recipes (``pipeline_model_parallel_layout`` ``Et*4|(t*4|)*14tmL``: 4 layers per virtual stage,
+  1 plus MTP and loss on the last).
 
 Predicted TFLOP/s per GPU are the measured ones scaled by measured / predicted step time, i.e.
 the source's own FLOP convention (model or hardware FLOPs) applied to the predicted step.
@@ -131,6 +138,12 @@ def case_to_scenario_dict(case: dict) -> dict:
         parallelism.update(etp=1, sequence_parallel=True)  # expert groups span TP ranks (MoE parallel folding)
     if ends is not None:
         parallelism.update(first_pipeline_num_layers=ends, last_pipeline_num_layers=ends)
+    elif m["layers"] % (pp * vp) and pp * vp > 1:
+        each = math.ceil(m["layers"] / (pp * vp))
+        while each > 1 and m["layers"] - (pp * vp - 1) * each < 0:
+            each -= 1
+        parallelism.update(first_pipeline_num_layers=each,
+                           last_pipeline_num_layers=m["layers"] - (pp * vp - 1) * each)
     model = {"hidden_size": m["hidden"], "num_hidden_layers": m["layers"], "num_attention_heads": m["heads"],
              "num_key_value_heads": m.get("kv_heads") or m["heads"], "intermediate_size": m["ffn_hidden"],
              "vocab_size": m["vocab"], "hidden_act": _hidden_act(m), "tie_word_embeddings": False}
@@ -139,18 +152,36 @@ def case_to_scenario_dict(case: dict) -> dict:
     return {
         "name": case["id"],
         "model": model,
-        "cluster": {"topology": "dgx-a100" if gpu.upper().startswith("A100") else "dgx-h100",
+        "cluster": {"topology": topology_for(gpu),
                     "num_nodes": max(1, hw["count"] // gpn), "gpus_per_node": min(gpn, hw["count"]),
                     "gpu": gpu, "nvlink_bandwidth_GBps": hw.get("intra_node_bw_GBps"),
                     "network_bandwidth_Gbps": hw.get("inter_node_bw_Gbps_per_gpu")},
         "training": {"seq_length": m["seq_len"], "micro_batch_size": mbs,
                      "global_batch_size": par["gbs"],
-                     "precision": "fp8" if "fp8" in str(case.get("precision", "")).lower() else "bf16",
+                     "precision": precision_of(case),
                      "recompute": recompute,
                      "attention": "unfused" if (source_year(case) or 9999) < 2023 else "flash"},
         "parallelism": parallelism,
         "schedule": "interleaved" if vp > 1 else "1f1b",
     }
+
+
+def topology_for(gpu: str) -> str:
+    """The shipped topology a case on ``gpu`` runs on (see the module docstring)."""
+    name = str(gpu).upper().replace("NVIDIA", "").strip()
+    for prefix, topology in (("A100", "dgx-a100"), ("GB200", "gb200-nvl72"), ("GB300", "gb300-nvl72"),
+                             ("B200", "dgx-b200"), ("B300", "hgx-b300")):
+        if name.startswith(prefix):
+            return topology
+    return "dgx-h100"
+
+
+def precision_of(case: dict) -> str:
+    text = str(case.get("precision", "")).lower()
+    for name in ("mxfp8", "nvfp4", "fp8"):
+        if name in text:
+            return name
+    return "bf16"
 
 
 def measured_step(case: dict, flops_per_gpu: float | None = None, peak_flops: float | None = None
