@@ -58,7 +58,7 @@ class TopologySpec:
     oversubscription: float = 1.0
     core_oversubscription: float = 1.0
     nvls: bool = False  # NVSwitch gen 3+ in the node: NVLink SHARP (NCCL's NVLS algorithm) inside the node
-    sharp: bool = False  # SHARP-capable fabric switches: in-network all-reduce across nodes (NCCL CollNet)
+    sharp: bool = False  # SHARP-capable fabric switches (recorded from the datasheets; no algorithm uses it yet)
     description: str = ""
     source: str = ""
 
