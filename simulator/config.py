@@ -70,7 +70,7 @@ class TrainingConfig:
     seq_length: int = 2048
     micro_batch_size: int = 1
     global_batch_size: int = 1
-    precision: str = "bf16"  # bf16 | fp16 | fp8
+    precision: str = "bf16"  # bf16 | fp16 | fp8 | mxfp8 | nvfp4 (GEMMs; attention stays 16-bit)
     recompute: str = "none"  # none | selective | full
     attention: str = "flash"  # flash (the framework's fused kernel) | fa2 | fa3 | cudnn | unfused (materialised scores, pre-2023 Megatron)
 

@@ -37,7 +37,7 @@ from simulator.physical.topology import load_topology
 from simulator.workload.frameworks import FP8_RECIPES, framework_names
 
 HIDDEN_ACTS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "silu", "swiglu")
-PRECISIONS = ("bf16", "fp16", "fp8")
+PRECISIONS = ("bf16", "fp16", "fp8", "mxfp8", "nvfp4")  # GEMM precision; attention stays 16-bit
 RECOMPUTE = ("none", "selective", "full")
 ZERO_STAGES = (0, 1, 2, 3)
 
@@ -502,6 +502,12 @@ def validate_plan(s: Scenario) -> list[str]:
     if c.gpus_per_node % p.tp:
         warnings.append(f"parallelism.tp: got {p.tp}; TP group spans nodes of {c.gpus_per_node} GPUs: "
                         f"its collectives cross {slower}")
+    block = p.tp * p.cp  # a CP group's ranks sit tp apart inside the first tp x cp consecutive ranks
+    if p.cp > 1 and c.gpus_per_node % block and block % c.gpus_per_node:
+        warnings.append(f"parallelism.cp: got {p.cp}; tp x cp = {block} consecutive ranks do not divide the "
+                        f"{c.gpus_per_node} GPUs of a node (NVLink domain), so some CP groups straddle two "
+                        f"nodes and cross {slower}; Megatron places ranks the same way, recipes pick "
+                        f"tp x cp dividing {c.gpus_per_node}")
     if p.ep > 1 and c.gpus_per_node % (p.ep * p.expert_tp):
         warnings.append(f"parallelism.ep: got {p.ep}; EP group spans nodes (ep x etp = {p.ep * p.expert_tp} consecutive "
                         f"ranks, {c.gpus_per_node} GPUs per node): its all-to-alls cross {slower}")

@@ -21,7 +21,7 @@ def h100_node():
 
 @pytest.mark.parametrize("size", [2**20, 64 * 2**20, GiB])
 def test_uncontended_ring_all_reduce_equals_closed_form(h100_node, size):
-    t, _ = C.time_collective(h100_node, "all_reduce", range(8), size)
+    t, _ = C.time_collective(h100_node, "all_reduce", range(8), size, algorithm="ring")
     assert t == pytest.approx(C.nccl_ring_time("all_reduce", 8, size, 450e9), rel=1e-9)
 
 
@@ -41,7 +41,7 @@ def test_all_to_all_and_broadcast_equal_closed_form(h100_node):
 
 
 def test_ring_bytes_carried_equal_what_the_algorithm_moves(h100_node):
-    _, net = C.time_collective(h100_node, "all_reduce", range(8), GiB)
+    _, net = C.time_collective(h100_node, "all_reduce", range(8), GiB, algorithm="ring")
     # each GPU sends 2(n-1)/n * S on its NVLink up-link and receives as much on its down-link
     assert net.stats.bytes_carried.sum() == pytest.approx(8 * 2 * 2 * 7 / 8 * GiB)
 
@@ -86,7 +86,7 @@ def test_contention_between_collectives_of_two_groups_on_shared_links():
     from simulator.physical.network import Network
     cluster = build_cluster(load_topology("dgx-h100"), 1)
     env = simpy.Environment()
-    coll = C.Collectives(env, Network(env, cluster.link_bw), cluster)
+    coll = C.Collectives(env, Network(env, cluster.link_bw), cluster, "ring")
     env.process(coll.all_reduce(range(8), GiB))
     env.process(coll.all_reduce(range(8), GiB))
     env.run()
@@ -100,12 +100,15 @@ def _measured(case_id):
 
 
 @pytest.mark.parametrize("size", [GiB, 8 * GiB])
-def test_h100_8gpu_all_reduce_busbw_within_15pct_of_nccl_tests(h100_node, size):
-    """Ring model (no NVLS): ~448-450 GB/s against measured 466 and 480 (NVLS)."""
+def test_h100_8gpu_all_reduce_busbw_within_10pct_of_nccl_tests(h100_node, size):
+    """auto takes NVLS at these sizes: 487 and 490 GB/s against measured 466 and 480; the ring
+    alone cannot pass the 450 GB/s link rate (444 and 449)."""
     point = next(p for p in _measured("dgx-h100-8gpu-allreduce")["points"] if p["size_bytes"] == size)
     t, _ = C.time_collective(h100_node, "all_reduce", range(8), size)
     busbw = size / t / 1e9 * C.bus_factor("all_reduce", 8)
-    assert busbw == pytest.approx(point["busbw_GBps"], rel=0.15)
+    assert busbw == pytest.approx(point["busbw_GBps"], rel=0.10)
+    t_ring, _ = C.time_collective(h100_node, "all_reduce", range(8), size, algorithm="ring")
+    assert size / t_ring / 1e9 * C.bus_factor("all_reduce", 8) < 450 < busbw
 
 
 def test_a100_three_nodes_four_hdr_all_reduce_within_15pct_of_measured_band():
@@ -120,10 +123,11 @@ def test_a100_three_nodes_four_hdr_all_reduce_within_15pct_of_measured_band():
 
 
 def test_h100_8gpu_all_reduce_within_25pct_of_nccl_tests_at_every_size(h100_node):
-    """Latency-bound to bandwidth-bound: NCCL's protocols (LL at 1 MiB, LL128 at 16 MiB, Simple
-    above) bring the small and mid sizes within 25%; without them 16 MiB was 41% fast."""
+    """The ring alone, latency-bound to bandwidth-bound: NCCL's protocols (LL at 1 MiB, LL128 at
+    16 MiB, Simple above) bring the small and mid sizes within 25%; without them 16 MiB was 41%
+    fast. (With NVLS, which NCCL's model prefers from about 1 MiB, 16 MiB is 31% fast: 85 vs 124 us.)"""
     for p in _measured("dgx-h100-8gpu-allreduce")["points"]:
-        t, _ = C.time_collective(h100_node, "all_reduce", range(8), p["size_bytes"])
+        t, _ = C.time_collective(h100_node, "all_reduce", range(8), p["size_bytes"], algorithm="ring")
         assert t * 1e6 == pytest.approx(p["time_us"], rel=0.25), p["size_bytes"]
 
 
@@ -135,3 +139,54 @@ def test_a100_8gpu_all_reduce_near_the_reported_200_GBps():
     busbw = point["size_bytes"] / t / 1e9 * C.bus_factor("all_reduce", 8)
     assert busbw == pytest.approx(point["busbw_GBps"], rel=0.20)
     assert busbw < 240  # never above what NCCL's own model allows the A100
+
+
+# NVLS (NVLink SHARP): closed forms from NCCL's tuning model, choice, and NVLink 5 domains.
+
+@pytest.mark.parametrize("op, size", [("all_reduce", GiB), ("all_reduce", 64 * 2**20), ("all_reduce", 8 * GiB)])
+def test_nvls_equals_its_closed_form(h100_node, op, size):
+    t, _ = C.time_collective(h100_node, op, range(8), size, algorithm="nvls")
+    # NCCL's model: 25 us + S (n+1)/n per GPU link direction at 0.85 x 20.6/25 of 450 GB/s
+    assert t == pytest.approx(25e-6 + size * 9 / 8 / (450e9 * 0.85 * 20.6 / 25), rel=1e-9)
+    assert t == pytest.approx(C.nvls_time(op, 8, size, 450e9, 4), rel=1e-9)
+
+
+def test_nvls_bytes_carried_are_what_the_switch_reduction_moves(h100_node):
+    _, net = C.time_collective(h100_node, "all_reduce", range(8), GiB, algorithm="nvls")
+    eff = 0.85 * 20.6 / 25
+    # every GPU's up-link and down-link carry S (n+1)/n, inflated by the NVLS efficiency
+    assert net.stats.bytes_carried.sum() == pytest.approx(8 * 2 * 9 / 8 * GiB / eff)
+
+
+def test_auto_takes_ring_ll_for_small_and_nvls_for_large_all_reduce(h100_node):
+    for size, expect in ((64 * 2**10, "ring"), (8 * GiB, "nvls")):
+        auto, _ = C.time_collective(h100_node, "all_reduce", range(8), size)
+        forced, _ = C.time_collective(h100_node, "all_reduce", range(8), size, algorithm=expect)
+        assert auto == forced, size
+    # NCCL never prefers NVLS for a large 8-GPU all_gather (its model charges (n/(n-1))^2 more)
+    auto, _ = C.time_collective(h100_node, "all_gather", range(8), GiB)
+    ring, _ = C.time_collective(h100_node, "all_gather", range(8), GiB, algorithm="ring")
+    assert auto == ring
+
+
+def test_nvls_needs_an_nvswitch_generation_3_domain():
+    a100 = build_cluster(replace(load_topology("dgx-a100"), nvls=True), 1)  # A100: NVLink 3, no NVLS
+    t, _ = C.time_collective(a100, "all_reduce", range(8), GiB, algorithm="nvls")
+    ring, _ = C.time_collective(a100, "all_reduce", range(8), GiB, algorithm="ring")
+    assert t == ring
+    two = build_cluster(load_topology("dgx-h100"), 2)  # across nodes NVLS needs SHARP: ring
+    t, _ = C.time_collective(two, "all_reduce", range(16), GiB, algorithm="nvls")
+    ring, _ = C.time_collective(two, "all_reduce", range(16), GiB, algorithm="ring")
+    assert t == ring
+
+
+def test_gb200_nvl72_all_reduce_over_72_gpus_is_nvlink5_bound():
+    """72 GPUs in one NVLink 5 domain (900 GB/s per direction): NVLS at NCCL's 32 channels,
+    2 x 0.74 x 40.1/50 x 900 x 31/33 = 1003 GB/s busbw at 8 GiB; the ring stays under 900."""
+    nvl72 = build_cluster(load_topology("gb200-nvl72"), 1)
+    size = 8 * GiB
+    t, _ = C.time_collective(nvl72, "all_reduce", range(72), size)
+    busbw = size / t / 1e9 * C.bus_factor("all_reduce", 72)
+    assert busbw == pytest.approx(2 * 0.74 * 40.1 / 50 * 900 * 31 / 33, rel=0.01)
+    ring, _ = C.time_collective(nvl72, "all_reduce", range(72), size, algorithm="ring")
+    assert 850 < size / ring / 1e9 * C.bus_factor("all_reduce", 72) < 900

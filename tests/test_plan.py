@@ -36,3 +36,19 @@ def test_every_rank_is_in_exactly_one_group_of_each_kind():
             groups = plan.groups_on_stage(stage, kind)
             members = sorted(r for g in groups for r in g)
             assert members == sorted(int(x) for x in plan.stage_ranks(stage)), kind
+
+
+def test_groups_on_stage_slices_equal_a_scan_of_every_rank():
+    """groups_on_stage slices the grid; it must list the groups a per-rank scan finds, in the same order."""
+    import itertools
+    for tp, pp, dp, cp, ep in itertools.product([1, 2, 4], [1, 3], [1, 2, 6], [1, 2], [1, 2, 4]):
+        for etp in sorted({1, tp}):
+            if (tp * dp * cp) % (ep * etp):
+                continue
+            plan = Plan.build(tp, pp, dp, cp, ep, etp)
+            fns = {"tp": plan.tp_group, "cp": plan.cp_group, "dp": plan.dp_group, "dpcp": plan.dp_cp_group,
+                   "ep": plan.ep_group, "edp": plan.expert_dp_group, "etp": plan.expert_tp_group}
+            for stage in range(pp):
+                for kind, fn in fns.items():
+                    scan = tuple(dict.fromkeys(fn(int(r)) for r in plan.stage_ranks(stage)))
+                    assert plan.groups_on_stage(stage, kind) == scan, (tp, pp, dp, cp, ep, etp, kind)

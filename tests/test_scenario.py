@@ -486,3 +486,22 @@ def test_expert_tp_must_divide_tp_and_needs_sequence_parallelism_below_it():
         validate_plan(dataclasses.replace(s, parallelism=dataclasses.replace(s.parallelism, etp=3)))
     with pytest.raises(ConfigError, match=r"parallelism\.etp: got 1; below tp .* sequence_parallel"):
         validate_plan(dataclasses.replace(ok, parallelism=dataclasses.replace(ok.parallelism, sequence_parallel=False)))
+
+
+def test_nvl72_rank_grid_keeps_dividing_groups_in_one_rack_and_warns_when_tp_x_cp_does_not_divide_72():
+    """Megatron order on 72-GPU nodes: TP8 groups and TP8 x CP... blocks that divide 72 stay in a rack;
+    tp 8 x cp 2 = 16 does not divide 72, so the CP groups of ranks 64-79 straddle racks: warned."""
+    from simulator.step.plan import Plan
+    base = ["cluster.topology=gb200-nvl72", "cluster.gpus_per_node=72", "cluster.gpu=GB200",
+            "cluster.num_nodes=2", "parallelism.pp=1", "training.global_batch_size=144"]
+    ok = tiny(*base, "parallelism.tp=4", "parallelism.cp=2", "parallelism.dp=18", "model.num_attention_heads=16",
+              "model.num_key_value_heads=16", "training.seq_length=64")
+    assert validate_plan(ok) == []
+    plan = Plan.build(4, 1, 18, 2)
+    assert all(len({r // 72 for r in plan.cp_group(r)}) == 1 for r in range(144))
+    bad = tiny(*base, "parallelism.tp=8", "parallelism.cp=2", "parallelism.dp=9", "model.num_attention_heads=16",
+               "model.num_key_value_heads=16", "training.seq_length=64")
+    (warning,) = validate_plan(bad)
+    assert warning.startswith("parallelism.cp: got 2; tp x cp = 16") and "straddle" in warning
+    plan = Plan.build(8, 1, 9, 2)
+    assert {r // 72 for r in plan.cp_group(64)} == {0, 1}

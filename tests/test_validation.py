@@ -67,9 +67,24 @@ def test_h100_8gpu_all_reduce_curve_within_15pct_above_128MiB():
     points = [p for p in case["points"] if p["size_bytes"] >= 128 * 2**20]
     assert len(points) == 4
     for p in points:
-        t, _ = time_collective(cluster, "all_reduce", range(8), p["size_bytes"])
+        t, _ = time_collective(cluster, "all_reduce", range(8), p["size_bytes"], algorithm="ring")
         busbw = p["size_bytes"] / t / 1e9 * bus_factor("all_reduce", 8)
         assert busbw == pytest.approx(p["busbw_GBps"], rel=0.15)
+
+
+def test_h100_8gpu_all_reduce_with_nvls_within_10pct_from_1GiB_and_its_128MiB_miss():
+    """auto (NVLS from about 1 MiB, as NCCL's model picks): 487-490 GB/s at 1-16 GiB against
+    466-480. At 128 MiB NVLS gives 466 against 400.5 measured (+16%): the measured curve's
+    intercept is about 94 us where NCCL's NVLS latency term is 25 us; pinned so it cannot grow."""
+    data = yaml.safe_load((VALIDATION / "collectives.yaml").read_text())
+    case = next(c for c in data["cases"] if c["id"] == "dgx-h100-8gpu-allreduce")
+    cluster = build_cluster(load_topology("dgx-h100"), 1)
+    for p in case["points"]:
+        if p["size_bytes"] < 128 * 2**20:
+            continue
+        t, _ = time_collective(cluster, "all_reduce", range(8), p["size_bytes"])
+        busbw = p["size_bytes"] / t / 1e9 * bus_factor("all_reduce", 8)
+        assert busbw == pytest.approx(p["busbw_GBps"], rel=0.10 if p["size_bytes"] >= 2**30 else 0.17)
 
 
 def test_layer_times_of_korthikanti_table_4_within_8pct():

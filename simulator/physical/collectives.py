@@ -26,9 +26,17 @@ Algorithms (what is modelled, and what is not):
   links are held to the slowest pair's rate, which leaves the completion time unchanged when
   each pair's bottleneck is its own rank's link).
 - broadcast: a pipelined chain from the root (each rank forwards size to the next).
-- In-switch reduction (NVLS/SHARP) is not modelled: an 8-GPU H100 all_reduce is the ring's,
-  about 448-450 GB/s busbw at 1-8 GiB at the nominal 450 GB/s NVLink rate, where NVLS measures
-  466-480.
+- NVLS (``algorithm: nvls``, and in ``auto`` where NCCL's cost model prefers it): all_reduce,
+  reduce_scatter and all_gather of a group inside one NVSwitch domain whose topology says
+  ``nvls: true`` and whose GPUs have NVLink 4 or later, reduced and multicast in the switch
+  (:mod:`simulator.physical.nccl`, NCCL's NVLS terms). It is one coupled transfer over the
+  group's ring edges, each member carrying the bytes NCCL's model charges one GPU's NVLink per
+  direction (all_reduce: S (n-1)(c+1) / (n(c-1)), c = min(n, 32)), at NCCL's NVLS efficiency,
+  plus 25 us. ``auto`` takes NVLS when its modelled time alone beats the ring's in its best
+  protocol, as NCCL's tuner picks the smallest latency + bytes / bandwidth: an 8-GPU H100
+  all_reduce takes the ring (LL) up to about 1 MiB and NVLS above, about 487-490 GB/s busbw at
+  1-8 GiB against 466-480 measured. Groups spanning nodes keep the ring (NCCL's NVLS across
+  nodes needs SHARP; NVLS-Tree is not modelled).
 """
 
 from __future__ import annotations
@@ -45,7 +53,7 @@ from simulator.physical.network import Network
 from simulator.physical.topology import Cluster
 
 OPS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "send_recv")
-ALGORITHMS = ("auto", "ring", "hierarchical")
+ALGORITHMS = ("auto", "ring", "hierarchical", "nvls")
 
 
 def bus_factor(op: str, n: int) -> float:
@@ -99,6 +107,23 @@ class Collectives:
         proto, eff = nccl.choose(op, nbytes, steps, link_bw, inter)
         return Spec(edges, nbytes / eff, proto.base_s + steps * nccl.step_latency(proto, inter))
 
+    def nvls_spec(self, op: str, ranks: Sequence[int], size: float) -> Spec | None:
+        """``op`` over ``ranks`` as one NVLS transfer, if the algorithm allows NVLS here and (under
+        ``auto``) NCCL's cost model prefers it to the ring; else None."""
+        c = self.cluster
+        if (self.algorithm not in ("auto", "nvls") or not c.spec.nvls
+                or c.nvlink_generation not in nccl.NVLS_EFFICIENCY
+                or len({c.node_of(r) for r in ranks}) != 1):
+            return None
+        n = len(ranks)
+        edges = tuple((ranks[i], ranks[(i + 1) % n]) for i in range(n))
+        link_bw = min(float(c.link_bw[c.route(a, b)].min()) for a, b in edges)
+        t = nccl.nvls_time(op, n, size, link_bw, c.nvlink_generation)
+        if t is None or (self.algorithm == "auto" and t >= nccl.ring_time(op, n, size, link_bw)):
+            return None
+        wire = nccl.nvls_wire_bytes(op, n, size)
+        return Spec(edges, wire / nccl.NVLS_EFFICIENCY[c.nvlink_generation], nccl.NVLS_LATENCY_S)
+
     def _node_groups(self, ranks: Sequence[int]) -> list[list[int]] | None:
         """Ranks per node (nodes in order) if every node holds the same count, else None."""
         by_node: dict[int, list[int]] = defaultdict(list)
@@ -146,6 +171,9 @@ class Collectives:
             pairs = tuple(zip(ranks, ranks[1:]))
             return [[Spec(pairs, size, sum(self.cluster.route_latency(a, b) for a, b in pairs))]]
         steps = {"all_reduce": 2 * (n - 1), "reduce_scatter": n - 1, "all_gather": n - 1}[op]
+        nvls = self.nvls_spec(op, ranks, size)
+        if nvls is not None:
+            return [[nvls]]
         h = self._hierarchy(ranks)
         if h is None:
             rings = self.channel_rings(ranks)
@@ -275,6 +303,12 @@ def nccl_ring_time(op: str, n: int, size: float, bw: float, inter_fraction: floa
     alpha = nccl.step_latency(proto, inter_fraction)
     ring = ring_all_reduce_time if op == "all_reduce" else ring_gather_time
     return proto.base_s + ring(n, size / eff, bw, alpha)
+
+
+def nvls_time(op: str, n: int, size: float, bw: float, generation: int) -> float:
+    """An uncontended NVLS ``op`` inside one NVSwitch domain: 25 us + the bytes NCCL's model charges
+    each GPU's NVLink (:func:`simulator.physical.nccl.nvls_wire_bytes`) at its NVLS efficiency."""
+    return nccl.nvls_time(op, n, size, bw, generation)
 
 
 def hierarchical_all_reduce_time(k: int, m: int, size: float, bw_intra: float, bw_inter: float) -> float:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace, field
 from simulator.errors import ConfigError
 from simulator.units import GiB, TERA, GBps
 
-PRECISIONS = ("bf16", "fp16", "fp8", "tf32")
+PRECISIONS = ("bf16", "fp16", "fp8", "tf32", "mxfp8", "nvfp4")
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,7 @@ class GPUSpec:
     launch_overhead_s: float = 3e-6
     sustained_fraction: float = 1.0
     nvlink_efficiency: float = 1.0
+    nvlink_generation: int = 0  # 3 Ampere, 4 Hopper (NVSwitch gen 3: NVLS), 5 Blackwell
 
     def __hash__(self) -> int:
         return hash(self.name)
@@ -98,10 +99,24 @@ _LAUNCH_S = 3e-6
 _A100_NVLINK = 0.80
 _HOPPER_NVLINK = 1.0
 
+# Blackwell (B200, B300, GB200, GB300): no public MAMF, sustained or NVLink measurement for these
+# parts yet, so they take the Hopper constants. The block-scaled formats are GEMM precisions only:
+# MXFP8 (OCP Microscaling: FP8 E4M3 elements with one E8M0 scale per 32) runs on Blackwell's
+# tensor cores at the FP8 rate and NVFP4 (E2M1 elements, one E4M3 scale per 16) at the FP4 rate
+# (NVIDIA Blackwell architecture technical brief; Transformer Engine docs, "Using FP8 and FP4
+# with Transformer Engine": MXFP8BlockScaling and NVFP4BlockScaling recipes quantize Linear
+# layers only, attention stays BF16 unless fp8_dot_product_attention). Their GEMM ceiling is the
+# FP8 estimate: same tensor-core pipeline, scales applied in the MMA instruction.
+_BLACKWELL_GEMM = {**_HOPPER_GEMM, "mxfp8": _HOPPER_GEMM["fp8"], "nvfp4": _HOPPER_GEMM["fp8"]}
+
 _AMPERE = dict(gemm_efficiency=_A100_GEMM, attention_efficiency=_A100_ATTN, sustained_fraction=_A100_SUSTAINED,
-               memory_efficiency=_MEM_EFF, launch_overhead_s=_LAUNCH_S, nvlink_efficiency=_A100_NVLINK)
+               memory_efficiency=_MEM_EFF, launch_overhead_s=_LAUNCH_S, nvlink_efficiency=_A100_NVLINK,
+               nvlink_generation=3)
 _HOPPER = dict(gemm_efficiency=_HOPPER_GEMM, attention_efficiency=_HOPPER_ATTN, sustained_fraction=_HOPPER_SUSTAINED,
-               memory_efficiency=_MEM_EFF, launch_overhead_s=_LAUNCH_S, nvlink_efficiency=_HOPPER_NVLINK)  # also B200, unmeasured
+               memory_efficiency=_MEM_EFF, launch_overhead_s=_LAUNCH_S, nvlink_efficiency=_HOPPER_NVLINK,
+               nvlink_generation=4)
+
+_BLACKWELL = {**_HOPPER, "gemm_efficiency": _BLACKWELL_GEMM, "nvlink_generation": 5}  # unmeasured: Hopper's constants, see above
 
 # Dense peaks shared by the parts of one die: both A100 memory sizes, and H100 / H800 / H200
 # (the same GH100 compute at the same clocks; H800 differs in NVLink, H200 in memory).
@@ -179,13 +194,66 @@ GPU_CATALOG: dict[str, GPUSpec] = {
     ),
     "B200-SXM-180GB": GPUSpec(
         name="B200-SXM-180GB",
-        peak_flops={"bf16": 2250 * TERA, "fp16": 2250 * TERA, "fp8": 4500 * TERA, "tf32": 1125 * TERA},
+        peak_flops={"bf16": 2250 * TERA, "fp16": 2250 * TERA, "fp8": 4500 * TERA, "tf32": 1125 * TERA,
+                    "mxfp8": 4500 * TERA, "nvfp4": 9000 * TERA},
         hbm_bandwidth_Bps=GBps(8000),
         hbm_capacity_bytes=180 * GiB,
         nvlink_bandwidth_Bps=GBps(900),
         source="NVIDIA HGX/DGX B200 datasheet, per GPU (sparse figures halved): 2.25 PF BF16, "
-        "4.5 PF FP8 dense, 180 GB HBM3e at 8 TB/s, NVLink5 1.8 TB/s bidirectional; 148 SMs",
+        "4.5 PF FP8 dense, 180 GB HBM3e at 8 TB/s, NVLink5 1.8 TB/s bidirectional; 148 SMs; "
+        "MXFP8 at the FP8 rate, NVFP4 9 PF dense (DGX B200: 144 PF FP4 sparse over 8 GPUs)",
         num_sms=148,
+        **_BLACKWELL,
+    ),
+    # Blackwell parts with the block-scaled precisions (dense = the datasheets' sparse figures halved).
+    "B300": GPUSpec(
+        name="B300",
+        peak_flops={"bf16": 2250 * TERA, "fp16": 2250 * TERA, "fp8": 4500 * TERA, "mxfp8": 4500 * TERA,
+                    "nvfp4": 13500 * TERA, "tf32": 1125 * TERA},
+        hbm_bandwidth_Bps=GBps(8000),
+        hbm_capacity_bytes=288 * GiB,
+        nvlink_bandwidth_Bps=GBps(900),
+        source="NVIDIA HGX B300 datasheet (8 GPUs: 36 PF BF16, 72 PF FP8 sparse; 108 PF FP4 dense; "
+        "2.3 TB HBM3e), per GPU and dense: 2.25 PF BF16, 4.5 PF FP8/MXFP8, 13.5 PF NVFP4, 288 GB HBM3e "
+        "at 8 TB/s; NVLink5 1.8 TB/s bidirectional; Blackwell Ultra: 160 SMs",
+        num_sms=160,
+        **_BLACKWELL,
+    ),
+    "GB200": GPUSpec(
+        name="GB200",
+        peak_flops={"bf16": 2500 * TERA, "fp16": 2500 * TERA, "fp8": 5000 * TERA, "mxfp8": 5000 * TERA,
+                    "nvfp4": 10000 * TERA, "tf32": 1250 * TERA},
+        hbm_bandwidth_Bps=GBps(8000),
+        hbm_capacity_bytes=186 * GiB,
+        nvlink_bandwidth_Bps=GBps(900),
+        source="NVIDIA GB200 NVL72 datasheet (72 GPUs: 360 PF BF16, 720 PF FP8, 1,440 PF FP4 sparse; "
+        "13.4 TB HBM3e at 576 TB/s; 130 TB/s NVLink), per GPU and dense: 2.5 PF BF16, 5 PF FP8/MXFP8, "
+        "10 PF NVFP4, 186 GB at 8 TB/s, NVLink5 1.8 TB/s bidirectional; 148 SMs",
+        num_sms=148,
+        **_BLACKWELL,
+    ),
+    "GB300": GPUSpec(
+        name="GB300",
+        peak_flops={"bf16": 2500 * TERA, "fp16": 2500 * TERA, "fp8": 5000 * TERA, "mxfp8": 5000 * TERA,
+                    "nvfp4": 15000 * TERA, "tf32": 1250 * TERA},
+        hbm_bandwidth_Bps=GBps(8000),
+        hbm_capacity_bytes=288 * GiB,
+        nvlink_bandwidth_Bps=GBps(900),
+        source="NVIDIA GB300 NVL72 datasheet (72 GPUs: 360 PF FP8 and 1,080 PF FP4 dense, 20 TB HBM3e at "
+        "576 TB/s, 130 TB/s NVLink), per GPU and dense: 2.5 PF BF16, 5 PF FP8/MXFP8, 15 PF NVFP4, "
+        "288 GB HBM3e at 8 TB/s, NVLink5 1.8 TB/s bidirectional; Blackwell Ultra: 160 SMs",
+        num_sms=160,
+        **_BLACKWELL,
+    ),
+    "H20": GPUSpec(
+        name="H20",
+        peak_flops={"bf16": 148 * TERA, "fp16": 148 * TERA, "fp8": 296 * TERA, "tf32": 74 * TERA},
+        hbm_bandwidth_Bps=GBps(4000),
+        hbm_capacity_bytes=96 * GiB,
+        nvlink_bandwidth_Bps=GBps(450),
+        source="NVIDIA H20 product brief (HGX H20): 148 TF BF16 / 296 TF FP8 dense, 96 GB HBM3 at "
+        "4.0 TB/s, NVLink4 900 GB/s bidirectional; 78 SMs",
+        num_sms=78,
         **_HOPPER,
     ),
 }
@@ -207,6 +275,18 @@ _ALIASES = {
     "h200-141gb": "H200-SXM-141GB",
     "b200": "B200-SXM-180GB",
     "b200-180gb": "B200-SXM-180GB",
+    "b200-sxm": "B200-SXM-180GB",
+    "dgx-b200": "B200-SXM-180GB",
+    "hgx-b200": "B200-SXM-180GB",
+    "b300-sxm": "B300",
+    "b300-288gb": "B300",
+    "hgx-b300": "B300",
+    "dgx-b300": "B300",
+    "gb200-nvl72": "GB200",
+    "gb200-186gb": "GB200",
+    "gb300-nvl72": "GB300",
+    "gb300-288gb": "GB300",
+    "h20-96gb": "H20",
 }
 _LOOKUP = {**{k.lower(): k for k in GPU_CATALOG}, **_ALIASES}
 
@@ -214,6 +294,8 @@ _LOOKUP = {**{k.lower(): k for k in GPU_CATALOG}, **_ALIASES}
 _FAMILIES = (("a100", "40gb", "A100-SXM4-40GB"), ("a100", "", "A100-SXM4-80GB"), ("h100", "96gb", "H100-SXM5-96GB"),
              ("h100", "", "H100-SXM5-80GB"),
              ("h800", "", "H800-80GB"), ("h200", "", "H200-SXM-141GB"), ("b200", "", "B200-SXM-180GB"))
+# Grace-Blackwell superchips first: "gb200" contains "b200", and their rack name contains "nvl".
+_SUPERCHIPS = (("gb300", "GB300"), ("gb200", "GB200"), ("b300", "B300"))
 
 
 def _lookup(name: str) -> str | None:
@@ -225,6 +307,9 @@ def _lookup(name: str) -> str | None:
     text = re.sub(r"[\s_]+", "-", text.replace("nvidia", "")).strip("-")
     if text in _LOOKUP:
         return _LOOKUP[text]
+    for family, key in _SUPERCHIPS:
+        if family in text and "pcie" not in text:
+            return key
     if "pcie" in text or "nvl" in text or "94gb" in text:
         return None
     for family, detail, key in _FAMILIES:

@@ -73,3 +73,58 @@ def choose(op: str, nbytes: float, steps: int, link_bw: float, inter_fraction: f
         if best is None or t < best[0]:
             best = (t, proto, eff)
     return best[1], best[2]
+
+
+# --- NVLS: NVLink SHARP, reduction and multicast in the NVSwitch ------------------------------
+#
+# NCCL's NVLS algorithm (2.17+, NVSwitch gen 3 and later: H100/H200 HGX, B200/B300 HGX, GB200/GB300
+# NVL72) reduces in the switch: each GPU pulls the switch-reduced sum of its slice
+# (``multimem.ld_reduce``) and multicasts the result back (``multimem.st``). NCCL's tuning model
+# (``src/graph/tuning.cc``, ``ncclTopoTuneModel``; ``src/graph/search.cc``,
+# ``ncclTopoSearchTryNvls``) prices it as follows, and stepsim uses the same terms:
+# - channels c = min(n, NCCL_MAX_NVLS_ARITY = 32) (``src/include/device.h``); a GPU's NVLink carries
+#   one unit per channel and one more for the channel it heads, so a channel gets L / (c + 1) of the
+#   per-GPU NVLink rate L and the graph c L / (c + 1);
+# - all_reduce bus bandwidth 2 eff L (c - 1) / (c + 1) (two pipelined operations, one channel kept
+#   back), eff = ``nvlsEfficiency``: 0.85 Hopper, 0.74 Blackwell; L in NCCL's own NVLink rating
+#   (``src/graph/topo.h``: 20.6 of 25 GB/s per NVLink4 link, 40.1 of 50 per NVLink5 link), so on
+#   the nominal rate the efficiency is 0.85 x 20.6 / 25 = 0.700 and 0.74 x 40.1 / 50 = 0.593;
+# - reduce_scatter / all_gather: c L / (c + 1) x eff x (n - 1) / n x (n - 1) / n for the full
+#   buffer, and only when n <= 32 (``enqueue.cc``: NVLS for them needs localRanks <= the arity);
+# - latency: 25 us per call on NVLink (hwLatencies NVLINK/NVLS/Simple), base 0; Simple only.
+# For 8 x H100 this is 2 x 0.700 x 450 x 7/9 = 490 GB/s all_reduce busbw against 466-480 measured
+# (validation/collectives.yaml), where the ring cannot exceed the 450 GB/s link rate.
+
+NVLS_LATENCY_S = 25.0 * US
+NVLS_MAX_ARITY = 32
+NVLS_EFFICIENCY = {4: 0.85 * 20.6 / 25.0, 5: 0.74 * 40.1 / 50.0}  # by NVLink generation
+
+
+def nvls_wire_bytes(op: str, n: int, size: float) -> float | None:
+    """Bytes per GPU, each direction of its NVLink, that NCCL's model charges an NVLS ``op`` of
+    ``size`` over ``n`` GPUs of one NVSwitch domain (before efficiency); None where NCCL has no NVLS."""
+    c = min(n, NVLS_MAX_ARITY)
+    if n < 2 or c < 2:
+        return None
+    if op == "all_reduce":
+        return size * (n - 1) * (c + 1) / (n * (c - 1))
+    if op in ("reduce_scatter", "all_gather") and n <= NVLS_MAX_ARITY:
+        return size * (c + 1) / c * (n / (n - 1)) ** 2
+    return None
+
+
+def nvls_time(op: str, n: int, size: float, link_bw: float, generation: int) -> float | None:
+    """Modelled time of an uncontended NVLS ``op`` (NCCL's cost model on ``link_bw`` per direction)."""
+    eff = NVLS_EFFICIENCY.get(generation)
+    wire = nvls_wire_bytes(op, n, size)
+    if eff is None or wire is None:
+        return None
+    return NVLS_LATENCY_S + wire / (link_bw * eff)
+
+
+def ring_time(op: str, n: int, size: float, link_bw: float, inter_fraction: float = 0.0) -> float:
+    """Modelled time of an uncontended ring ``op`` in the protocol :func:`choose` picks."""
+    steps = 2 * (n - 1) if op == "all_reduce" else n - 1
+    nbytes = steps / n * size
+    proto, eff = choose(op, nbytes, steps, link_bw, inter_fraction)
+    return proto.base_s + steps * step_latency(proto, inter_fraction) + nbytes / (link_bw * eff)

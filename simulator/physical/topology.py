@@ -57,6 +57,8 @@ class TopologySpec:
     leaves_per_pod: int = 64
     oversubscription: float = 1.0
     core_oversubscription: float = 1.0
+    nvls: bool = False  # NVSwitch gen 3+ in the node: NVLink SHARP (NCCL's NVLS algorithm) inside the node
+    sharp: bool = False  # SHARP-capable fabric switches (recorded from the datasheets; no algorithm uses it yet)
     description: str = ""
     source: str = ""
 
@@ -81,6 +83,9 @@ def _check_spec(spec: TopologySpec, where: str) -> TopologySpec:
         value = getattr(spec, name)
         if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 1:
             raise ConfigError(f"{where}{name}", value, "must be a ratio >= 1 (1 = full bisection)")
+    for name in ("nvls", "sharp", "rail_optimized"):
+        if not isinstance(getattr(spec, name), bool):
+            raise ConfigError(f"{where}{name}", getattr(spec, name), "must be true or false")
     fab = spec.fabric_link_bandwidth_Gbps
     if fab is not None and (not isinstance(fab, (int, float)) or fab <= 0):
         raise ConfigError(f"{where}fabric_link_bandwidth_Gbps", fab, "must be a positive number or null")
@@ -133,6 +138,7 @@ class Cluster:
     link_ends: tuple[tuple[str, str], ...]
     _edge_id: dict
     _route_cache: dict
+    nvlink_generation: int = 0  # of the GPU the cluster was built for (NVLS needs 4+)
 
     @property
     def num_gpus(self) -> int:
@@ -269,6 +275,13 @@ def _nvlink_efficiency(gpu: str) -> float:
         return 1.0
 
 
+def _nvlink_generation(gpu: str) -> int:
+    try:
+        return get_gpu(gpu).nvlink_generation
+    except ConfigError:
+        return 0
+
+
 def build_cluster(spec: TopologySpec, num_nodes: int, *, gpus_per_node: int | None = None,
                   nvlink_bandwidth_GBps: float | None = None, network_bandwidth_Gbps: float | None = None,
                   oversubscription: float | None = None, gpu: str | None = None) -> Cluster:
@@ -339,7 +352,7 @@ def build_cluster(spec: TopologySpec, num_nodes: int, *, gpus_per_node: int | No
     edge_id = {(e[0], e[1]): i for i, e in enumerate(edges)}
     cluster = Cluster(spec=spec, num_nodes=num_nodes, graph=g, link_bw=link_bw, link_lat=link_lat,
                       link_cls=tuple(e[4] for e in edges), link_ends=tuple((e[0], e[1]) for e in edges),
-                      _edge_id=edge_id, _route_cache={})
+                      _edge_id=edge_id, _route_cache={}, nvlink_generation=_nvlink_generation(gpu or spec.gpu))
     validate_cluster(cluster)
     return cluster
 

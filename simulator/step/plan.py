@@ -94,12 +94,18 @@ class Plan:
 
     def groups_on_stage(self, stage: int, kind: str) -> tuple[tuple[int, ...], ...]:
         """Every distinct group of one kind among the ranks of a pipeline stage, in rank order."""
-        fn = {"tp": self.tp_group, "cp": self.cp_group, "dp": self.dp_group, "dpcp": self.dp_cp_group,
-              "ep": self.ep_group, "edp": self.expert_dp_group, "etp": self.expert_tp_group}[kind]
-        seen: dict[tuple[int, ...], None] = {}
-        for r in self.stage_ranks(stage):
-            seen.setdefault(fn(int(r)), None)
-        return tuple(seen)
+        g = self.grid[stage]  # [dp, cp, tp]
+        per_stage = self.dp * self.cp * self.tp
+        view = g.reshape(per_stage // (self.ep * self.etp), self.ep, self.etp)  # [edp, ep, etp]
+        # each group's members in grid order; groups ordered by their first rank (slices, not a scan)
+        rows = {"tp": lambda: g.reshape(-1, self.tp),
+                "cp": lambda: g.transpose(0, 2, 1).reshape(-1, self.cp),
+                "dp": lambda: g.transpose(1, 2, 0).reshape(-1, self.dp),
+                "dpcp": lambda: g.transpose(2, 0, 1).reshape(self.tp, -1),
+                "ep": lambda: view.transpose(0, 2, 1).reshape(-1, self.ep),
+                "edp": lambda: view.transpose(1, 2, 0).reshape(-1, view.shape[0]),
+                "etp": lambda: view.reshape(-1, self.etp)}[kind]()
+        return tuple(tuple(int(x) for x in row) for row in rows.tolist())
 
 
 def vstage_layers(num_layers: int, pp: int, vp: int = 1, first: int | None = None,

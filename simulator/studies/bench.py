@@ -5,7 +5,9 @@ the machine, so the unit tests assert nothing about them.
 
 Cases: (a) GPT-3 175B on 1,024 A100 (TP8 PP8 DP16), (b) Llama-3-405B on 16,384 H100
 (TP8 PP16 DP128, 2,048 sequences of 8,192), (c) the same model from 128 to 16,384 GPUs with
-16 micro-batches per pipeline (weak scaling), (d) an 8 GiB all-reduce over 1,024 H100.
+16 micro-batches per pipeline (weak scaling), (d) an 8 GiB all-reduce over 1,024 H100, (e) the same
+model on GB200 NVL72 racks (TP8 PP16, 16 sequences per DP rank) at 16, 224 and 1,792 racks (1,152,
+16,128 and 129,024 GPUs).
 """
 
 from __future__ import annotations
@@ -60,7 +62,13 @@ def cases(quick: bool = False) -> list[tuple[str, str, list[str]]]:
         series.append((f"c: llama3-405b {gpus} GPUs (DP{dp})", _STEP,
                        ["scenarios/llama3-405b-16384xh100.yaml", f"cluster.num_nodes={gpus // 8}",
                         f"parallelism.dp={dp}", f"training.global_batch_size={16 * dp}"]))
-    return [gpt3, ar] + series[:3] if quick else [gpt3, llama] + series + [ar]
+    nvl72 = []
+    for racks in (16, 224, 1792):
+        dp = racks * 72 // 128
+        nvl72.append((f"e: llama3-405b {racks}xGB200-NVL72 ({racks * 72} GPUs)", _STEP,
+                      ["scenarios/llama3-405b-gb200-nvl72.yaml", f"cluster.num_nodes={racks}",
+                       f"parallelism.dp={dp}", f"training.global_batch_size={16 * dp}"]))
+    return [gpt3, ar] + series[:3] if quick else [gpt3, llama] + series + [ar] + nvl72
 
 
 def run_case(program: str, argv: list[str]) -> dict:

@@ -4,13 +4,16 @@ The case format is ``shared/validation/public-runs.yaml``. Only the description 
 (model, hardware, layout); the ``measured`` and ``derived`` blocks are used for the error columns
 only, so predictions are the same with them removed. Documented defaults for unknown fields:
 
-- topology: ``dgx-a100`` for A100 GPUs, ``dgx-h100`` otherwise, with the case's per-GPU NVLink and
-  NIC rates as overrides; nodes = count / gpus_per_node (8 when not given); a run on fewer GPUs
+- topology: ``dgx-a100`` for A100 GPUs, ``gb200-nvl72`` / ``gb300-nvl72`` for GB200 / GB300 (the
+  case's ``gpus_per_node`` is then the job's NVLink domain inside the rack, e.g. the 64-GPU Slurm
+  segment Megatron-Bridge uses), ``dgx-b200`` for B200, ``hgx-b300`` for B300, ``dgx-h100``
+  otherwise, with the case's per-GPU NVLink and NIC rates as overrides; nodes = count / gpus_per_node (8 when not given); a run on fewer GPUs
   than a node uses one node of that many.
 - hidden_act: SwiGLU (silu) or GeLU, whichever makes the parameter count closer to ``params_b``;
   untied embeddings.
 - micro-batch size 1; zero_stage 1 (Megatron's distributed optimizer, the default of
-  Megatron-core and NeMo recipes); precision fp8 when the case says fp8, else bf16; dp =
+  Megatron-core and NeMo recipes); precision mxfp8 or nvfp4 when the case names them, else fp8
+  when it says fp8 (delayed, current or block scaling), else bf16; dp =
   count / (tp x pp x cp) when not given.
 - interleave degree: 1 when ``framework_options.pp_schedule`` says 1F1B or GPipe; otherwise 1
   (plain 1F1B), unless that schedule's bubble (p-1)/(m+p-1) would exceed
@@ -34,7 +37,11 @@ only, so predictions are the same with them removed. Documented defaults for unk
   materialised scores.
 - layers not divisible by pp x vp: the first and last stages get f layers each and the others the
   rest evenly, f the largest value <= ceil(layers / (pp x vp)) that makes this possible (how
-  Megatron-DeepSpeed balanced BLOOM, whose first and last stages also carry the embedding).
+  Megatron-DeepSpeed balanced BLOOM, whose first and last stages also carry the embedding); when
+  no such f exists (DeepSeek-V3: 61 layers on 16 virtual stages), every stage but the last gets
+  ceil(layers / (pp x vp)) and the last the rest, the layout of Megatron-Bridge's DeepSeek-V3
+  recipes (``pipeline_model_parallel_layout`` ``Et*4|(t*4|)*14tmL``: 4 layers per virtual stage,
+  1 plus MTP and loss on the last).
 
 - framework: the case's ``framework:`` (a profile in ``frameworks/``: megatron-core, nemo,
   torchtitan, deepspeed, composer, maxtext), ``megatron-core`` when the case does not say (the
@@ -44,8 +51,8 @@ only, so predictions are the same with them removed. Documented defaults for unk
   ``framework_options``; ``async_tp`` and the ``overlap:`` mapping (tp_comm, grad_reduce,
   param_gather, param_prefetch_depth, async_tp, cp_comm) to its ``overlap`` section;
   ``activation_checkpointing`` (none, selective, full) sets recompute in place of the
-  parallelism block's recompute text. Other keys (pp_p2p, fsdp_*, context_parallel_rotate,
-  pp_schedule, ...) describe the run but are not modelled and are ignored.
+  parallelism block's recompute text; ``pp_schedule`` and ``context_parallel_rotate`` as below.
+  Other keys (pp_p2p, fsdp_*, ...) describe the run but are not modelled and are ignored.
 - GPU names: a catalog entry or alias, or a family match (``simulator.physical.hardware``); the
   96 GB H100 of Meta's Grand Teton hosts is its own entry (2.4 TB/s HBM2e); PCIe, NVL and 94 GB
   parts are an error, never mapped to the SXM part.
@@ -176,6 +183,12 @@ def case_to_scenario_dict(case: dict) -> dict:
         parallelism.update(etp=1, sequence_parallel=True)  # expert groups span TP ranks (MoE parallel folding)
     if ends is not None:
         parallelism.update(first_pipeline_num_layers=ends, last_pipeline_num_layers=ends)
+    elif m["layers"] % (pp * vp) and pp * vp > 1:
+        each = math.ceil(m["layers"] / (pp * vp))
+        while each > 1 and m["layers"] - (pp * vp - 1) * each < 0:
+            each -= 1
+        parallelism.update(first_pipeline_num_layers=each,
+                           last_pipeline_num_layers=m["layers"] - (pp * vp - 1) * each)
     rotate = str((case.get("framework_options") or {}).get("context_parallel_rotate") or "").lower()
     if cp > 1 and rotate.replace("-", "_") in ("allgather", "all_gather"):
         parallelism["cp_comm_type"] = "all_gather"
@@ -187,19 +200,37 @@ def case_to_scenario_dict(case: dict) -> dict:
     return {
         "name": case["id"],
         "model": model,
-        "cluster": {"topology": "dgx-a100" if gpu.upper().startswith("A100") else "dgx-h100",
+        "cluster": {"topology": topology_for(gpu),
                     "num_nodes": max(1, hw["count"] // gpn), "gpus_per_node": min(gpn, hw["count"]),
                     "gpu": gpu, "nvlink_bandwidth_GBps": hw.get("intra_node_bw_GBps"),
                     "network_bandwidth_Gbps": hw.get("inter_node_bw_Gbps_per_gpu")},
         "training": {"seq_length": m["seq_len"], "micro_batch_size": mbs,
                      "global_batch_size": par["gbs"],
-                     "precision": "fp8" if "fp8" in str(case.get("precision", "")).lower() else "bf16",
+                     "precision": precision_of(case),
                      "recompute": recompute,
                      "attention": "unfused" if (source_year(case) or 9999) < 2023 else "flash"},
         "parallelism": parallelism,
         "schedule": "interleaved" if vp > 1 else "1f1b",
         **_framework_keys(case),
     }
+
+
+def topology_for(gpu: str) -> str:
+    """The shipped topology a case on ``gpu`` runs on (see the module docstring)."""
+    name = str(gpu).upper().replace("NVIDIA", "").strip()
+    for prefix, topology in (("A100", "dgx-a100"), ("GB200", "gb200-nvl72"), ("GB300", "gb300-nvl72"),
+                             ("B200", "dgx-b200"), ("B300", "hgx-b300")):
+        if name.startswith(prefix):
+            return topology
+    return "dgx-h100"
+
+
+def precision_of(case: dict) -> str:
+    text = str(case.get("precision", "")).lower()
+    for name in ("mxfp8", "nvfp4", "fp8"):
+        if name in text:
+            return name
+    return "bf16"
 
 
 def measured_step(case: dict, flops_per_gpu: float | None = None, peak_flops: float | None = None

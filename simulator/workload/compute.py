@@ -11,7 +11,8 @@ Conventions:
   (Megatron column/row parallel, Shoeybi et al. 2019). Norms and residual adds are replicated
   across TP, or divided by tp with sequence parallelism (Korthikanti et al. 2022).
 - Activations are 16-bit; with ``precision="fp8"`` GEMMs use the FP8 peak and 1-byte operands
-  (Transformer Engine), attention and elementwise kernels stay 16-bit.
+  (Transformer Engine), ``mxfp8`` / ``nvfp4`` the block-scaled peaks and operand sizes
+  (``GEMM_OPERAND_BYTES``); attention and elementwise kernels stay 16-bit.
 - Backward: a GEMM Y = X W becomes dgrad dX = dY W^T and wgrad dW = X^T dY, each with the
   forward's FLOPs; flash-attention backward is 2.5x its forward FLOPs (5 matmuls vs 2,
   FlashAttention-2, Dao 2023) at 63/73 of the forward's efficiency; memory-bound kernels move 2x
@@ -125,10 +126,16 @@ def _roofline(flops: float, nbytes: float, gpu: GPUSpec, flop_rate: float) -> fl
     return max(compute, memory) + gpu.launch_overhead_s
 
 
+# Bytes per GEMM operand element read from HBM: FP8 1; MXFP8 1 plus one E8M0 scale per 32 elements;
+# NVFP4 half a byte plus one E4M3 scale per 16 (OCP Microscaling spec v1.0; NVIDIA NVFP4 format,
+# Transformer Engine docs). Outputs stay 16-bit.
+GEMM_OPERAND_BYTES = {"fp8": 1.0, "mxfp8": 1.0 + 1 / 32, "nvfp4": 0.5 + 1 / 16}
+
+
 def _gemm(
     name: str, m: float, n: float, k: float, gpu: GPUSpec, precision: str, groups: int = 1
 ) -> Op:
-    in_bytes = 1 if precision == "fp8" else ACT_BYTES
+    in_bytes = GEMM_OPERAND_BYTES.get(precision, ACT_BYTES)
     flops = 2.0 * groups * m * n * k
     nbytes = groups * (in_bytes * (m * k + k * n) + ACT_BYTES * m * n)
     rate = peak(gpu, precision) * gemm_efficiency(m, n, k, gpu, precision, groups)
