@@ -165,6 +165,7 @@ def _plan(args) -> int:
         return 0
     result = plan(args.scenario, sets=args.set or [], space=args.space or [], top=args.top,
                   objective=args.objective, max_memory_fraction=args.max_memory_fraction, out=args.out,
+                  pareto=args.pareto == "exact",
                   workers=args.workers, executor=args.executor, address=args.address)
     if args.emit:
         emit_scenario(result, args.scenario, args.emit, sets=args.set or [])
@@ -240,6 +241,9 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--objective", default="step_time", choices=("step_time", "tokens_per_s_per_gpu"))
     pl.add_argument("--max-memory-fraction", type=float, default=1.0,
                     help="a layout fits if its peak memory is at most this fraction of the GPU's (default 1)")
+    pl.add_argument("--pareto", default="exact", choices=("exact", "simulated"),
+                    help="exact: simulate what the Pareto front needs (default); simulated: the front of the "
+                         "layouts the top N needed (faster)")
     pl.add_argument("--validate", action="store_true",
                     help="SCENARIO is a public-runs file: plan every run and compare with its published layout")
     pl.set_defaults(func=_plan)

@@ -81,10 +81,12 @@ def test_bound_never_exceeds_the_step_and_is_exact_without_communication_on_one_
     tiny = load_scenario("scenarios/tiny.yaml")
     cases = [tiny, *(apply_layout(tiny, replace(layout_of(tiny), **kw)) for kw in (
         dict(recompute="full"), dict(recompute="selective", zero_stage=3), dict(vp=2, schedule="interleaved"),
-        dict(pp=1, dp=4), dict(tp=1, pp=4, dp=2, micro_batch_size=2)))]
+        dict(pp=1, dp=4), dict(tp=1, pp=4, dp=2, micro_batch_size=2), dict(sequence_parallel=True),
+        dict(sequence_parallel=True, recompute="full"), dict(tp=4, pp=1, sequence_parallel=True)))]
     for s in cases:
         w = build_workload(s, gpu_of(s.cluster, s.training.precision))
         bound = step_lower_bound(s, w)
+        assert step_lower_bound(s, w, planner.node_collective_time(s)) <= simulate(s).step_time_s
         assert bound <= simulate(s).step_time_s
         assert bound <= simulate(s, SimOptions(communication=False)).step_time_s
     one = apply_layout(tiny, replace(layout_of(tiny), pp=1, dp=4))

@@ -78,14 +78,35 @@ def _screen(args: tuple) -> list[tuple[float, bool, float | None]]:
 
     s, layouts, fraction = args
     gpu = gpu_of(s.cluster, s.training.precision)
+    collective_time = node_collective_time(s)
     out = []
     for layout in layouts:
         cs = candidate_scenario(s, layout)
         mem = memory_report(cs)
         fits = mem["peak_gib"] <= fraction * mem["stages"][0]["capacity_gib"]
-        bound = step_lower_bound(cs, build_workload(cs, gpu)) if fits else None
+        bound = step_lower_bound(cs, build_workload(cs, gpu), collective_time) if fits else None
         out.append((mem["peak_gib"], fits, bound))
     return out
+
+
+def node_collective_time(s: Scenario):
+    """(op, n, bytes) -> seconds of a collective over the first n GPUs of one idle node of ``s``'s
+    cluster (its link overrides applied), memoised: what ``bound.blocking_tp_s`` needs."""
+    from dataclasses import replace
+
+    from simulator.physical.collectives import time_collective
+    from simulator.step.engine import scenario_cluster
+
+    node = scenario_cluster(replace(s, cluster=replace(s.cluster, num_nodes=1)))
+    cache: dict = {}
+
+    def collective_time(op: str, n: int, size: float) -> float:
+        key = (op, n, size)
+        if key not in cache:
+            cache[key] = time_collective(node, op, range(n), size)[0]
+        return cache[key]
+
+    return collective_time
 
 
 class _Runner:
