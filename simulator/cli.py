@@ -176,7 +176,7 @@ def _plan(args) -> int:
 def _bench(args) -> int:
     from simulator.studies.bench import run
 
-    run(quick=args.quick)
+    run(quick=args.quick, only="plan" if args.plan else None)
     return 0
 
 
@@ -250,6 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("bench", help="wall time, peak memory and events of fixed simulations (not a test)")
     b.add_argument("--quick", action="store_true", help="only the small cases")
+    b.add_argument("--plan", action="store_true", help="only the planner cases (stepsim plan against one run)")
     b.set_defaults(func=_bench)
 
     for name, func, text in (("sweep", _sweep, "simulate the cartesian product of varied scenario keys, in parallel"),
