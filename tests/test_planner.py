@@ -173,3 +173,20 @@ def test_no_layout_fits_names_the_smallest(capsys):
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
     assert "no layout fits" in err and "the smallest, TP8 PP1 DP1" in err and "GiB too many" in err
+
+
+def test_planner_is_no_slower_than_a_published_layout():
+    """The CI subset of ``stepsim plan --validate`` (the full run is in the issue-17 note): Korthikanti
+    et al.'s 22B on 8 A100s, planned over the whole default space."""
+    from pathlib import Path
+
+    from simulator.studies.plan_check import check_runs
+
+    runs = Path("/work/shared/validation/public-runs.yaml")
+    if not runs.is_file():
+        pytest.skip("shared validation data not present")
+    result = check_runs(runs, workers=2, ids=["korthikanti-t5-22b-selective"])
+    row = result["rows"][0]
+    assert "error" not in row
+    assert row["best_fits"] and row["no_slower"]
+    assert row["given_rank"] >= 1 and row["gain"] >= 0
