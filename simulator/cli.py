@@ -154,10 +154,29 @@ def _whatif(args) -> int:
     return 0
 
 
+def _plan(args) -> int:
+    from simulator.studies.planner import emit_scenario, format_plan, plan
+
+    if args.validate:
+        from simulator.studies.plan_check import check_runs, format_check
+
+        result = check_runs(args.scenario, workers=args.workers)
+        print(json.dumps(result, indent=2) if args.json else format_check(result))
+        return 0
+    result = plan(args.scenario, sets=args.set or [], space=args.space or [], top=args.top,
+                  objective=args.objective, max_memory_fraction=args.max_memory_fraction, out=args.out,
+                  pareto=args.pareto == "exact",
+                  workers=args.workers, executor=args.executor, address=args.address)
+    if args.emit:
+        emit_scenario(result, args.scenario, args.emit, sets=args.set or [])
+    print(json.dumps(result, indent=2) if args.json else format_plan(result))
+    return 0
+
+
 def _bench(args) -> int:
     from simulator.studies.bench import run
 
-    run(quick=args.quick)
+    run(quick=args.quick, only="plan" if args.plan else None)
     return 0
 
 
@@ -207,8 +226,31 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--workers", type=int, default=2, help="simulations in parallel (processes)")
     v.set_defaults(func=_validate)
 
+    pl = _scenario_parser(sub, "plan", "find the fastest layout of a scenario's model on its cluster, by simulation")
+    pl.add_argument("--top", type=int, default=5, help="layouts in the table, ranked exactly (default 5)")
+    pl.add_argument("--json", action="store_true", help="print the result as JSON")
+    pl.add_argument("--emit", metavar="FILE", help="write the best layout as a scenario file")
+    pl.add_argument("--out", default=None, help="folder for plan.jsonl (a rerun skips what is done) and pareto.png")
+    pl.add_argument("--workers", type=int, default=None, help="simulations in parallel (default: 2 or the CPU count)")
+    pl.add_argument("--executor", default="process", choices=("process", "ray"),
+                    help="process pool (default) or Ray (pip install 'stepsim[ray]')")
+    pl.add_argument("--address", default=None, help="Ray cluster to join (default: start a local one)")
+    pl.add_argument("--space", action="append", metavar="AXIS=V1,V2,...",
+                    help="values of one axis, e.g. --space tp=4,8 (repeatable; axes: tp pp dp cp ep etp vp "
+                         "micro_batch_size recompute zero_stage schedule sequence_parallel)")
+    pl.add_argument("--objective", default="step_time", choices=("step_time", "tokens_per_s_per_gpu"))
+    pl.add_argument("--max-memory-fraction", type=float, default=1.0,
+                    help="a layout fits if its peak memory is at most this fraction of the GPU's (default 1)")
+    pl.add_argument("--pareto", default="exact", choices=("exact", "simulated"),
+                    help="exact: simulate what the Pareto front needs (default); simulated: the front of the "
+                         "layouts the top N needed (faster)")
+    pl.add_argument("--validate", action="store_true",
+                    help="SCENARIO is a public-runs file: plan every run and compare with its published layout")
+    pl.set_defaults(func=_plan)
+
     b = sub.add_parser("bench", help="wall time, peak memory and events of fixed simulations (not a test)")
     b.add_argument("--quick", action="store_true", help="only the small cases")
+    b.add_argument("--plan", action="store_true", help="only the planner cases (stepsim plan against one run)")
     b.set_defaults(func=_bench)
 
     for name, func, text in (("sweep", _sweep, "simulate the cartesian product of varied scenario keys, in parallel"),

@@ -20,6 +20,7 @@ Fabric structure (fat tree, Leiserson 1985; NVIDIA DGX SuperPOD reference archit
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -107,17 +108,25 @@ def load_topology(name_or_path: str) -> TopologySpec:
         shipped = sorted(p.stem for p in TOPOLOGY_DIR.glob("*.yaml"))
         raise ConfigError("cluster.topology", name_or_path,
                           f"valid: a topology file path or one of {', '.join(shipped)}")
+    return _spec_from_text(path.read_text(), str(path), path.stem)
+
+
+@functools.lru_cache(maxsize=32)
+def _spec_from_text(text: str, where: str, stem: str) -> TopologySpec:
+    """The checked spec of a topology file's text; cached because the planner validates
+    thousands of layouts of one scenario and each ``validate_plan`` loads the topology (the
+    spec is frozen, and an edited file has new text, so the cache never serves stale data)."""
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = yaml.safe_load(text)
     except yaml.YAMLError as err:
-        raise ConfigError("cluster.topology", str(path), f"is not valid YAML ({err.__class__.__name__})") from None
+        raise ConfigError("cluster.topology", where, f"is not valid YAML ({err.__class__.__name__})") from None
     if not isinstance(raw, dict):
-        raise ConfigError("cluster.topology", str(path), "must be a YAML mapping of topology fields")
+        raise ConfigError("cluster.topology", where, "must be a YAML mapping of topology fields")
     known = {f.name for f in fields(TopologySpec)}
     for key in raw:
         if key not in known:
             raise ConfigError(f"topology.{key}", raw[key], f"unknown field; valid: {', '.join(sorted(known))}")
-    raw.setdefault("name", path.stem)
+    raw.setdefault("name", stem)
     return _check_spec(TopologySpec(**raw), "topology.")
 
 

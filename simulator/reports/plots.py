@@ -228,3 +228,28 @@ def plot_timeline(tl, path: str) -> None:
               ncol=len(used), fontsize=8, frameon=False)
     save_figure(fig, path)
     plt.close(fig)
+
+
+def plot_pareto(result: dict, path: str) -> None:
+    """Step time against peak memory of every simulated layout of a plan, the Pareto front joined
+    and the given layout marked."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ranked = result["ranked"]
+    ax.scatter([e["memory_gib_per_gpu"] for e in ranked], [e["step_time_s"] for e in ranked], s=18, color="C0",
+               alpha=0.5, label="simulated layouts")
+    front = sorted(result["pareto"], key=lambda p: p["memory_gib_per_gpu"])
+    ax.plot([p["memory_gib_per_gpu"] for p in front], [p["step_time_s"] for p in front], "o-", color="C3",
+            label="Pareto front")
+    g = result["given"]
+    ax.scatter([g["memory_gib_per_gpu"]], [g["step_time_s"]], marker="*", s=160, color="black", zorder=4,
+               label=f"given ({g['layout']})")
+    best = result["best"]
+    ax.annotate(best["layout"], (best["memory_gib_per_gpu"], best["step_time_s"]), fontsize=7,
+                xytext=(4, -10), textcoords="offset points")
+    ax.set_xlabel("peak memory per GPU (GiB)")
+    ax.set_ylabel("step time (s)")
+    ax.grid(alpha=0.3)
+    ax.set_title(f"{result['scenario']}: step time vs memory")
+    ax.legend(fontsize=8, loc="best")
+    save_figure(fig, path)

@@ -11,6 +11,7 @@ are carved out of DP x CP at equal TP position; with etp = 1 an EP group can spa
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -108,6 +109,7 @@ class Plan:
         return tuple(tuple(int(x) for x in row) for row in rows.tolist())
 
 
+@functools.lru_cache(maxsize=1024)
 def vstage_layers(num_layers: int, pp: int, vp: int = 1, first: int | None = None,
                   last: int | None = None) -> tuple[range, ...]:
     """Layers of each virtual stage (chunk c of stage s is virtual stage c * pp + s, Megatron-LM).
@@ -115,7 +117,8 @@ def vstage_layers(num_layers: int, pp: int, vp: int = 1, first: int | None = Non
     Even split by default. Like Megatron-core's ``decoder_first_pipeline_num_layers`` and
     ``decoder_last_pipeline_num_layers``, ``first`` / ``last`` fix the layer count of the first and
     last virtual stage (for example fewer layers where the embedding and the LM head sit, as BLOOM
-    and Llama 3 did); the other virtual stages share the rest evenly.
+    and Llama 3 did); the other virtual stages share the rest evenly. Cached: the memory model
+    asks for the same split once per stage, and the planner for thousands of layouts.
     """
     n = pp * vp
     fixed = {i: k for i, k in ((0, first), (n - 1, last)) if k is not None}

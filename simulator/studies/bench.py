@@ -51,6 +51,34 @@ print(json.dumps({"wall_s": t2 - t0, "simulate_s": t2 - t1, "events": net.stats.
 """
 
 
+_PLAN = """
+import json, resource, sys, time
+t0 = time.perf_counter()
+from simulator.studies.planner import plan
+argv = sys.argv[1:]
+pareto = argv.pop() == "exact"
+r = plan(argv[0], top=int(argv[1]), pareto=pareto, progress=None)
+t1 = time.perf_counter()
+print(json.dumps({"wall_s": t1 - t0, "simulate_s": t1 - t0, "events": r["candidates"]["simulated"], "gpus": 0,
+                  "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                  "step_time_s": r["best"]["step_time_s"]}))
+"""
+
+# Planner cases (issue 17): wall time of ``stepsim plan`` against one ``stepsim run`` of the same
+# scenario, measured back to back; the "events" column of a plan row is its simulated layouts.
+PLAN_CASES = (("llama3-70b", "scenarios/llama3-70b-64xh100.yaml", 10),
+              ("llama3-405b", "scenarios/llama3-405b-16384xh100.yaml", 25))
+
+
+def plan_cases() -> list[tuple[str, str, list[str]]]:
+    out = []
+    for label, path, _ in PLAN_CASES:
+        out.append((f"p: {label} run (reference)", _STEP, [path]))
+        out.append((f"p: {label} plan top 5, exact Pareto", _PLAN, [path, "5", "exact"]))
+        out.append((f"p: {label} plan top 1", _PLAN, [path, "1", "simulated"]))
+    return out
+
+
 def cases(quick: bool = False) -> list[tuple[str, str, list[str]]]:
     """(label, child program, argv) of every benchmark case."""
     gpt3 = ("a: gpt3-175b 1024xA100 TP8 PP8 DP16", _STEP, ["scenarios/gpt3-175b-1024xa100.yaml"])
@@ -68,7 +96,7 @@ def cases(quick: bool = False) -> list[tuple[str, str, list[str]]]:
         nvl72.append((f"e: llama3-405b {racks}xGB200-NVL72 ({racks * 72} GPUs)", _STEP,
                       ["scenarios/llama3-405b-gb200-nvl72.yaml", f"cluster.num_nodes={racks}",
                        f"parallelism.dp={dp}", f"training.global_batch_size={16 * dp}"]))
-    return [gpt3, ar] + series[:3] if quick else [gpt3, llama] + series + [ar] + nvl72
+    return [gpt3, ar] + series[:3] if quick else [gpt3, llama] + series + [ar] + nvl72 + plan_cases()
 
 
 def run_case(program: str, argv: list[str]) -> dict:
@@ -78,16 +106,24 @@ def run_case(program: str, argv: list[str]) -> dict:
     return json.loads(out.stdout)
 
 
-def run(quick: bool = False, out=sys.stdout) -> list[dict]:
+def run(quick: bool = False, out=sys.stdout, only: str | None = None) -> list[dict]:
     load = os.getloadavg()[0]
     print(f"machine: {os.cpu_count()} cores, load average {load:.2f} at start", file=out)
     print(f"{'case':<44} {'wall_s':>8} {'sim_s':>8} {'rss_MiB':>8} {'events':>10} {'events/s':>10} {'step_s':>9}",
           file=out)
     rows = []
-    for label, program, argv in cases(quick):
+    reference = None
+    limits = {label: limit for label, _, limit in PLAN_CASES}
+    for label, program, argv in (plan_cases() if only == "plan" else cases(quick)):
         r = run_case(program, argv)
         r["case"] = label
         rows.append(r)
+        ratio = ""
+        if label.endswith("(reference)"):
+            reference = r["wall_s"]
+        elif program is _PLAN and reference:
+            limit = limits[label.split()[1]]
+            ratio = f"  {r['wall_s'] / reference:.1f}x one run (limit {limit}x)"
         print(f"{label:<44} {r['wall_s']:>8.2f} {r['simulate_s']:>8.2f} {r['rss_mib']:>8.0f} {r['events']:>10,} "
-              f"{r['events'] / max(r['simulate_s'], 1e-9):>10,.0f} {r['step_time_s']:>9.4f}", file=out, flush=True)
+              f"{r['events'] / max(r['simulate_s'], 1e-9):>10,.0f} {r['step_time_s']:>9.4f}{ratio}", file=out, flush=True)
     return rows

@@ -1,0 +1,480 @@
+"""``stepsim plan``: find the fastest layout of a scenario's model on its cluster, ranked by simulation.
+
+The scenario gives the model, cluster, global batch, sequence length and precision; its own
+layout is the "given" one, always simulated and ranked among the others. Candidates
+(``planner_space``) are pruned in order, each prune counted:
+
+1. rules: ``scenario.validate_plan`` rejects the layout (counted per rule);
+2. memory: ``memory.memory_report``'s peak exceeds ``max_memory_fraction`` of the GPU memory;
+3. bound: ``bound.step_lower_bound`` (compute only, no communication, pipeline fill and drain,
+   never above the simulated step) shows the layout cannot enter the top ``top`` nor, with
+   ``pareto``, the Pareto front of step time against peak memory (memory in steps of
+   ``PARETO_BIN_FRACTION`` of the GPU's: the front is the fastest layout of each step that beats
+   every layout of the steps below).
+
+The survivors are simulated in ascending order of their bound, so good layouts are found first
+and the bound prunes the most. With ``workers`` simulations in flight, the decision on the k-th
+submission uses exactly the results of submissions 0 .. k - workers (waiting for them if need
+be), never whichever happened to finish first, so a plan is deterministic for a given worker
+count. Exactness: a layout is only pruned when its bound exceeds the step time of ``top``
+simulated layouts (and, with ``pareto``, when a simulated layout at most as slow as its bound is in
+the same memory step or a lower one), so the best, the top ``top`` and the Pareto front are those of simulating every
+valid layout that fits; ``tests/test_planner.py`` checks this against brute force.
+
+Both objectives rank alike: every layout uses all the GPUs (dp is derived), so tokens/s/GPU is
+global batch x sequence / (step time x GPUs). ``--out`` keeps ``plan.jsonl``, one line per
+simulation (appended, fsynced; a rerun skips what is logged, a line cut short is recomputed), and
+``pareto.png``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from bisect import insort
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from simulator.config import Scenario
+from simulator.errors import ConfigError
+from simulator.files import atomic_write_text, remove_stale
+from simulator.reports.report import AXES
+from simulator.scenario import scenario_from_dict, scenario_to_dict
+from simulator.studies.planner_space import (Layout, candidate_scenario, enumerate_layouts, layout_of,
+                                             layout_order, parse_space)
+from simulator.studies.sweep import EXECUTORS, Task, _Lock, base_of, evaluate, point_id, read_log, scenario_hash
+
+OBJECTIVES = ("step_time", "tokens_per_s_per_gpu")
+LOG = "plan.jsonl"
+# Memory step of the Pareto front: layouts within 5% of the GPU's memory (4 GiB of an 80 GiB
+# H100) count as using the same memory, so the front lists a slower layout only when it saves at
+# least that much; finer steps would simulate many slow layouts to list savings of a few MiB.
+PARETO_BIN_FRACTION = 0.05
+PARETO_PLOT = "pareto.png"
+
+
+@dataclass(frozen=True)
+class Screened:
+    """A valid layout after the memory pass: its peak memory, verdict and (if it fits) its bound."""
+
+    layout: Layout
+    peak_gib: float
+    fits: bool
+    bound_s: float | None
+
+
+def _screen(args: tuple) -> list[tuple[float, bool, float | None]]:
+    """(peak GiB, fits, lower bound) of each layout: the cheap pass, run in the worker pool."""
+    from simulator.physical.hardware import gpu_of
+    from simulator.step.bound import step_lower_bound
+    from simulator.workload.memory import memory_report
+    from simulator.workload.workload import build_workload
+
+    s, layouts, fraction = args
+    gpu = gpu_of(s.cluster, s.training.precision)
+    collective_time = node_collective_time(s)
+    out = []
+    for layout in layouts:
+        cs = candidate_scenario(s, layout)
+        mem = memory_report(cs)
+        fits = mem["peak_gib"] <= fraction * mem["stages"][0]["capacity_gib"]
+        bound = step_lower_bound(cs, build_workload(cs, gpu), collective_time) if fits else None
+        out.append((mem["peak_gib"], fits, bound))
+    return out
+
+
+def node_collective_time(s: Scenario):
+    """(op, n, bytes) -> seconds of a collective over the first n GPUs of one idle node of ``s``'s
+    cluster (its link overrides applied), memoised: what ``bound.blocking_tp_s`` needs."""
+    from dataclasses import replace
+
+    from simulator.physical.collectives import time_collective
+    from simulator.step.engine import scenario_cluster
+
+    node = scenario_cluster(replace(s, cluster=replace(s.cluster, num_nodes=1)))
+    cache: dict = {}
+
+    def collective_time(op: str, n: int, size: float) -> float:
+        key = (op, n, size)
+        if key not in cache:
+            cache[key] = time_collective(node, op, range(n), size)[0]
+        return cache[key]
+
+    return collective_time
+
+
+class _Runner:
+    """Simulations in flight, by submission index: inline (1 worker), a process pool or Ray."""
+
+    def __init__(self, executor: str, workers: int, address: str | None):
+        self.executor, self.workers = executor, workers
+        self.pool = self.ray = None
+        self.pending: dict[int, object] = {}
+        self.ready: dict[int, dict] = {}
+        self._ray_started = False
+        if executor == "ray":
+            try:
+                import ray
+            except ImportError:
+                raise ConfigError("--executor", "ray", "Ray is not installed: pip install 'stepsim[ray]'") from None
+            if not ray.is_initialized():
+                try:
+                    if address:
+                        ray.init(address=address, log_to_driver=False, logging_level="warning")
+                    else:
+                        ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False,
+                                 logging_level="warning")
+                except ConnectionError as err:
+                    raise ConfigError("--address", address, f"cannot join the Ray cluster ({err})") from None
+                self._ray_started = True
+            self.ray = ray
+            self.remote = ray.remote(num_cpus=1)(evaluate)
+        if workers > 1:
+            from concurrent.futures import ProcessPoolExecutor
+
+            self.pool = ProcessPoolExecutor(workers)
+
+    def map_local(self, fn, items: list) -> list:
+        if self.pool is None or len(items) < 2:
+            return [fn(x) for x in items]
+        return list(self.pool.map(fn, items))
+
+    def submit(self, index: int, task: Task) -> None:
+        if self.ray is not None:
+            self.pending[index] = self.remote.remote(task)
+        elif self.pool is not None:
+            self.pending[index] = self.pool.submit(evaluate, task)
+        else:
+            self.ready[index] = evaluate(task)
+
+    def result(self, index: int) -> dict:
+        if index in self.ready:
+            return self.ready.pop(index)
+        handle = self.pending.pop(index)
+        return self.ray.get(handle) if self.ray is not None else handle.result()
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(cancel_futures=True)
+        if self._ray_started:
+            self.ray.shutdown()
+
+
+class _Progress:
+    """One status line on stderr when it is a terminal; silent otherwise (logs, notebooks, CI)."""
+
+    def __init__(self, stream):
+        self.stream = stream
+        self.on = stream is not None and hasattr(stream, "isatty") and stream.isatty()
+        self.start = time.monotonic()
+
+    def show(self, text: str, end: bool = False) -> None:
+        if self.on:
+            print(f"\rplan {time.monotonic() - self.start:6.1f} s  {text[:100]:<100}", end="\n" if end else "",
+                  file=self.stream, flush=True)
+
+
+def memory_bin(peak_gib: float, capacity_gib: float) -> int:
+    """The Pareto front's memory step: ``PARETO_BIN_FRACTION`` of the GPU's memory."""
+    return int(peak_gib // (PARETO_BIN_FRACTION * capacity_gib))
+
+
+class _Front:
+    """Simulated layouts known so far: sorted step times, and the fastest step per memory bin."""
+
+    def __init__(self, capacity_gib: float):
+        self.capacity = capacity_gib
+        self.steps: list[float] = []
+        self.fastest: dict[int, float] = {}
+
+    def add(self, step: float, mem: float) -> None:
+        insort(self.steps, step)
+        b = memory_bin(mem, self.capacity)
+        self.fastest[b] = min(step, self.fastest.get(b, step))
+
+    def prunes(self, bound: float, mem: float, top: int, pareto: bool) -> bool:
+        if len(self.steps) < top or bound <= self.steps[top - 1]:
+            return False
+        b = memory_bin(mem, self.capacity)
+        return not pareto or any(st <= bound for k, st in self.fastest.items() if k <= b)
+
+
+def plan(scenario: str | Path | Scenario | dict, *, sets: Sequence[str] = (), space: Sequence[str] = (),
+         top: int = 5, objective: str = "step_time", max_memory_fraction: float = 1.0, pareto: bool = True,
+         out: str | Path | None = None, workers: int | None = None, executor: str = "process",
+         address: str | None = None, progress=sys.stderr) -> dict:
+    """Plan a scenario (module docstring); returns the result in the ``--json`` shape."""
+    if objective not in OBJECTIVES:
+        raise ConfigError("--objective", objective, f"valid: {', '.join(OBJECTIVES)}")
+    if executor not in EXECUTORS:
+        raise ConfigError("--executor", executor, f"valid: {', '.join(EXECUTORS)}")
+    if not isinstance(top, int) or top < 1:
+        raise ConfigError("--top", top, "must be a whole number >= 1")
+    if not 0 < max_memory_fraction <= 1:
+        raise ConfigError("--max-memory-fraction", max_memory_fraction, "must be a number in (0, 1]")
+    workers = workers if workers is not None else min(2, os.cpu_count() or 1)
+    if workers < 1:
+        raise ConfigError("--workers", workers, "must be a whole number >= 1")
+    raw, base_dir, name = base_of(scenario, sets)
+    s = scenario_from_dict(raw, base_dir=base_dir, default_name=name)
+    given = layout_of(s)
+    bar = _Progress(progress)
+
+    enum = enumerate_layouts(s, parse_space(space, s))
+    if not enum.valid:
+        reason, count = enum.pruned_rules.most_common(1)[0] if enum.pruned_rules else ("the space is empty", 0)
+        raise ConfigError("--space", f"{enum.enumerated} layouts", f"none is valid; most common rule: {reason} "
+                          f"({count} layouts)")
+    bar.show(f"{enum.enumerated} layouts, {len(enum.valid)} valid: memory and bounds")
+
+    runner = _Runner(executor, workers, address)
+    folder = Path(out) if out is not None else None
+    lock = log = None
+    try:
+        chunks = [enum.valid[i::4 * workers] for i in range(4 * workers)]
+        screened_chunks = runner.map_local(_screen, [(s, c, max_memory_fraction) for c in chunks])
+        by_layout = {}
+        for chunk, results in zip(chunks, screened_chunks):
+            for layout, (peak, fits, bound) in zip(chunk, results):
+                by_layout[layout] = Screened(layout, peak, fits, bound)
+        screened = [by_layout[x] for x in enum.valid]
+        fitting = sorted((c for c in screened if c.fits), key=lambda c: (c.bound_s, layout_order(c.layout)))
+        if not fitting:
+            smallest = min(screened, key=lambda c: (c.peak_gib, layout_order(c.layout)))
+            capacity = _capacity_gib(s)
+            raise ConfigError("memory", f"no layout fits in {max_memory_fraction * capacity:.1f} GiB",
+                              f"the smallest, {smallest.layout.label()}, needs {smallest.peak_gib:.1f} GiB per GPU, "
+                              f"{smallest.peak_gib - max_memory_fraction * capacity:.1f} GiB too many")
+
+        base = scenario_hash(raw)
+        done: dict[str, dict] = {}
+        if folder is not None:
+            folder.mkdir(parents=True, exist_ok=True)
+            lock = _Lock(folder)
+            remove_stale(folder)
+            done, damaged = read_log(folder / LOG)
+            if damaged:
+                atomic_write_text(folder / LOG, "".join(json.dumps(r, sort_keys=True) + "\n" for r in done.values()))
+            log = open(folder / LOG, "a")
+
+        # Submission 0 is the given layout as written; it ranks with the candidates when it is one
+        # of them (the same scenario), and is otherwise only scored.
+        given_is_candidate = given in fit_of_layouts(fitting) and candidate_scenario(s, given) == s
+        order: list[Layout] = []
+        results: list[dict] = []
+        front = _Front(_capacity_gib(s))
+        pruned_bound: list[Screened] = []
+        peak_of = {c.layout: c.peak_gib for c in fitting}
+
+        def task_id(index: int) -> str:
+            return point_id(base, {"given": True} if index == 0 else order[index].key())
+
+        def collect(upto: int) -> None:
+            while len(results) < upto:
+                i = len(results)
+                tid = task_id(i)
+                if tid in done:
+                    row = done[tid]
+                else:
+                    row = {"point_id": tid, "layout": order[i].key(), **runner.result(i)}
+                    done[tid] = row
+                    if log is not None:
+                        log.write(json.dumps(row, sort_keys=True) + "\n")
+                        log.flush()
+                        os.fsync(log.fileno())
+                results.append(row)
+                if (i > 0 or given_is_candidate) and row.get("step_time_s") is not None:
+                    front.add(row["step_time_s"], peak_of[order[i]])
+                best = front.steps[0] if front.steps else float("nan")
+                bar.show(f"simulated {len(results)}, pruned by bound {len(pruned_bound)}, best {best:.4g} s")
+
+        def submit(layout: Layout) -> None:
+            order.append(layout)
+            i = len(order) - 1
+            if task_id(i) not in done:
+                runner.submit(i, Task(raw, base_dir, name, () if i == 0 else layout.overrides()))
+
+        submit(given)
+        for cand in fitting:
+            if given_is_candidate and cand.layout == given:
+                continue
+            collect(max(0, len(order) - workers + 1))
+            if front.prunes(cand.bound_s, cand.peak_gib, top, pareto):
+                pruned_bound.append(cand)
+                continue
+            submit(cand.layout)
+        collect(len(order))
+        bar.show(f"simulated {len(results)}, pruned by bound {len(pruned_bound)}", end=True)
+    finally:
+        runner.close()
+        if log is not None:
+            log.close()
+        if lock is not None:
+            lock.release()
+
+    result = _result(s, enum, screened, fitting, pruned_bound, order, results, given_is_candidate, top,
+                     objective, max_memory_fraction, pareto)
+    if folder is not None and result["pareto"]:
+        from simulator.reports.plots import plot_pareto
+
+        plot_pareto(result, str(folder / PARETO_PLOT))
+    return result
+
+
+def fit_of_layouts(fitting: list[Screened]) -> set[Layout]:
+    return {c.layout for c in fitting}
+
+
+def _capacity_gib(s: Scenario) -> float:
+    from simulator.physical.hardware import gpu_of
+    from simulator.units import GiB
+
+    return gpu_of(s.cluster, s.training.precision).hbm_capacity_bytes / GiB
+
+
+# --- the result --------------------------------------------------------------------------------
+
+def _entry(s: Scenario, layout: Layout, row: dict, bound: float | None) -> dict:
+    d = scenario_to_dict(candidate_scenario(s, layout))
+    exposed = {a: row.get(f"exposed_{a}_s") or 0.0 for a in AXES}
+    largest = max(AXES, key=lambda a: exposed[a]) if any(exposed.values()) else None
+    return {
+        "layout": layout.label(),
+        "parallelism": d["parallelism"],
+        "schedule": layout.schedule,
+        "training": d["training"],
+        "step_time_s": row["step_time_s"],
+        "tokens_per_s_per_gpu": row["tokens_per_s_per_gpu"],
+        "memory_gib_per_gpu": row["peak_memory_gib"],
+        "fits": row["fits"],
+        "mfu": row["mfu"],
+        "bubble_fraction": row["bubble_fraction"],
+        "compute_s": row["compute_s"],
+        "idle_s": row["idle_s"],
+        "exposed_comm_s": exposed,
+        "largest_exposed_comm": largest,
+        "lower_bound_s": bound,
+    }
+
+
+def _result(s, enum, screened, fitting, pruned_bound, order, results, given_is_candidate, top, objective,
+            fraction, pareto) -> dict:
+    bound_of = {c.layout: c.bound_s for c in fitting}
+    given, given_row = order[0], results[0]
+    if given_row.get("error"):
+        raise ConfigError("scenario", s.name, f"the given layout cannot run: {given_row['error']}")
+    scored = [(layout, row) for i, (layout, row) in enumerate(zip(order, results))
+              if (i > 0 or given_is_candidate) and row.get("step_time_s") is not None and row["fits"]]
+    scored.sort(key=lambda lr: (lr[1]["step_time_s"], layout_order(lr[0])))
+    ranked = []
+    for i, (layout, row) in enumerate(scored):
+        ranked.append({**_entry(s, layout, row, bound_of[layout]), "rank": i + 1})
+    g = _entry(s, given, given_row, bound_of.get(given))
+    g["rank"] = 1 + sum(e["step_time_s"] < g["step_time_s"] for e in ranked)
+    g["rank_exact"] = not any(c.bound_s < g["step_time_s"] for c in pruned_bound)
+    g["in_space"] = given_is_candidate
+    g["gap"] = g["step_time_s"] / ranked[0]["step_time_s"] - 1
+    front, low = [], math.inf
+    capacity = _capacity_gib(s)
+    for e in ranked:
+        b = memory_bin(e["memory_gib_per_gpu"], capacity)
+        if b < low:
+            front.append(e)
+            low = b
+    best = dict(ranked[0])
+    best["why"] = why(ranked[0], ranked[1] if len(ranked) > 1 else None, _capacity_gib(s) * fraction)
+    rules = dict(sorted(enum.pruned_rules.items(), key=lambda kv: (-kv[1], kv[0])))
+    return {
+        "scenario": s.name,
+        "objective": objective,
+        "candidates": {
+            "enumerated": enum.enumerated,
+            "pruned_rules": sum(enum.pruned_rules.values()),
+            "pruned_memory": len(screened) - len(fitting),
+            "pruned_bound": len(pruned_bound),
+            "simulated": len(order) - (0 if given_is_candidate else 1),
+            "pruned_rules_by_reason": rules,
+        },
+        "best": best,
+        "given": g,
+        "ranked": ranked,
+        "pareto": [{"layout": e["layout"], "step_time_s": e["step_time_s"], "memory_gib_per_gpu": e["memory_gib_per_gpu"],
+                    "rank": e["rank"]} for e in front],
+        "pareto_exact": pareto,
+        "top": top,
+    }
+
+
+def why(best: dict, runner_up: dict | None, capacity_gib: float) -> str:
+    """One line: what binds the best layout, and what the runner-up loses against it."""
+    step = best["step_time_s"]
+    terms = {"bubble": best["idle_s"], **{f"exposed {a.upper()}": t for a, t in best["exposed_comm_s"].items()}}
+    name, worst = max(terms.items(), key=lambda kv: kv[1])
+    share = best["compute_s"] / step
+    if share >= 0.9:
+        binds = f"compute ({share:.0%} of the step is kernels; largest loss {name} {worst / step:.1%})"
+    else:
+        binds = f"{name} ({worst / step:.1%} of the step; kernels {share:.0%})"
+    mem = best["memory_gib_per_gpu"]
+    if mem >= 0.9 * capacity_gib:
+        binds += f"; memory is tight ({mem:.1f} of {capacity_gib:.1f} GiB)"
+    line = f"bound by {binds}"
+    if runner_up is not None:
+        diffs = {"compute": runner_up["compute_s"] - best["compute_s"], "bubble": runner_up["idle_s"] - best["idle_s"],
+                 **{f"exposed {a.upper()}": runner_up["exposed_comm_s"][a] - best["exposed_comm_s"][a]
+                    for a in best["exposed_comm_s"]}}
+        what, loss = max(diffs.items(), key=lambda kv: kv[1])
+        gap = runner_up["step_time_s"] / step - 1
+        line += f"; runner-up {runner_up['layout']} is {gap:.2%} slower, mostly {what} (+{loss:.3g} s)"
+    return line
+
+
+def format_plan(result: dict) -> str:
+    """The text report: counts, top-N table, the given layout's rank, the Pareto front, the why."""
+    c = result["candidates"]
+    lines = [f"{result['scenario']}: {c['enumerated']:,} layouts enumerated, {c['pruned_rules']:,} pruned by rule, "
+             f"{c['pruned_memory']:,} by memory, {c['pruned_bound']:,} by bound, {c['simulated']:,} simulated"]
+    for reason, n in list(c["pruned_rules_by_reason"].items())[:6]:
+        lines.append(f"  {n:>8,}  {reason}")
+    head = f"{'rank':>4}  {'layout':<46} {'step_s':>9} {'tok/s/GPU':>10} {'MFU':>6} {'mem_GiB':>8} {'bubble':>7}  largest exposed"
+    lines += ["", head]
+
+    def row(e, rank):
+        ax = e["largest_exposed_comm"]
+        exposed = f"{ax} {e['exposed_comm_s'][ax]:.3f} s" if ax else "-"
+        return (f"{rank:>4}  {e['layout']:<46} {e['step_time_s']:>9.4f} {e['tokens_per_s_per_gpu']:>10.1f} "
+                f"{e['mfu']:>6.1%} {e['memory_gib_per_gpu']:>8.1f} {e['bubble_fraction']:>7.1%}  {exposed}")
+
+    for e in result["ranked"][:result["top"]]:
+        lines.append(row(e, e["rank"]))
+    g = result["given"]
+    rank = f"{g['rank']}" if g["rank_exact"] else f">={g['rank']}"
+    fits = "" if g["fits"] else "  (does NOT fit)"
+    lines += ["", "given:", row(g, rank) + fits,
+              f"given layout ranks {rank}, {g['gap']:+.2%} against the best" if g["gap"] is not None else ""]
+    lines += ["", f"Pareto front, step time vs peak memory ({'exact' if result['pareto_exact'] else 'of the simulated'}):"]
+    for p in result["pareto"]:
+        lines.append(f"  {p['step_time_s']:>9.4f} s  {p['memory_gib_per_gpu']:>6.1f} GiB  #{p['rank']} {p['layout']}")
+    lines += ["", f"best: {result['best']['layout']}: {result['best']['why']}"]
+    return "\n".join(lines)
+
+
+def emit_scenario(result: dict, s_or_raw, path: str | Path, sets: Sequence[str] = ()) -> None:
+    """Write the best layout as a scenario file ``stepsim run`` accepts."""
+    raw, base_dir, name = base_of(s_or_raw, sets)
+    s = scenario_from_dict(raw, base_dir=base_dir, default_name=name)
+    best = result["best"]
+    d = scenario_to_dict(s)
+    d["name"] = f"{s.name}-planned"
+    d["parallelism"] = best["parallelism"]
+    d["training"] = best["training"]
+    d["schedule"] = best["schedule"]
+    text = (f"# Written by stepsim plan: the best of {result['candidates']['simulated']} simulated layouts of "
+            f"{s.name}, {best['step_time_s']:.4f} s per step.\n" + yaml.safe_dump(d, sort_keys=False))
+    atomic_write_text(path, text)

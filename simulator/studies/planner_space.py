@@ -1,0 +1,267 @@
+"""The planner's search space: layouts of one model on one cluster, and the rules that prune them.
+
+A :class:`Layout` is one choice of every axis ``stepsim plan`` searches: tp, pp, cp, ep, etp, vp,
+micro-batch size, recompute, ZeRO stage, schedule and sequence parallelism; dp is derived from
+the GPU count (tp x pp x dp x cp = GPUs). The default space (``default_space``) holds the values
+worth trying for the scenario (powers of two up to a node for tp, the GPU count's divisors up to
+the layer count for pp, ...) plus the scenario's own values; ``--space key=v1,v2`` replaces an
+axis. The space is enumerated canonically, so no two layouts run the same thing: sequence
+parallelism only with tp > 1, the interleaved schedule only with vp > 1 (vp 1 is plain 1F1B),
+etp only on MoE models and only below tp (etp = tp is the default). When pp x vp does not divide
+the layers, the first and last virtual stages take fewer (``validate.uneven_ends``, how BLOOM and
+Llama 3 405B balanced theirs).
+
+Whether a layout can run at all is ``scenario.validate_plan``'s verdict and nothing else; its
+error, by field and rule, is the reason a layout is pruned. The verdict does not depend on
+recompute or the ZeRO stage, so it is computed once per layout without them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import re
+from collections import Counter
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, replace
+
+import yaml
+
+from simulator.config import Scenario
+from simulator.errors import ConfigError
+from simulator.scenario import RECOMPUTE, ZERO_STAGES, scenario_from_dict, scenario_to_dict, validate_plan
+from simulator.step.schedules import SCHEDULES
+
+AXES = ("tp", "pp", "dp", "cp", "ep", "etp", "vp", "micro_batch_size", "recompute", "zero_stage",
+        "schedule", "sequence_parallel")
+# Schedules searched by default; any schedule in ``schedules.SCHEDULES`` may be asked for with
+# --space schedule=..., and new ones (zero-bubble, DualPipe) join the default here.
+DEFAULT_SCHEDULES = ("1f1b", "interleaved")
+MICRO_BATCH_SIZES = (1, 2, 4)
+CP_SIZES = (1, 2, 4, 8)
+MAX_VP = 8
+_INT_AXES = ("tp", "pp", "dp", "cp", "ep", "vp", "micro_batch_size")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One candidate layout. ``etp`` None means the same as tp; first/last follow from pp x vp."""
+
+    tp: int
+    pp: int
+    dp: int
+    cp: int
+    ep: int
+    etp: int | None
+    vp: int
+    micro_batch_size: int
+    recompute: str
+    zero_stage: int
+    schedule: str
+    sequence_parallel: bool
+    first_pipeline_num_layers: int | None = None
+    last_pipeline_num_layers: int | None = None
+
+    def overrides(self) -> tuple[str, ...]:
+        """The ``--set`` overrides that turn the base scenario into this layout."""
+        par = {k: getattr(self, k) for k in ("tp", "pp", "dp", "cp", "ep", "etp", "vp", "sequence_parallel",
+                                              "zero_stage", "first_pipeline_num_layers", "last_pipeline_num_layers")}
+        out = [f"parallelism.{k}={_yaml(v)}" for k, v in par.items()]
+        out += [f"training.micro_batch_size={self.micro_batch_size}", f"training.recompute={self.recompute}",
+                f"schedule={self.schedule}"]
+        return tuple(out)
+
+    def label(self) -> str:
+        parts = [f"TP{self.tp}", f"PP{self.pp}", f"DP{self.dp}"]
+        parts += [f"{k}{v}" for k, v in (("CP", self.cp), ("EP", self.ep), ("VP", self.vp)) if v > 1]
+        if self.etp is not None:
+            parts.append(f"ETP{self.etp}")
+        parts.append(f"mbs{self.micro_batch_size}")
+        parts.append(f"Z{self.zero_stage}")
+        if self.recompute != "none":
+            parts.append(f"rc-{self.recompute}")
+        if self.sequence_parallel:
+            parts.append("SP")
+        if self.schedule not in ("1f1b", "interleaved"):
+            parts.append(self.schedule)
+        return " ".join(parts)
+
+    def key(self) -> dict:
+        return asdict(self)
+
+
+def _yaml(v: object) -> str:
+    return "null" if v is None else yaml.safe_dump(v, default_flow_style=True).strip().removesuffix("...").strip()
+
+
+def layout_of(s: Scenario) -> Layout:
+    """The layout a scenario runs (its ``parallelism``, micro-batch size, recompute and schedule)."""
+    p, t = s.parallelism, s.training
+    return Layout(p.tp, p.pp, s.dp, p.cp, p.ep, p.etp, p.vp, t.micro_batch_size, t.recompute, p.zero_stage,
+                  s.pipeline_schedule, p.sequence_parallel, p.first_pipeline_num_layers, p.last_pipeline_num_layers)
+
+
+def apply_layout(s: Scenario, layout: Layout) -> Scenario:
+    """``s`` with ``layout``'s values, through the scenario checks (``--set`` overrides)."""
+    return scenario_from_dict(scenario_to_dict(s), layout.overrides())
+
+
+def candidate_scenario(s: Scenario, layout: Layout) -> Scenario:
+    """The same scenario as ``apply_layout`` (a test checks it), built with ``dataclasses.replace``:
+    the planner builds tens of thousands, and the values it enumerates are well-typed. A dp of 0
+    (tp x pp x cp does not divide the GPUs) is left to ``validate_plan`` as dp null."""
+    par = replace(s.parallelism, tp=layout.tp, pp=layout.pp, dp=layout.dp or None, cp=layout.cp, ep=layout.ep,
+                  etp=layout.etp, vp=layout.vp, sequence_parallel=layout.sequence_parallel,
+                  zero_stage=layout.zero_stage, first_pipeline_num_layers=layout.first_pipeline_num_layers,
+                  last_pipeline_num_layers=layout.last_pipeline_num_layers)
+    training = replace(s.training, micro_batch_size=layout.micro_batch_size, recompute=layout.recompute)
+    return replace(s, parallelism=par, training=training, schedule=layout.schedule)
+
+
+# --- the space ---------------------------------------------------------------------------------
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _powers_of_two(limit: int) -> list[int]:
+    return [2 ** k for k in range(int(math.log2(limit)) + 1)] if limit >= 1 else [1]
+
+
+def default_space(s: Scenario) -> dict[str, tuple]:
+    """Values tried for each axis, the scenario's own included (module docstring)."""
+    m, c, p, t = s.model, s.cluster, s.parallelism, s.training
+    world, layers = c.num_gpus, m.num_hidden_layers
+    tp = set(_powers_of_two(min(c.gpus_per_node, m.num_attention_heads))) | {p.tp}
+    pp = {d for d in _divisors(world) if d <= layers} | {p.pp}
+    cp = {x for x in CP_SIZES if world % x == 0} | {p.cp}
+    if m.is_moe:
+        ep = {d for d in _divisors(m.num_experts) if d <= world} | {p.ep}
+        etp: set = {None, 1} | {p.etp}
+    else:
+        ep, etp = {1} | {p.ep}, {None} | {p.etp}
+    vp = set(range(1, MAX_VP + 1)) | {d for d in _divisors(layers) if d <= 2 * MAX_VP} | {p.vp}
+    return {
+        "tp": tuple(sorted(tp)), "pp": tuple(sorted(pp)), "dp": None, "cp": tuple(sorted(cp)),
+        "ep": tuple(sorted(ep)), "etp": tuple(sorted(etp, key=lambda x: (x is not None, x or 0))),
+        "vp": tuple(sorted(vp)), "micro_batch_size": tuple(sorted(set(MICRO_BATCH_SIZES) | {t.micro_batch_size})),
+        "recompute": RECOMPUTE, "zero_stage": ZERO_STAGES,
+        "schedule": tuple(dict.fromkeys((*DEFAULT_SCHEDULES, s.pipeline_schedule))),
+        "sequence_parallel": (False, True),
+    }
+
+
+def parse_space(items: Sequence[str] | Mapping[str, Sequence], s: Scenario) -> dict[str, tuple]:
+    """The default space with ``--space key=v1,v2`` axes replaced; impossible values are ConfigErrors.
+
+    Impossible: an unknown axis, a value of the wrong kind, a size below 1 or above the GPU count,
+    a recompute mode, ZeRO stage or schedule that does not exist, etp on a dense model.
+    """
+    space = default_space(s)
+    pairs = list(items.items()) if isinstance(items, Mapping) else [_split(item) for item in items]
+    seen = set()
+    world = s.cluster.num_gpus
+    for axis, values in pairs:
+        if axis not in AXES:
+            raise ConfigError("--space", axis, f"unknown axis; valid: {', '.join(AXES)}")
+        if axis in seen:
+            raise ConfigError("--space", axis, "given twice: list all its values in one --space")
+        seen.add(axis)
+        out = []
+        for v in values:
+            if axis in _INT_AXES or axis == "etp":
+                if axis == "etp" and v is None:
+                    out.append(v)
+                    continue
+                if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= world:
+                    raise ConfigError(f"--space {axis}", v, f"must be a whole number from 1 to the GPU count ({world})")
+                if axis == "etp" and not s.model.is_moe:
+                    raise ConfigError("--space etp", v, "expert tensor parallelism needs an MoE model (num_experts > 0)")
+            elif axis == "recompute" and v not in RECOMPUTE:
+                raise ConfigError("--space recompute", v, f"valid: {', '.join(RECOMPUTE)}")
+            elif axis == "zero_stage" and v not in ZERO_STAGES:
+                raise ConfigError("--space zero_stage", v, f"valid: {', '.join(map(str, ZERO_STAGES))}")
+            elif axis == "schedule" and v not in SCHEDULES:
+                raise ConfigError("--space schedule", v, f"valid: {', '.join(SCHEDULES)}")
+            elif axis == "sequence_parallel" and not isinstance(v, bool):
+                raise ConfigError("--space sequence_parallel", v, "valid: true, false")
+            if v in out:
+                raise ConfigError(f"--space {axis}", v, "value given twice")
+            out.append(v)
+        space[axis] = tuple(out)
+    return space
+
+
+def _split(item: str) -> tuple[str, tuple]:
+    key, sep, text = str(item).partition("=")
+    if not sep or not key.strip() or not text.strip():
+        raise ConfigError("--space", item, "expected axis=v1,v2,..., e.g. tp=4,8")
+    values = []
+    for part in text.split(","):
+        try:
+            values.append(yaml.safe_load(part.strip()))
+        except yaml.YAMLError:
+            values.append(part.strip())
+    return key.strip(), tuple(values)
+
+
+# --- enumeration and the rule pruner -----------------------------------------------------------
+
+def uneven_ends(layers: int, n: int) -> int | None:
+    from simulator.studies.validate import _ends
+
+    return _ends(layers, n)
+
+
+@dataclass
+class Enumeration:
+    """The valid layouts and how many were enumerated and pruned by rule, per reason."""
+
+    valid: list[Layout]
+    enumerated: int
+    pruned_rules: Counter
+    warnings: dict[Layout, list[str]]
+
+
+def _reason(err: ConfigError) -> str:
+    """The rule an error names, without the numbers of one layout (so reasons can be counted)."""
+    text = re.sub(r"\s*\([^)]*\)", "", err.valid.split(";")[0].split(": ")[0])
+    text = re.sub(r"\s*=.*", "", text)
+    return f"{err.field}: {re.sub(r'[0-9]+', 'N', text)}"
+
+
+def layout_order(layout: Layout) -> tuple:
+    """A total order on layouts (None etp first), for deterministic ties."""
+    return tuple(-1 if v is None else v for v in asdict(layout).values())
+
+
+def enumerate_layouts(s: Scenario, space: Mapping[str, tuple]) -> Enumeration:
+    """Every canonical layout of ``space`` (module docstring), checked by ``validate_plan``."""
+    world, layers = s.cluster.num_gpus, s.model.num_hidden_layers
+    valid: list[Layout] = []
+    reasons: Counter = Counter()
+    warnings: dict = {}
+    enumerated = 0
+    structural = itertools.product(space["tp"], space["pp"], space["cp"], space["ep"], space["etp"], space["vp"],
+                                   space["schedule"], space["sequence_parallel"], space["micro_batch_size"])
+    for tp, pp, cp, ep, etp, vp, schedule, sp, mbs in structural:
+        if (sp and tp == 1) or (etp is not None and etp >= tp) or (schedule == "interleaved") != (vp > 1):
+            continue  # not canonical: the same run as another layout of the space
+        dp = world // (tp * pp * cp) if world % (tp * pp * cp) == 0 else None
+        if space.get("dp") is not None and dp not in space["dp"]:
+            continue
+        ends = None if layers % (pp * vp) == 0 else uneven_ends(layers, pp * vp)
+        shape = Layout(tp, pp, dp or 0, cp, ep, etp, vp, mbs, "none", 0, schedule, sp, ends, ends)
+        n = len(space["recompute"]) * len(space["zero_stage"])
+        enumerated += n
+        try:
+            warns = validate_plan(candidate_scenario(s, shape))
+        except ConfigError as err:
+            reasons[_reason(err)] += n
+            continue
+        for rc, zero in itertools.product(space["recompute"], space["zero_stage"]):
+            layout = Layout(tp, pp, dp, cp, ep, etp, vp, mbs, rc, zero, schedule, sp, ends, ends)
+            valid.append(layout)
+            if warns:
+                warnings[layout] = warns
+    return Enumeration(sorted(valid, key=layout_order), enumerated, reasons, warnings)

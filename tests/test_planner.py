@@ -1,0 +1,190 @@
+"""``stepsim plan``: the lower bound, exact pruning against brute force, resume, emit, errors."""
+
+import json
+from dataclasses import replace
+
+import pytest
+import yaml
+
+from simulator.cli import main
+from simulator.errors import ConfigError
+from simulator.physical.hardware import gpu_of
+from simulator.scenario import load_scenario, scenario_from_dict, scenario_to_dict
+from simulator.step.bound import step_lower_bound
+from simulator.step.engine import SimOptions, simulate
+from simulator.studies import planner
+from simulator.studies.planner import plan
+from simulator.studies.planner_space import (apply_layout, candidate_scenario, default_space, enumerate_layouts,
+                                             layout_of, parse_space)
+from simulator.studies.sweep import Task, evaluate
+from simulator.workload.workload import build_workload
+
+
+def _scenario(model: dict, nodes: int, gbs: int, seq: int, par: dict, schedule: str = "1f1b") -> dict:
+    return {"name": "s", "model": model,
+            "cluster": {"topology": "dgx-h100", "num_nodes": nodes, "gpus_per_node": 8},
+            "training": {"seq_length": seq, "micro_batch_size": 1, "global_batch_size": gbs, "recompute": "none"},
+            "parallelism": par, "schedule": schedule}
+
+
+LLAMA_8B = {"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+            "intermediate_size": 14336, "vocab_size": 128256, "hidden_act": "silu"}
+GPT_1_3B = {"hidden_size": 2048, "num_hidden_layers": 24, "num_attention_heads": 16, "num_key_value_heads": 16,
+            "intermediate_size": 8192, "vocab_size": 51200, "hidden_act": "gelu"}
+SMALL_MOE = {"hidden_size": 1024, "num_hidden_layers": 8, "num_attention_heads": 16, "num_key_value_heads": 4,
+             "intermediate_size": 2048, "vocab_size": 32000, "hidden_act": "silu", "num_experts": 8,
+             "num_experts_per_tok": 2}
+
+# Three small spaces (the issue's "8B on 16, 1.3B on 8, an MoE on 32"), narrowed so that brute
+# force stays fast, with pipelines, interleaving, recompute, ZeRO-3, CP and EP among them.
+SPACES = {
+    "llama8b-16gpu": (_scenario(LLAMA_8B, 2, 8, 1024, {"tp": 4, "pp": 2, "zero_stage": 1}),
+                      ["tp=4,8", "pp=1,2", "cp=1", "vp=1,2", "micro_batch_size=1", "recompute=none,full",
+                       "zero_stage=1,3", "sequence_parallel=true"]),
+    "gpt1.3b-8gpu": (_scenario(GPT_1_3B, 1, 16, 2048, {"tp": 2, "pp": 1}),
+                     ["tp=1,2,4", "pp=1,2", "cp=1,2", "vp=1,3", "micro_batch_size=1,2", "recompute=none,selective",
+                      "zero_stage=1", "sequence_parallel=false"]),
+    "moe-32gpu": (_scenario(SMALL_MOE, 4, 32, 1024, {"tp": 1, "ep": 8, "zero_stage": 1}),
+                  ["tp=1,2", "pp=1,2", "cp=1", "ep=2,4,8", "vp=1", "micro_batch_size=1", "recompute=none,full",
+                   "zero_stage=1", "sequence_parallel=false,true"]),
+}
+
+
+def _brute_force(raw: dict, space: list[str]) -> list[tuple[float, str]]:
+    s = scenario_from_dict(raw)
+    enum = enumerate_layouts(s, parse_space(space, s))
+    out = []
+    for layout in enum.valid:
+        row = evaluate(Task(raw, ".", "s", layout.overrides()))
+        assert row["error"] is None
+        if row["fits"]:
+            out.append((row["step_time_s"], layout.label()))
+    return sorted(out)
+
+
+@pytest.mark.parametrize("key", list(SPACES))
+def test_planner_best_and_top_equal_brute_force_slow(key):
+    """Exactness of pruning (slow: simulates every valid layout of three small spaces)."""
+    raw, space = SPACES[key]
+    truth = _brute_force(raw, space)
+    result = plan(raw, space=space, top=3, workers=2, progress=None)
+    c = result["candidates"]
+    assert c["enumerated"] == c["pruned_rules"] + c["pruned_memory"] + c["pruned_bound"] + c["simulated"]
+    assert c["simulated"] < len(truth)  # the bound pruned something, yet:
+    assert result["best"]["step_time_s"] == truth[0][0]
+    assert [(e["step_time_s"], e["layout"]) for e in result["ranked"][:3]] == truth[:3]
+    for e in result["ranked"]:
+        assert e["lower_bound_s"] <= e["step_time_s"]
+
+
+def test_bound_never_exceeds_the_step_and_is_exact_without_communication_on_one_stage():
+    tiny = load_scenario("scenarios/tiny.yaml")
+    cases = [tiny, *(apply_layout(tiny, replace(layout_of(tiny), **kw)) for kw in (
+        dict(recompute="full"), dict(recompute="selective", zero_stage=3), dict(vp=2, schedule="interleaved"),
+        dict(pp=1, dp=4), dict(tp=1, pp=4, dp=2, micro_batch_size=2), dict(sequence_parallel=True),
+        dict(sequence_parallel=True, recompute="full"), dict(tp=4, pp=1, sequence_parallel=True)))]
+    for s in cases:
+        w = build_workload(s, gpu_of(s.cluster, s.training.precision))
+        bound = step_lower_bound(s, w)
+        assert step_lower_bound(s, w, planner.node_collective_time(s)) <= simulate(s).step_time_s
+        assert bound <= simulate(s).step_time_s
+        assert bound <= simulate(s, SimOptions(communication=False)).step_time_s
+    one = apply_layout(tiny, replace(layout_of(tiny), pp=1, dp=4))
+    w = build_workload(one, gpu_of(one.cluster, "bf16"))
+    assert step_lower_bound(one, w) == pytest.approx(simulate(one, SimOptions(communication=False)).step_time_s,
+                                                     rel=1e-8)
+    # PipeDream-Flush: with p stages the bound covers the fill and drain, (m + p - 1)(f + b) for equal stages.
+    two = load_scenario("scenarios/tiny.yaml")
+    w = build_workload(two, gpu_of(two.cluster, "bf16"))
+    assert step_lower_bound(two, w) == pytest.approx(simulate(two, SimOptions(communication=False)).step_time_s,
+                                                     rel=1e-6)
+
+
+def test_candidate_scenarios_equal_the_checked_ones():
+    s = load_scenario("scenarios/llama3-70b-64xh100.yaml")
+    enum = enumerate_layouts(s, parse_space(["tp=4,8", "pp=2,4", "cp=1,2"], s))
+    for layout in enum.valid[::37]:
+        assert candidate_scenario(s, layout) == apply_layout(s, layout)
+    assert candidate_scenario(s, layout_of(s)) == s
+
+
+def test_default_space_holds_the_published_layouts():
+    for path in ("scenarios/llama3-70b-64xh100.yaml", "scenarios/llama3-405b-16384xh100.yaml"):
+        s = load_scenario(path)
+        space = default_space(s)
+        given = layout_of(s)
+        assert given.tp in space["tp"] and given.pp in space["pp"] and given.vp in space["vp"]
+
+
+def test_resume_simulates_nothing_twice_and_emit_reproduces_the_step(tmp_path, monkeypatch):
+    space = ["tp=2,4", "pp=1,2", "micro_batch_size=1", "recompute=none", "zero_stage=1"]
+    first = plan("scenarios/tiny.yaml", space=space, out=tmp_path, workers=1, progress=None)
+    log = (tmp_path / "plan.jsonl").read_text().splitlines()
+    assert len(log) == first["candidates"]["simulated"] + (0 if first["given"]["in_space"] else 1)
+    assert (tmp_path / "pareto.png").stat().st_size > 0
+
+    def no_simulation(task):
+        raise AssertionError("a logged candidate was simulated again")
+
+    monkeypatch.setattr(planner, "evaluate", no_simulation)
+    again = plan("scenarios/tiny.yaml", space=space, out=tmp_path, workers=1, progress=None)
+    assert json.dumps(again, sort_keys=True) == json.dumps(first, sort_keys=True)
+    monkeypatch.undo()
+
+    # A log cut short by a kill: the damaged line is recomputed, the rest reused.
+    (tmp_path / "plan.jsonl").write_text("\n".join(log[:-1]) + "\n" + log[-1][:20])
+    resumed = plan("scenarios/tiny.yaml", space=space, out=tmp_path, workers=1, progress=None)
+    assert json.dumps(resumed, sort_keys=True) == json.dumps(first, sort_keys=True)
+
+    emitted = tmp_path / "best.yaml"
+    planner.emit_scenario(first, "scenarios/tiny.yaml", emitted)
+    assert main(["run", str(emitted), "--json"]) == 0
+    s = load_scenario(str(emitted))
+    assert simulate(s).step_time_s == first["best"]["step_time_s"]
+
+
+def test_json_keys_are_the_issue_contract():
+    result = plan("scenarios/tiny.yaml", space=["tp=2", "pp=1,2", "micro_batch_size=1", "recompute=none",
+                                                "zero_stage=0,1"], workers=1, progress=None)
+    assert set(result["candidates"]) >= {"enumerated", "pruned_rules", "pruned_memory", "pruned_bound", "simulated"}
+    keys = {"parallelism", "schedule", "training", "step_time_s", "tokens_per_s_per_gpu", "memory_gib_per_gpu"}
+    assert set(result["best"]) >= keys | {"why"}
+    assert set(result["given"]) >= keys | {"rank"}
+    assert result["ranked"] and result["pareto"]
+    assert result["best"]["why"].startswith("bound by ")
+
+
+@pytest.mark.parametrize("space, field", [
+    (["tp=0"], "--space tp"), (["nope=1"], "--space"), (["recompute=some"], "--space recompute"),
+    (["zero_stage=4"], "--space zero_stage"), (["schedule=dualpipe"], "--space schedule"),
+    (["etp=1"], "--space etp"), (["tp=2", "tp=4"], "--space"), (["tp=2,2"], "--space tp"),
+])
+def test_impossible_space_values_are_one_line_errors(space, field, capsys):
+    args = ["plan", "scenarios/tiny.yaml"] + [x for v in space for x in ("--space", v)]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith(f"stepsim: error: {field}")
+
+
+def test_no_layout_fits_names_the_smallest(capsys):
+    args = ["plan", "scenarios/llama3-70b-64xh100.yaml", "--set", "cluster.num_nodes=1", "--set", "parallelism.dp=null",
+            "--set", "training.global_batch_size=16", "--space", "tp=8", "--space", "pp=1", "--space", "cp=1"]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "no layout fits" in err and "the smallest, TP8 PP1 DP1" in err and "GiB too many" in err
+
+
+def test_planner_is_no_slower_than_a_published_layout():
+    """The CI subset of ``stepsim plan --validate`` (the full run is in the issue-17 note): Korthikanti
+    et al.'s 22B on 8 A100s, planned over the whole default space."""
+    from pathlib import Path
+
+    from simulator.studies.plan_check import check_runs
+
+    runs = Path(__file__).resolve().parents[2] / "shared" / "validation" / "public-runs.yaml"
+    result = check_runs(runs, workers=2, ids=["korthikanti-t5-22b-selective"])
+    row = result["rows"][0]
+    assert "error" not in row
+    assert row["best_fits"] and row["no_slower"]
+    assert row["given_rank"] >= 1 and row["gain"] >= 0
