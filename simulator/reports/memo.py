@@ -26,6 +26,10 @@ PREFERRED = {"tp": "fast intra-node if possible", "sp": "fast intra-node if poss
 # --- formatting ------------------------------------------------------------------------------------
 
 def secs(x: float) -> str:
+    if abs(x) >= 3600:
+        return f"{x / 3600:.2f} h"
+    if abs(x) >= 120:
+        return f"{x / 60:.1f} min"
     if abs(x) >= 1:
         return f"{x:.3f} s"
     if abs(x) >= 1e-3:
@@ -142,7 +146,7 @@ def _memory(d: dict, n: _Nums) -> Section:
          f"{a['comm_buffers']}, plus CUDA context {a['cuda_context_gib']:g} GiB, NCCL {a['nccl_buffers_gib']:g} GiB "
          f"and {a['allocator_fragmentation']:.0%} allocator fragmentation"),
         ("Total (peak stage)", n.mem(st + "total_gib", gib),
-         (f"stage {k} of {len(mem['stages'])}; capacity {mem['stages'][k]['capacity_gib']:.0f} GiB: "
+         (f"stage {k} (of {len(mem['stages'])} stages); capacity {mem['stages'][k]['capacity_gib']:.0f} GiB: "
           + ("fits" if mem["fits"] else "does NOT fit"))),
     )
     return Section("memory-estimate", "Memory estimate", (

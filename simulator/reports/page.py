@@ -184,7 +184,7 @@ class Answer:
 def render_html(page: Page) -> str:
     cards = "".join(f'<div class="card"><div class="label">{html.escape(k)}</div>'
                     f'<div class="value">{_inline_html(v)}</div></div>' for k, v in page.cards)
-    toc = "".join(f'<a href="#{s.id}">{html.escape(s.title)}</a>' for s in page.sections)
+    toc = "\n".join(f'<a href="#{s.id}">{html.escape(s.title)}</a>' for s in page.sections)
     body = []
     for s in page.sections:
         lead = f'<p class="lead">{html.escape(s.lead)}</p>' if s.lead else ""
