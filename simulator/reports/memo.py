@@ -202,7 +202,8 @@ def _parallelism(d: dict, n: _Nums) -> Section:
                                     if par["sequence_parallel"] else "no sequence splitting",)),
         ("EP/MoE", _n(par["ep"], count), _placement_text(pl["ep"]),
          _exposed(d, n, ("ep",)) + ((f"{s['model']['num_experts']} experts over EP {par['ep']}; expert-DP "
-                                    f"{pl['edp']['degree']} ({_placement_text(pl['edp'])})",)
+                                    f"{pl['edp']['degree']}" + (f" ({_placement_text(pl['edp'])})" if pl["edp"]["degree"] > 1
+                                                             else " (each expert on one rank)"),)
                                    if s["model"]["num_experts"] else ("dense model: no experts",))),
     ]
     return Section("parallelism-choice", "Parallelism choice", (
@@ -263,7 +264,9 @@ def _bubble(d: dict, n: _Nums) -> Section:
         ("Stage imbalance risk", (f"stage {hi} computes ", n.run(f"stages.{hi}.compute_s", secs),
                                   f", stage {lo} ", n.run(f"stages.{lo}.compute_s", secs), " (",
                                   _n(imbalance, lambda v: f"{v:+.1%}"),
-                                  "); the first stage also runs the embedding, the last the LM head and the loss.")),
+                                  "); the first stage also runs the embedding, the last the LM head and the loss.")
+         if len(stages) > 1 else ("one stage: no imbalance; it computes ", n.run("stages.0.compute_s", secs),
+                                  " per step.")),
     ))
     rows = tuple((_n(r["global_batch_size"], count) if not r["baseline"] else (_n(r["global_batch_size"], count), " (this plan)"),
                   _n(r["microbatches"], count), _n(r["step_time_s"], secs), _n(r["tokens_per_s"], count),
@@ -362,7 +365,8 @@ def _prompts(d: dict, n: _Nums) -> Section:
         a3 += ("; " if i else "", f"{r['global_batch_size']} sequences: ", _n(r["step_time_s"], secs), ", bubble ",
                _n(r["bubble_fraction"], pct), ", ", _n(r["tokens_per_s"], count), " tokens/s")
     half = next((r for r in b if r["global_batch_size"] * 2 == base["global_batch_size"]), None)
-    a3 += (". Tokens per step grow with the batch and the bubble shrinks as micro-batches are added. ",)
+    a3 += (". Tokens per step grow with the batch" + (" and the bubble shrinks as micro-batches are added. "
+                                                       if lay["pp"] > 1 else "; with one pipeline stage there is no bubble. "),)
     if half is not None:
         a3 += (f"Doubling DP to {2 * lay['dp']} (twice the GPUs) at the same global batch halves the micro-batches "
                f"per pipeline to {half['microbatches']}: the bubble becomes that of the half-batch row, ",
