@@ -408,7 +408,7 @@ def _prompts(d: dict, n: _Nums) -> Section:
         Figure("tornado", d["figures"]["tornado"], f"Step time with each resource {f:g}x faster or slower "
                "(link classes that carried traffic, and compute)."),
         Answer("fallback-design", "What is the fallback design if communication dominates?", a5),
-        Table(("Candidate", "Change", "Step time", "vs plan", "Memory per GPU", "Status"), cand_rows, numeric=(2, 3, 4),
+        Table(("Candidate", "Overrides", "Step time", "vs plan", "Memory per GPU", "Status"), cand_rows, numeric=(2, 3, 4),
               caption=f"Fallback search: {fb['source']}; same global batch, so a shorter step is more tokens/s."),
     ))
 
