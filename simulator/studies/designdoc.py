@@ -148,7 +148,7 @@ def gather(scenario: str, sets: Sequence[str] = (), *, factor: float = 2.0, exec
     from simulator.reports.report import step_report
     from simulator.reports.timeline import timeline
     from simulator.scenario import load_scenario, scenario_to_dict, validate_plan
-    from simulator.step.engine import SimOptions, simulate
+    from simulator.step.engine import SimOptions, scenario_cluster, simulate
     from simulator.studies.whatif import whatif
     from simulator.workload.checkpoint import checkpoint_plan
     from simulator.workload.compute import param_counts
@@ -179,8 +179,6 @@ def gather(scenario: str, sets: Sequence[str] = (), *, factor: float = 2.0, exec
     batches = batch_study(scenario, sets, executor=executor, workers=workers, report=report)
     counts = param_counts(s.model)
     gpu = gpu_of(s.cluster, s.training.precision)
-    from simulator.step.engine import scenario_cluster
-
     cluster = scenario_cluster(s)
     spec = cluster.spec
     figures = {
