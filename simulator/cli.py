@@ -173,6 +173,70 @@ def _plan(args) -> int:
     return 0
 
 
+def _check_output_path(field: str, path: str | None) -> None:
+    """A file we can create or replace at ``path``; checked before any simulation runs.
+    (Issue 14 adds a shared helper; this local one can be swapped for it.)"""
+    import os
+    from pathlib import Path
+
+    if path is None:
+        return
+    target = Path(path)
+    parent = target.parent if str(target.parent) else Path(".")
+    if target.is_dir():
+        raise ConfigError(field, path, "is a folder: give a file name")
+    if not parent.is_dir():
+        raise ConfigError(field, path, f"folder {str(parent)!r} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK) or (target.exists() and not os.access(target, os.W_OK)):
+        raise ConfigError(field, path, "cannot be written (permission denied)")
+
+
+def _report(args) -> int:
+    import time
+    from pathlib import Path
+
+    from simulator.files import atomic_write, atomic_write_text
+    from simulator.reports.memo import memo_html, memo_markdown
+    from simulator.studies.designdoc import gather
+
+    _check_output_path("--out", args.out)
+    _check_output_path("--md", args.md)
+    if not args.factor > 1:
+        raise ConfigError("--factor", args.factor, "must be a number > 1 (2 means 2x faster and 2x slower)")
+    _load(args)
+    t0 = time.perf_counter()
+    data = gather(args.scenario, args.set or [], factor=args.factor, workers=args.workers)
+    atomic_write_text(args.out, memo_html(data))
+    written = [args.out]
+    if args.md:
+        md = Path(args.md)
+        paths = {}
+        for name, png in sorted(data["figures"].items()):
+            fig = md.with_name(f"{md.stem}-{name}.png")
+            atomic_write(fig, lambda f, png=png: f.write(png), binary=True)
+            paths[name] = fig.name
+            written.append(str(fig))
+        atomic_write_text(md, memo_markdown(data, paths))
+        written.insert(1, str(md))
+    print(f"memo written: {', '.join(written)} ({time.perf_counter() - t0:.1f} s wall)")
+    return 0
+
+
+def _audit(args) -> int:
+    from simulator.files import atomic_write_text
+    from simulator.reports.auditpage import audit_html
+    from simulator.scenario import read_scenario_file
+    from simulator.studies.audit import audit, format_audit, parse_claims
+
+    _check_output_path("--out", args.out)
+    parse_claims(read_scenario_file(args.scenario))
+    result = audit(args.scenario, args.set or [])
+    if args.out:
+        atomic_write_text(args.out, audit_html(result))
+    print(json.dumps(result, indent=2) if args.json else format_audit(result))
+    return 0
+
+
 def _bench(args) -> int:
     from simulator.studies.bench import run
 
@@ -247,6 +311,18 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--validate", action="store_true",
                     help="SCENARIO is a public-runs file: plan every run and compare with its published layout")
     pl.set_defaults(func=_plan)
+
+    m = _scenario_parser(sub, "report", "a design memo (one self-contained HTML page) answering the design worksheet")
+    m.add_argument("--out", required=True, metavar="FILE", help="the memo, HTML")
+    m.add_argument("--md", metavar="FILE", help="also write the memo as Markdown (figures as FILE-stem-*.png)")
+    m.add_argument("--factor", type=float, default=2.0, help="what-if factor for the bottleneck (default 2)")
+    m.add_argument("--workers", type=int, default=None, help="simulations in parallel (default: CPU count)")
+    m.set_defaults(func=_report)
+
+    a = _scenario_parser(sub, "audit", "hold a plan's claims: section against a simulation of the plan")
+    a.add_argument("--json", action="store_true", help="print the verdicts as JSON")
+    a.add_argument("--out", metavar="FILE", help="also write the audit as an HTML page")
+    a.set_defaults(func=_audit)
 
     b = sub.add_parser("bench", help="wall time, peak memory and events of fixed simulations (not a test)")
     b.add_argument("--quick", action="store_true", help="only the small cases")

@@ -56,6 +56,9 @@ SECTIONS = {
     "framework_options": FrameworkOptions,
 }
 TOP_LEVEL_SCALARS = ("name", "schedule", "framework")
+# Sections a scenario file may carry for other commands; the scenario itself ignores them
+# (``claims:`` is read by ``stepsim audit``, see simulator/studies/audit.py).
+ANNOTATIONS = ("claims",)
 
 
 # --- field checkers: (dotted field, value) -> value, or ConfigError ---------------------------
@@ -136,6 +139,7 @@ _CHECKS: dict[str, dict[str, Checker]] = {
         "oversubscription": partial(_optional_number, minimum=1, inclusive=True),
         "gpu_memory_gib": partial(_optional_number, minimum=0, inclusive=False),
         "gpu_peak_tflops": partial(_optional_number, minimum=0, inclusive=False),
+        "storage_bandwidth_GBps": partial(_optional_number, minimum=0, inclusive=False),
     },
     "training": {
         "seq_length": _POSITIVE,
@@ -265,7 +269,7 @@ def scenario_from_dict(d: dict, overrides: Iterable[str] = (), *, base_dir: str 
         raise ConfigError("scenario", type(d).__name__, "must be a mapping of name, model, cluster, "
                           "training, parallelism and schedule")
     d = apply_overrides(d, overrides)
-    known = (*TOP_LEVEL_SCALARS, *SECTIONS)
+    known = (*TOP_LEVEL_SCALARS, *SECTIONS, *ANNOTATIONS)
     for key in d:
         if key not in known:
             raise _unknown(str(key), d[key], known)

@@ -253,3 +253,36 @@ def plot_pareto(result: dict, path: str) -> None:
     ax.set_title(f"{result['scenario']}: step time vs memory")
     ax.legend(fontsize=8, loc="best")
     save_figure(fig, path)
+
+
+MEMORY_COLORS = {"weights": "#4C72B0", "gradients": "#55A868", "optimizer": "#8172B3",
+                 "activations": "#DD8452", "other": "#937860"}
+
+
+def plot_memory(mem: dict, path: str) -> None:
+    """Memory per GPU by pipeline stage (``memory.memory_report``): stacked components against capacity."""
+    plt = _pyplot()
+    stages = mem["stages"]
+    fig, ax = plt.subplots(figsize=(7.5, 1.3 + 0.42 * len(stages)))
+    y = list(range(len(stages)))
+    left = [0.0] * len(stages)
+    for comp, color in MEMORY_COLORS.items():
+        widths = [st[f"{comp}_gib"] for st in stages]
+        ax.barh(y, widths, left=left, color=color, label=comp, height=0.68)
+        left = [a + b for a, b in zip(left, widths)]
+    cap = stages[0]["capacity_gib"]
+    ax.axvline(cap, color="#C44E52", lw=1.5, ls="--", label=f"capacity {cap:.0f} GiB")
+    for yi, st in zip(y, stages):
+        ax.annotate(f"{st['total_gib']:.1f} GiB", (st["total_gib"], yi), xytext=(4, 0), textcoords="offset points",
+                    va="center", fontsize=8)
+    ax.set_yticks(y, [f"stage {st['stage']}" for st in stages])
+    ax.invert_yaxis()
+    ax.set_xlim(0, max(cap, max(st["total_gib"] for st in stages)) * 1.12)
+    ax.set_xlabel("GiB per GPU")
+    ax.set_title(f"memory per GPU by pipeline stage: peak {mem['peak_gib']:.1f} GiB "
+                 f"({'fits' if mem['fits'] else 'does NOT fit'})", fontsize=10)
+    ax.grid(axis="x", alpha=0.3)
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.25 if len(stages) > 2 else -0.45),
+              ncol=6, frameon=False)
+    save_figure(fig, path)
+    plt.close(fig)

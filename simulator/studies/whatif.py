@@ -23,8 +23,11 @@ TARGETS = (*LINK_CLASSES, "compute")
 
 
 def whatif(scenario, *, sets: Sequence[str] = (), factor: float = 2.0, executor: str = "process",
-           workers: int | None = None, address: str | None = None) -> dict:
-    """Baseline and per-target step times at ``factor`` x faster and slower, as plain data."""
+           workers: int | None = None, address: str | None = None,
+           targets: Sequence[str] | None = None) -> dict:
+    """Baseline and per-target step times at ``factor`` x faster and slower, as plain data.
+
+    ``targets`` limits the rows to some of ``TARGETS`` (default: all of them)."""
     from simulator.step.engine import scenario_cluster
     from simulator.scenario import scenario_from_dict, validate_plan
 
@@ -33,11 +36,15 @@ def whatif(scenario, *, sets: Sequence[str] = (), factor: float = 2.0, executor:
     raw, base_dir, name = base_of(scenario, sets)
     s = scenario_from_dict(raw, base_dir=base_dir, default_name=name)
     validate_plan(s)
+    chosen = TARGETS if targets is None else tuple(t for t in TARGETS if t in targets)
+    for t in targets or ():
+        if t not in TARGETS:
+            raise ConfigError("what-if target", t, f"valid: {', '.join(TARGETS)}")
     cluster = scenario_cluster(s)
     present = {cls: len(cluster.links_of_class(cls)) > 0 for cls in LINK_CLASSES} | {"compute": True}
     base = Task(raw, base_dir, name)
     tasks = [("baseline", base)]
-    for target in TARGETS:
+    for target in chosen:
         if not present[target]:
             continue
         for tag, scale in (("faster", factor), ("slower", 1 / factor)):
@@ -51,7 +58,7 @@ def whatif(scenario, *, sets: Sequence[str] = (), factor: float = 2.0, executor:
         raise ConfigError("scenario", name, results["baseline"]["error"])
     baseline = results["baseline"]["step_time_s"]
     rows = []
-    for target in TARGETS:
+    for target in chosen:
         if present[target]:
             faster = results[f"{target}:faster"]["step_time_s"]
             slower = results[f"{target}:slower"]["step_time_s"]
