@@ -83,7 +83,6 @@ def test_catalog_entries_are_complete_and_physical(gpu: GPUSpec):
     assert {"bf16", "fp16", "tf32"} <= set(gpu.peak_flops)
     for precision in gpu.peak_flops:
         assert 0.5 < gemm_ceiling(gpu, precision) < 1.0
-    assert 0.3 < gpu.attention_efficiency < 1.0
     assert 0.5 < gpu.memory_efficiency < 1.0
     assert 0 < gpu.launch_overhead_s < 20e-6
     assert gpu.source

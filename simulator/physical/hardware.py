@@ -9,8 +9,6 @@ constants used by ``simulator.workload.compute`` (same for every scenario, never
 
 - ``gemm_efficiency[precision]``: largest fraction of peak a dense GEMM reaches at its best
   shape (the "maximum achievable matmul FLOPS", MAMF). Shape losses are applied on top.
-- ``attention_efficiency``: fraction of the 16-bit peak a fused causal flash-attention kernel
-  reaches on long sequences (FlashAttention-2/3 papers).
 - ``memory_efficiency``: fraction of HBM bandwidth an elementwise/normalisation kernel sustains.
 - ``launch_overhead_s``: per-kernel idle gap (launch, ramp-up and tail) between dependent kernels.
 - ``nvlink_efficiency``: fraction of the nominal per-direction NVLink rate that NCCL transfers
@@ -40,7 +38,6 @@ class GPUSpec:
     source: str
     num_sms: int = 132
     gemm_efficiency: dict[str, float] = field(default_factory=dict)
-    attention_efficiency: float = 0.6
     memory_efficiency: float = 0.8
     launch_overhead_s: float = 3e-6
     sustained_fraction: float = 1.0
@@ -60,11 +57,8 @@ class GPUSpec:
 _A100_GEMM = {"bf16": 0.859, "fp16": 0.859, "tf32": 0.859}
 _HOPPER_GEMM = {"bf16": 0.801, "fp16": 0.801, "tf32": 0.801, "fp8": 0.70}
 
-# Flash attention, causal, head dim 128, long sequence, fraction of the 16-bit peak:
-# FlashAttention-2 (Dao 2023) forward reaches up to 73% of A100 peak, 0.70 used;
-# FlashAttention-3 (Shah et al. 2024) BF16 reaches 640-660 TFLOP/s causal on H100, 0.65 used.
-_A100_ATTN = 0.70
-_HOPPER_ATTN = 0.65
+# Fused attention kernels are not one constant per GPU: simulator.workload.attention holds their
+# measured curves (kernel, direction, causal mask, head dim, key length).
 
 # Sustained fraction: the share of the short-benchmark MAMF and attention throughput that GEMM
 # and attention kernels keep over a real training step (minutes of power-capped load: SM clocks
@@ -109,10 +103,10 @@ _HOPPER_NVLINK = 1.0
 # FP8 estimate: same tensor-core pipeline, scales applied in the MMA instruction.
 _BLACKWELL_GEMM = {**_HOPPER_GEMM, "mxfp8": _HOPPER_GEMM["fp8"], "nvfp4": _HOPPER_GEMM["fp8"]}
 
-_AMPERE = dict(gemm_efficiency=_A100_GEMM, attention_efficiency=_A100_ATTN, sustained_fraction=_A100_SUSTAINED,
+_AMPERE = dict(gemm_efficiency=_A100_GEMM, sustained_fraction=_A100_SUSTAINED,
                memory_efficiency=_MEM_EFF, launch_overhead_s=_LAUNCH_S, nvlink_efficiency=_A100_NVLINK,
                nvlink_generation=3)
-_HOPPER = dict(gemm_efficiency=_HOPPER_GEMM, attention_efficiency=_HOPPER_ATTN, sustained_fraction=_HOPPER_SUSTAINED,
+_HOPPER = dict(gemm_efficiency=_HOPPER_GEMM, sustained_fraction=_HOPPER_SUSTAINED,
                memory_efficiency=_MEM_EFF, launch_overhead_s=_LAUNCH_S, nvlink_efficiency=_HOPPER_NVLINK,
                nvlink_generation=4)
 
