@@ -26,10 +26,10 @@ from pathlib import Path
 
 import networkx as nx
 import numpy as np
-import yaml
 
 from simulator import units
 from simulator.errors import ConfigError
+from simulator.yamlfile import load_yaml_file
 from simulator.physical.hardware import get_gpu
 
 TOPOLOGY_DIR = Path(__file__).resolve().parents[2] / "topologies"
@@ -102,10 +102,7 @@ def load_topology(name_or_path: str) -> TopologySpec:
         shipped = sorted(p.stem for p in TOPOLOGY_DIR.glob("*.yaml"))
         raise ConfigError("cluster.topology", name_or_path,
                           f"valid: a topology file path or one of {', '.join(shipped)}")
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as err:
-        raise ConfigError("cluster.topology", str(path), f"is not valid YAML ({err.__class__.__name__})") from None
+    raw = load_yaml_file(path, "cluster.topology")
     if not isinstance(raw, dict):
         raise ConfigError("cluster.topology", str(path), "must be a YAML mapping of topology fields")
     known = {f.name for f in fields(TopologySpec)}

@@ -44,11 +44,10 @@ import re
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-import yaml
-
 from simulator.workload.compute import param_counts
 from simulator.config import ModelConfig
 from simulator.errors import ConfigError
+from simulator.yamlfile import load_yaml_file
 from simulator.scenario import scenario_from_dict, validate_plan
 
 
@@ -214,7 +213,7 @@ def validate_file(path: str, workers: int = 2) -> dict:
     p = Path(path)
     if not p.is_file():
         raise ConfigError("runs", path, "must be a public-runs YAML file (see shared/validation/public-runs.yaml)")
-    data = yaml.safe_load(p.read_text())
+    data = load_yaml_file(p, "runs")
     cases = data.get("cases") if isinstance(data, dict) else None
     if not isinstance(cases, list):
         raise ConfigError("runs", path, "must be a mapping with a 'cases' list")
