@@ -46,4 +46,4 @@ GPU_PEAK_TFLOPS = Limit(10**6, "TFLOP/s per GPU; 200x B200's dense FP8 peak")
 MICROBATCHES = Limit(2**14, "micro-batches per pipeline per step (global batch / (micro-batch x dp))")
 
 # Collective sizes: 1 PiB is beyond the memory of any GPU node.
-MESSAGE_BYTES = Limit(2**50, "bytes (1 PiB), beyond any node's memory")
+MESSAGE_BYTES = Limit(2**50, "bytes, 1 PiB: beyond any node's memory")

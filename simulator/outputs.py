@@ -33,6 +33,18 @@ def _text(path: object, field: str) -> Path:
     return Path(path)
 
 
+def _guarded(check):
+    """An OS refusal while looking at the path (name too long, a loop of links) is a ConfigError too."""
+    def run(path, field, *rest):
+        try:
+            return check(path, field, *rest)
+        except OSError as err:
+            raise ConfigError(field, str(path), f"cannot be used ({err.strerror or err.__class__.__name__})") from None
+    run.__doc__, run.__name__ = check.__doc__, check.__name__
+    return run
+
+
+@_guarded
 def check_output_path(path: str | os.PathLike, field: str, allowed_suffixes: Iterable[str]) -> Path:
     """``path`` as a Path if a file of one of ``allowed_suffixes`` can be written there, else ConfigError.
 
@@ -60,6 +72,7 @@ def check_output_path(path: str | os.PathLike, field: str, allowed_suffixes: Ite
     return p
 
 
+@_guarded
 def check_output_folder(path: str | os.PathLike, field: str) -> Path:
     """``path`` as a Path if it is, or can be created as, a writable folder; else ConfigError."""
     p = _text(path, field)

@@ -176,7 +176,11 @@ def _unknown(field: str, value: object, valid: Iterable[str]) -> ConfigError:
 def read_scenario_file(path: str | Path) -> dict:
     """The raw mapping of a scenario YAML file, or a one-line ConfigError naming the file."""
     p = Path(path)
-    if not p.is_file():
+    try:
+        found = p.is_file()
+    except OSError:
+        found = False
+    if not found:
         raise ConfigError("scenario", str(path), "no such file")
     raw = load_yaml_file(p, "scenario")
     if not isinstance(raw, dict):

@@ -176,9 +176,10 @@ def run_tasks(tasks: Sequence[tuple[str, Task]], executor: str = "process", work
     """Evaluate ``(id, task)`` pairs; yield ``(id, row)`` as each finishes (any order)."""
     if executor not in EXECUTORS:
         raise ConfigError("--executor", executor, f"valid: {', '.join(EXECUTORS)}")
-    workers = workers or os.cpu_count() or 1
-    if workers < 1:
-        raise ConfigError("--workers", workers, "must be a whole number >= 1")
+    if workers is None:
+        workers = os.cpu_count() or 1
+    if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
+        raise ConfigError("--workers", workers, "must be a whole number >= 1 (or left out: the CPU count)")
     if not tasks:
         return
     if executor == "ray":
