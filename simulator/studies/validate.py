@@ -41,13 +41,13 @@ from __future__ import annotations
 
 import math
 import re
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from simulator.workload.compute import param_counts
 from simulator.config import ModelConfig
 from simulator.errors import ConfigError
 from simulator.yamlfile import load_yaml_file
+from simulator.studies.workers import process_pool
 from simulator.scenario import scenario_from_dict, validate_plan
 
 
@@ -222,7 +222,7 @@ def validate_file(path: str, workers: int = 2, progress=None) -> dict:
         raise ConfigError("runs", path, "must be a mapping with a 'cases' list")
     rows = []
     if workers > 1:
-        with ProcessPoolExecutor(workers) as pool:
+        with process_pool(workers) as pool:
             for row in pool.map(predict, cases):
                 rows.append(row)
                 if progress is not None:
