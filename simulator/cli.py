@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import sys
@@ -209,6 +210,7 @@ def _diff(args) -> int:
     return 0
 
 
+@functools.lru_cache(maxsize=1)
 def version() -> str:
     """The installed package's version, or pyproject.toml's when running from a checkout."""
     from importlib import metadata
