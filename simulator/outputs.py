@@ -18,6 +18,7 @@ What is accepted (the same for every command):
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -62,8 +63,7 @@ def check_output_path(path: str | os.PathLike, field: str, allowed_suffixes: Ite
     if not parent.is_dir():
         what = "is not a folder" if parent.exists() else "does not exist"
         raise ConfigError(field, shown, f"folder {str(parent)!r} {what}; create it first")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise ConfigError(field, shown, f"folder {str(parent)!r} is not writable")
+    _probe(parent, field, shown)
     if p.exists() or p.is_symlink():
         if not p.is_file():
             raise ConfigError(field, shown, "exists and is not a regular file; give another name")
@@ -86,9 +86,19 @@ def check_output_folder(path: str | os.PathLike, field: str) -> Path:
         ancestor = ancestor.parent
     if not ancestor.is_dir():
         raise ConfigError(field, shown, f"{str(ancestor)!r} is a file, so the folder cannot be created")
-    if not os.access(ancestor, os.W_OK | os.X_OK):
-        raise ConfigError(field, shown, f"folder {str(ancestor)!r} is not writable")
+    _probe(ancestor, field, shown)
     return p
+
+
+def _probe(folder: Path, field: str, shown: str) -> None:
+    """Create and remove a temporary file in ``folder``: the only test of writability that also
+    holds for root (to whom ``os.access`` says yes everywhere) and for read-only mounts."""
+    try:
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".stepsim-check-", suffix=".tmp")
+    except OSError as err:
+        raise ConfigError(field, shown, f"folder {str(folder)!r} is not writable ({err.strerror})") from None
+    os.close(fd)
+    os.unlink(tmp)
 
 
 def _listing(suffixes: tuple[str, ...]) -> str:
