@@ -337,7 +337,9 @@ def _hf_fields(path_value: object, base: Path) -> dict:
     if not path.is_file():
         raise ConfigError("model.hf_config", str(path_value), f"no such file ({path})")
     try:
-        hf = json.loads(path.read_text())
+        hf = json.loads(path.read_text(), object_pairs_hook=_unique_keys)
+    except _DuplicateJSONKey as err:
+        raise ConfigError("model.hf_config", str(path_value), f"duplicate key {err.args[0]!r}; give each key once") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ConfigError("model.hf_config", str(path_value), f"is not valid JSON ({err.__class__.__name__})") from None
     if not isinstance(hf, dict):
@@ -348,6 +350,19 @@ def _hf_fields(path_value: object, base: Path) -> dict:
         canonical = MODEL_ALIASES.get(key, key)
         if canonical in _CHECKS["model"] and hf[key] is not None and canonical not in out:
             out[canonical] = hf[key]
+    return out
+
+
+class _DuplicateJSONKey(ValueError):
+    pass
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    out: dict = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateJSONKey(key)
+        out[key] = value
     return out
 
 

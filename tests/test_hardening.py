@@ -281,3 +281,12 @@ def test_no_traceback_for_a_bad_runs_file(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "simulator", "validate", str(bad)], capture_output=True, text=True,
                           cwd=ROOT)
     one_line_error(proc.returncode, proc.stderr, "runs")
+
+
+def test_duplicate_keys_in_a_hugging_face_config_are_refused(tmp_path, capsys):
+    hf = tmp_path / "config.json"
+    hf.write_text('{"hidden_size": 1024, "num_hidden_layers": 4, "num_attention_heads": 8, '
+                  '"intermediate_size": 4096, "vocab_size": 32000, "hidden_size": 2048}')
+    status, _, err = run_cli(["memory", TINY, "--set", f"model.hf_config={hf}"], capsys=capsys)
+    one_line_error(status, err, "model.hf_config")
+    assert "duplicate key 'hidden_size'" in err

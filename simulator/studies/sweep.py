@@ -18,6 +18,9 @@ Files in the output folder, safe against ``kill -9`` at any moment:
   ``os.replace``, so it is always a complete table of the points finished so far, in the
   order of the cartesian product.
 - plots (``plots.plot_sweep``), drawn when the sweep is complete.
+- ``.lock``: the pid of the sweep writing there (see ``_Lock``); a lock left by a killed sweep is
+  taken over by the next one. Pool workers die with the sweep (``workers.process_pool``), so a
+  ``kill -9`` of the main process leaves nothing running.
 """
 
 from __future__ import annotations
