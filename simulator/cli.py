@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import sys
 
-from simulator import units
+from simulator import limits, units
 from simulator.errors import ConfigError
+from simulator.outputs import FIGURE_SUFFIXES, JSON_SUFFIXES, check_output_folder, check_output_path
+from simulator.progress import add_progress_flags, progress_from_args
 
 
 class _Parser(argparse.ArgumentParser):
@@ -26,6 +29,8 @@ def _collective(args) -> int:
         raise ConfigError("--algorithm", args.algorithm, f"valid: {', '.join(ALGORITHMS)}")
     if args.gpus < 2:
         raise ConfigError("--gpus", args.gpus, "a collective needs at least 2 GPUs")
+    if args.gpus > limits.NUM_GPUS.maximum:
+        raise ConfigError("--gpus", args.gpus, f"must be {limits.NUM_GPUS.describe()}")
     spec = load_topology(args.cluster)
     num_nodes = math.ceil(args.gpus / spec.gpus_per_node)
     cluster = build_cluster(spec, num_nodes, network_bandwidth_Gbps=args.network_bandwidth_Gbps,
@@ -79,31 +84,58 @@ def _check_memory(s, args) -> dict:
 def _run(args) -> int:
     import time
 
+    from simulator.physical.collectives import ALGORITHMS
     from simulator.step.engine import SimOptions, simulate
     from simulator.reports.report import format_summary, step_report
 
-    s, warnings = _load(args)
-    mem = _check_memory(s, args)
-    t0 = time.perf_counter()
-    fold = not (args.no_fold or args.trace_all_ranks)
-    result = simulate(s, SimOptions(fold=fold, algorithm=args.algorithm, record_flows=bool(args.json)))
-    report = step_report(result, time.perf_counter() - t0)
-    report["memory_gib_per_gpu"] = mem
-    report["warnings"] = warnings
+    if args.algorithm not in ALGORITHMS:
+        raise ConfigError("--algorithm", args.algorithm, f"valid: {', '.join(ALGORITHMS)}")
     if args.trace:
-        from simulator.reports.perfetto import write_trace
-        write_trace(result, args.trace)
+        check_output_path(args.trace, "--trace", JSON_SUFFIXES)
     if args.timeline:
-        from simulator.reports.plots import plot_timeline
-        from simulator.reports.timeline import timeline
-        plot_timeline(timeline(result, report), args.timeline)
+        check_output_path(args.timeline, "--timeline", FIGURE_SUFFIXES)
+    elif args.stages is not None or args.window is not None:
+        raise ConfigError("--stages" if args.stages is not None else "--window",
+                          args.stages if args.stages is not None else args.window, "only applies with --timeline FILE")
+    with progress_from_args(args, "run") as bar:
+        bar.phase("loading the scenario")
+        s, warnings = _load(args)
+        if args.stages is not None or args.window is not None:
+            from simulator.reports.timeline import parse_stages, parse_window
+            if args.stages is not None:
+                parse_stages(args.stages, s.parallelism.pp)
+            if args.window is not None:
+                parse_window(args.window, math.inf)
+        bar.phase("memory")
+        mem = _check_memory(s, args)
+        bar.phase("simulating the step")
+        t0 = time.perf_counter()
+        fold = not (args.no_fold or args.trace_all_ranks)
+        result = simulate(s, SimOptions(fold=fold, algorithm=args.algorithm, record_flows=bool(args.json)))
+        report = step_report(result, time.perf_counter() - t0)
+        report["memory_gib_per_gpu"] = mem
+        report["warnings"] = warnings
+        if args.trace:
+            bar.phase(f"writing {args.trace}")
+            from simulator.reports.perfetto import write_trace
+            write_trace(result, args.trace)
+        if args.timeline:
+            bar.phase(f"drawing {args.timeline}")
+            from simulator.reports.plots import plot_timeline
+            from simulator.reports.timeline import parse_stages, parse_window, select, timeline
+            tl = timeline(result, report)
+            stages = parse_stages(args.stages, tl.stages) if args.stages is not None else None
+            window = parse_window(args.window, tl.step_time_s) if args.window is not None else None
+            plot_timeline(select(tl, stages, window), args.timeline)
+        if args.json:
+            bar.phase("critical path, link use, communication map")
+            from simulator.reports.commmap import comm_map
+            from simulator.reports.critical_path import critical_path
+            from simulator.reports.linkuse import link_use
+            report["critical_path"] = critical_path(result)
+            report["link_use"] = link_use(result)
+            report["comm_map"] = comm_map(result)
     if args.json:
-        from simulator.reports.commmap import comm_map
-        from simulator.reports.critical_path import critical_path
-        from simulator.reports.linkuse import link_use
-        report["critical_path"] = critical_path(result)
-        report["link_use"] = link_use(result)
-        report["comm_map"] = comm_map(result)
         print(json.dumps(report, indent=2))
     else:
         print(format_summary(report))
@@ -122,7 +154,10 @@ def _memory(args) -> int:
 def _validate(args) -> int:
     from simulator.studies.validate import format_table, validate_file
 
-    result = validate_file(args.runs, workers=args.workers)
+    if args.plot:
+        check_output_path(args.plot, "--plot", FIGURE_SUFFIXES)
+    with progress_from_args(args, "validate") as bar:
+        result = validate_file(args.runs, workers=args.workers, progress=bar)
     if args.plot:
         from simulator.reports.plots import plot_validation
         plot_validation(result, args.plot)
@@ -133,6 +168,8 @@ def _validate(args) -> int:
 def _sweep(args) -> int:
     from simulator.studies.sweep import CSV, JSONL, format_table, run_sweep
 
+    _check_workers(args)
+    check_output_folder(args.out, "--out")
     rows = run_sweep(args.scenario, args.vary, args.out, sets=args.set or [], workers=args.workers,
                      executor=args.executor, address=args.address)
     keys = [v.partition("=")[0].strip() for v in args.vary]
@@ -144,10 +181,15 @@ def _sweep(args) -> int:
 def _whatif(args) -> int:
     from simulator.studies.whatif import format_whatif, whatif, write_whatif
 
+    _check_workers(args)
+    if args.out:
+        check_output_folder(args.out, "--out")
     s, _ = _load(args)
     _check_memory(s, args)
-    result = whatif(args.scenario, sets=args.set or [], factor=args.factor, executor=args.executor,
-                    workers=args.workers, address=args.address)
+    with progress_from_args(args, "whatif") as bar:
+        bar.phase("simulating the baseline and each resource faster and slower")
+        result = whatif(args.scenario, sets=args.set or [], factor=args.factor, executor=args.executor,
+                        workers=args.workers, address=args.address, progress=bar)
     if args.out:
         write_whatif(result, args.out)
     print(json.dumps(result, indent=2) if args.json else format_whatif(result))
@@ -157,6 +199,11 @@ def _whatif(args) -> int:
 def _plan(args) -> int:
     from simulator.studies.planner import emit_scenario, format_plan, plan
 
+    _check_workers(args)
+    if args.out:
+        check_output_folder(args.out, "--out")
+    if args.emit:
+        check_output_path(args.emit, "--emit", (".yaml", ".yml"))
     if args.validate:
         from simulator.studies.plan_check import check_runs, format_check
 
@@ -173,24 +220,6 @@ def _plan(args) -> int:
     return 0
 
 
-def _check_output_path(field: str, path: str | None) -> None:
-    """A file we can create or replace at ``path``; checked before any simulation runs.
-    (Issue 14 adds a shared helper; this local one can be swapped for it.)"""
-    import os
-    from pathlib import Path
-
-    if path is None:
-        return
-    target = Path(path)
-    parent = target.parent if str(target.parent) else Path(".")
-    if target.is_dir():
-        raise ConfigError(field, path, "is a folder: give a file name")
-    if not parent.is_dir():
-        raise ConfigError(field, path, f"folder {str(parent)!r} does not exist")
-    if not os.access(parent, os.W_OK | os.X_OK) or (target.exists() and not os.access(target, os.W_OK)):
-        raise ConfigError(field, path, "cannot be written (permission denied)")
-
-
 def _report(args) -> int:
     import time
     from pathlib import Path
@@ -199,8 +228,10 @@ def _report(args) -> int:
     from simulator.reports.memo import memo_html, memo_markdown
     from simulator.studies.designdoc import gather
 
-    _check_output_path("--out", args.out)
-    _check_output_path("--md", args.md)
+    check_output_path(args.out, "--out", (".html", ".htm"))
+    if args.md:
+        check_output_path(args.md, "--md", (".md",))
+    _check_workers(args)
     if not args.factor > 1:
         raise ConfigError("--factor", args.factor, "must be a number > 1 (2 means 2x faster and 2x slower)")
     _load(args)
@@ -228,13 +259,45 @@ def _audit(args) -> int:
     from simulator.scenario import read_scenario_file
     from simulator.studies.audit import audit, format_audit, parse_claims
 
-    _check_output_path("--out", args.out)
+    if args.out:
+        check_output_path(args.out, "--out", (".html", ".htm"))
     parse_claims(read_scenario_file(args.scenario))
     result = audit(args.scenario, args.set or [])
     if args.out:
         atomic_write_text(args.out, audit_html(result))
     print(json.dumps(result, indent=2) if args.json else format_audit(result))
     return 0
+
+
+def _check_workers(args) -> None:
+    if args.workers is not None and args.workers < 1:
+        raise ConfigError("--workers", args.workers, "must be a whole number >= 1 (or left out: the CPU count)")
+
+
+def _diff(args) -> int:
+    from simulator.reports.diff import diff_files, format_diff
+
+    with progress_from_args(args, "diff") as bar:
+        result = diff_files(args.a, args.b, progress=bar)
+    print(json.dumps(result, indent=2) if args.json else format_diff(result, None if args.all else 60))
+    return 0
+
+
+@functools.lru_cache(maxsize=1)
+def version() -> str:
+    """The installed package's version, or pyproject.toml's when running from a checkout."""
+    from importlib import metadata
+    from pathlib import Path
+
+    try:
+        return metadata.version("stepsim")
+    except metadata.PackageNotFoundError:
+        import tomllib
+        pyproject = Path(__file__).resolve().parent.parent / "pyproject.toml"
+        try:
+            return tomllib.loads(pyproject.read_text())["project"]["version"]
+        except (OSError, KeyError, ValueError):
+            return "unknown"
 
 
 def _bench(args) -> int:
@@ -255,6 +318,7 @@ def _scenario_parser(sub, name: str, text: str) -> argparse.ArgumentParser:
 
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="stepsim", description="Simulate one training step of a large model on a GPU cluster.")
+    p.add_argument("--version", action="version", version=f"stepsim {version()}")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     c = sub.add_parser("collective", help="time one collective on an idle cluster (like nccl-tests)")
@@ -283,11 +347,17 @@ def build_parser() -> argparse.ArgumentParser:
             r.add_argument("--trace-all-ranks", action="store_true",
                            help="simulate unfolded so the trace holds every rank (slow on large clusters)")
             r.add_argument("--timeline", metavar="FILE", help="draw the step as a Gantt chart per stage (PNG/SVG/PDF)")
+            r.add_argument("--stages", default=None, metavar="LIST",
+                           help="timeline rows: stage numbers and ranges, e.g. 0,3,7 or 0-3,12 (default: all)")
+            r.add_argument("--window", default=None, metavar="T0:T1",
+                           help="timeline time window in seconds, e.g. 0.5:1.25 (default: the whole step)")
+            add_progress_flags(r)
     v = sub.add_parser("validate", help="predict published training runs and report the error")
     v.add_argument("runs", help="a file in the format of shared/validation/public-runs.yaml")
     v.add_argument("--json", action="store_true")
     v.add_argument("--plot", metavar="FILE", help="draw predicted against measured step time (PNG/SVG/PDF)")
     v.add_argument("--workers", type=int, default=2, help="simulations in parallel (processes)")
+    add_progress_flags(v)
     v.set_defaults(func=_validate)
 
     pl = _scenario_parser(sub, "plan", "find the fastest layout of a scenario's model on its cluster, by simulation")
@@ -324,6 +394,14 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--out", metavar="FILE", help="also write the audit as an HTML page")
     a.set_defaults(func=_audit)
 
+    d = sub.add_parser("diff", help="what changed between two run/memory JSON reports, or two scenarios")
+    d.add_argument("a", help="a report (.json, from run --json or memory --json) or a scenario (.yaml)")
+    d.add_argument("b", help="the same kind of file as a")
+    d.add_argument("--json", action="store_true", help="print the differences as JSON")
+    d.add_argument("--all", action="store_true", help="list every changed field (default: the first 60)")
+    add_progress_flags(d)
+    d.set_defaults(func=_diff)
+
     b = sub.add_parser("bench", help="wall time, peak memory and events of fixed simulations (not a test)")
     b.add_argument("--quick", action="store_true", help="only the small cases")
     b.add_argument("--plan", action="store_true", help="only the planner cases (stepsim plan against one run)")
@@ -347,6 +425,7 @@ def build_parser() -> argparse.ArgumentParser:
             w.add_argument("--out", default=None, help="folder for whatif.csv, whatif.json and tornado.png")
             w.add_argument("--json", action="store_true")
             w.add_argument("--allow-oom", action="store_true", help="go on even if the plan does not fit in memory")
+            add_progress_flags(w)
     return p
 
 

@@ -30,7 +30,9 @@ import yaml
 
 from simulator.config import (ClusterConfig, FrameworkOptions, ModelConfig, OverlapConfig, ParallelConfig, Scenario,
                               TrainingConfig)
+from simulator import limits
 from simulator.errors import ConfigError
+from simulator.yamlfile import load_yaml_file
 from simulator.step.plan import vstage_layers
 from simulator.step.schedules import SCHEDULES, check_schedule_args
 from simulator.physical.topology import load_topology
@@ -63,23 +65,28 @@ ANNOTATIONS = ("claims",)
 
 # --- field checkers: (dotted field, value) -> value, or ConfigError ---------------------------
 
-def _whole(field: str, value: object, minimum: int) -> int:
+def _whole(field: str, value: object, minimum: int, limit: limits.Limit | None = None) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
         raise ConfigError(field, value, f"must be a whole number >= {minimum}")
+    if limit is not None and value > limit.maximum:
+        raise ConfigError(field, value, f"must be a whole number >= {minimum} and {limit.describe()}")
     return value
 
 
-def _optional_whole(field: str, value: object, minimum: int) -> int | None:
-    return None if value is None else _whole(field, value, minimum)
+def _optional_whole(field: str, value: object, minimum: int, limit: limits.Limit | None = None) -> int | None:
+    return None if value is None else _whole(field, value, minimum, limit)
 
 
-def _optional_number(field: str, value: object, minimum: float, inclusive: bool) -> float | None:
+def _optional_number(field: str, value: object, minimum: float, inclusive: bool,
+                     limit: limits.Limit | None = None) -> float | None:
     if value is None:
         return None
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     if not ok or value < minimum or (value == minimum and not inclusive):
         bound = f">= {minimum:g}" if inclusive else f"> {minimum:g}"
         raise ConfigError(field, value, f"must be a number {bound} or null")
+    if limit is not None and value > limit.maximum:
+        raise ConfigError(field, value, f"must be {limit.describe()}, or null")
     return value
 
 
@@ -109,65 +116,68 @@ def _text(field: str, value: object) -> str:
     return value
 
 
-_POSITIVE = partial(_whole, minimum=1)
-_COUNT = partial(_whole, minimum=0)
 Checker = Callable[[str, object], object]
+
+
+def _upto(limit: limits.Limit, minimum: int = 1) -> Checker:
+    return partial(_whole, minimum=minimum, limit=limit)
+
 
 _CHECKS: dict[str, dict[str, Checker]] = {
     "model": {
-        "hidden_size": _POSITIVE,
-        "num_hidden_layers": _POSITIVE,
-        "num_attention_heads": _POSITIVE,
-        "num_key_value_heads": _POSITIVE,
-        "intermediate_size": _POSITIVE,
-        "vocab_size": _POSITIVE,
+        "hidden_size": _upto(limits.HIDDEN_SIZE),
+        "num_hidden_layers": _upto(limits.NUM_LAYERS),
+        "num_attention_heads": _upto(limits.HIDDEN_SIZE),
+        "num_key_value_heads": _upto(limits.HIDDEN_SIZE),
+        "intermediate_size": _upto(limits.INTERMEDIATE_SIZE),
+        "vocab_size": _upto(limits.VOCAB_SIZE),
         "hidden_act": partial(_choice, choices=HIDDEN_ACTS),
         "tie_word_embeddings": _boolean,
-        "num_experts": _COUNT,
-        "num_experts_per_tok": _COUNT,
-        "moe_intermediate_size": partial(_optional_whole, minimum=1),
-        "num_shared_experts": _COUNT,
-        "first_k_dense_replace": _COUNT,
+        "num_experts": _upto(limits.NUM_EXPERTS, 0),
+        "num_experts_per_tok": _upto(limits.NUM_EXPERTS, 0),
+        "moe_intermediate_size": partial(_optional_whole, minimum=1, limit=limits.INTERMEDIATE_SIZE),
+        "num_shared_experts": _upto(limits.NUM_EXPERTS, 0),
+        "first_k_dense_replace": _upto(limits.NUM_LAYERS, 0),
     },
     "cluster": {
         "topology": _text,
-        "num_nodes": _POSITIVE,
-        "gpus_per_node": _POSITIVE,
+        "num_nodes": _upto(limits.NUM_GPUS),
+        "gpus_per_node": _upto(limits.GPUS_PER_NODE),
         "gpu": _text,
-        "nvlink_bandwidth_GBps": partial(_optional_number, minimum=0, inclusive=False),
-        "network_bandwidth_Gbps": partial(_optional_number, minimum=0, inclusive=False),
-        "oversubscription": partial(_optional_number, minimum=1, inclusive=True),
-        "gpu_memory_gib": partial(_optional_number, minimum=0, inclusive=False),
-        "gpu_peak_tflops": partial(_optional_number, minimum=0, inclusive=False),
-        "storage_bandwidth_GBps": partial(_optional_number, minimum=0, inclusive=False),
+        "nvlink_bandwidth_GBps": partial(_optional_number, minimum=0, inclusive=False, limit=limits.NVLINK_GBPS),
+        "network_bandwidth_Gbps": partial(_optional_number, minimum=0, inclusive=False, limit=limits.NETWORK_GBPS),
+        "oversubscription": partial(_optional_number, minimum=1, inclusive=True, limit=limits.OVERSUBSCRIPTION),
+        "gpu_memory_gib": partial(_optional_number, minimum=0, inclusive=False, limit=limits.GPU_MEMORY_GIB),
+        "gpu_peak_tflops": partial(_optional_number, minimum=0, inclusive=False, limit=limits.GPU_PEAK_TFLOPS),
+        "storage_bandwidth_GBps": partial(_optional_number, minimum=0, inclusive=False, limit=limits.STORAGE_GBPS),
     },
     "training": {
-        "seq_length": _POSITIVE,
-        "micro_batch_size": _POSITIVE,
-        "global_batch_size": _POSITIVE,
+        "seq_length": _upto(limits.SEQ_LENGTH),
+        "micro_batch_size": _upto(limits.MICRO_BATCH),
+        "global_batch_size": _upto(limits.GLOBAL_BATCH),
         "precision": partial(_choice, choices=PRECISIONS),
         "recompute": partial(_choice, choices=RECOMPUTE),
         "attention": partial(_choice, choices=("flash", "fa2", "fa3", "cudnn", "unfused")),
     },
     "parallelism": {
-        "tp": _POSITIVE,
-        "pp": _POSITIVE,
-        "dp": partial(_optional_whole, minimum=1),
-        "cp": _POSITIVE,
-        "ep": _POSITIVE,
-        "etp": partial(_optional_whole, minimum=1),
-        "vp": _POSITIVE,
+        "tp": _upto(limits.NUM_GPUS),
+        "pp": _upto(limits.NUM_GPUS),
+        "dp": partial(_optional_whole, minimum=1, limit=limits.NUM_GPUS),
+        "cp": _upto(limits.NUM_GPUS),
+        "ep": _upto(limits.NUM_GPUS),
+        "etp": partial(_optional_whole, minimum=1, limit=limits.NUM_GPUS),
+        "vp": _upto(limits.NUM_LAYERS),
         "sequence_parallel": _boolean,
         "zero_stage": partial(_choice, choices=ZERO_STAGES),
-        "first_pipeline_num_layers": partial(_optional_whole, minimum=0),
-        "last_pipeline_num_layers": partial(_optional_whole, minimum=0),
+        "first_pipeline_num_layers": partial(_optional_whole, minimum=0, limit=limits.NUM_LAYERS),
+        "last_pipeline_num_layers": partial(_optional_whole, minimum=0, limit=limits.NUM_LAYERS),
         "cp_comm_type": partial(_optional_choice, choices=("p2p", "all_gather")),
     },
     "overlap": {
         "tp_comm": _optional_boolean,
         "grad_reduce": _optional_boolean,
         "param_gather": _optional_boolean,
-        "param_prefetch_depth": partial(_optional_whole, minimum=0),
+        "param_prefetch_depth": partial(_optional_whole, minimum=0, limit=limits.PREFETCH_DEPTH),
         "async_tp": _optional_boolean,
         "cp_comm": _optional_boolean,
     },
@@ -196,12 +206,13 @@ def _unknown(field: str, value: object, valid: Iterable[str]) -> ConfigError:
 def read_scenario_file(path: str | Path) -> dict:
     """The raw mapping of a scenario YAML file, or a one-line ConfigError naming the file."""
     p = Path(path)
-    if not p.is_file():
-        raise ConfigError("scenario", str(path), "no such file")
     try:
-        raw = yaml.safe_load(p.read_text())
-    except (yaml.YAMLError, UnicodeDecodeError) as err:
-        raise ConfigError("scenario", str(path), f"is not valid YAML ({err.__class__.__name__})") from None
+        found = p.is_file()
+    except OSError:
+        found = False
+    if not found:
+        raise ConfigError("scenario", str(path), "no such file")
+    raw = load_yaml_file(p, "scenario")
     if not isinstance(raw, dict):
         raise ConfigError("scenario", str(path), "must be a YAML mapping of name, model, cluster, "
                           "training, parallelism and schedule")
@@ -359,7 +370,9 @@ def _hf_fields(path_value: object, base: Path) -> dict:
     if not path.is_file():
         raise ConfigError("model.hf_config", str(path_value), f"no such file ({path})")
     try:
-        hf = json.loads(path.read_text())
+        hf = json.loads(path.read_text(), object_pairs_hook=_unique_keys)
+    except _DuplicateJSONKey as err:
+        raise ConfigError("model.hf_config", str(path_value), f"duplicate key {err.args[0]!r}; give each key once") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ConfigError("model.hf_config", str(path_value), f"is not valid JSON ({err.__class__.__name__})") from None
     if not isinstance(hf, dict):
@@ -370,6 +383,19 @@ def _hf_fields(path_value: object, base: Path) -> dict:
         canonical = MODEL_ALIASES.get(key, key)
         if canonical in _CHECKS["model"] and hf[key] is not None and canonical not in out:
             out[canonical] = hf[key]
+    return out
+
+
+class _DuplicateJSONKey(ValueError):
+    pass
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    out: dict = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateJSONKey(key)
+        out[key] = value
     return out
 
 
@@ -384,7 +410,12 @@ def _cluster(raw: dict, base: Path) -> ClusterConfig:
         spec = load_topology(_text("cluster.topology", raw.get("topology", topology)))
         raw.setdefault("gpu", spec.gpu)
         raw.setdefault("gpus_per_node", spec.gpus_per_node)
-    return _section("cluster", raw, ClusterConfig)
+    cluster = _section("cluster", raw, ClusterConfig)
+    if cluster.num_gpus > limits.NUM_GPUS.maximum:
+        raise ConfigError("cluster.num_nodes", cluster.num_nodes,
+                          f"{cluster.num_nodes:,} x {cluster.gpus_per_node} GPUs per node is {cluster.num_gpus:,}; "
+                          f"a cluster holds {limits.NUM_GPUS.describe()}")
+    return cluster
 
 
 def scenario_to_dict(s: Scenario) -> dict:
@@ -406,7 +437,8 @@ def validate_plan(s: Scenario) -> list[str]:
     = tp x pp x dp x cp; tp divides the attention heads, and divides the KV heads or is a multiple
     of them (Megatron replicates each KV head over tp / kv ranks when kv < tp); pp x vp divides the
     layers; ep divides the experts and dp x cp (the expert-parallel group is carved out of the
-    data x context ranks); micro_batch_size x dp divides the global batch; with cp > 1 the sequence
+    data x context ranks); the FFN widths divide by tp and etp (``_check_tp_splits``);
+    micro_batch_size x dp divides the global batch, giving at most ``limits.MICROBATCHES``; with cp > 1 the sequence
     splits into 2 x cp chunks (load-balanced causal attention); with sequence parallelism each TP
     rank holds seq / (cp x tp) tokens; vp > 1 needs pp > 1 and the interleaved schedule, whose
     own rules ``schedules.check_schedule_args`` applies. Interleaved with vp 1 is plain 1F1B.
@@ -480,6 +512,7 @@ def validate_plan(s: Scenario) -> list[str]:
         raise ConfigError("parallelism.ep", p.ep, f"ep x etp ({p.ep} x {etp}) must divide tp x dp x cp = {ranks} "
                           f"(Megatron folds the expert groups out of a stage's ranks); valid ep with etp {etp}: "
                           f"{_listing(_divisors(math.gcd(ranks // etp, m.num_experts or 1)))}{hint}")
+    _check_tp_splits(m, p)
     unit = t.micro_batch_size * dp
     if t.global_batch_size % unit:
         below = t.global_batch_size // unit * unit
@@ -497,6 +530,10 @@ def validate_plan(s: Scenario) -> list[str]:
                           f"must be a multiple of cp x tp = {p.cp * p.tp}")
     if p.vp > 1 and p.pp == 1:
         raise ConfigError("parallelism.vp", p.vp, "virtual pipeline stages need pp > 1: set vp to 1")
+    if s.num_microbatches > limits.MICROBATCHES.maximum:
+        raise ConfigError("training.global_batch_size", t.global_batch_size,
+                          f"gives {s.num_microbatches:,} micro-batches per pipeline; {limits.MICROBATCHES.describe()}: "
+                          "raise micro_batch_size or dp")
     check_schedule_args(s.pipeline_schedule, p.pp, s.num_microbatches, p.vp)
 
     nvlink = c.nvlink_bandwidth_GBps or spec.nvlink_bandwidth_GBps
@@ -516,6 +553,32 @@ def validate_plan(s: Scenario) -> list[str]:
         warnings.append(f"parallelism.ep: got {p.ep}; EP group spans nodes (ep x etp = {p.ep * p.expert_tp} consecutive "
                         f"ranks, {c.gpus_per_node} GPUs per node): its all-to-alls cross {slower}")
     return warnings
+
+
+def _check_tp_splits(m: ModelConfig, p: ParallelConfig) -> None:
+    """The FFN widths split over tensor-parallel ranks, as Megatron-core's column- and row-parallel
+    linears require (``tensor_parallel.utils.divide`` asserts exact division): the dense MLP's
+    ``intermediate_size`` by tp, each routed expert's width by the expert TP size etp, the
+    shared experts' combined width by tp. The vocabulary need not divide: Megatron pads it to a
+    multiple of 128 x tp (``_vocab_size_with_padding``). Heads are checked by the caller."""
+    if any(not m.is_moe_layer(layer) for layer in range(m.num_hidden_layers)) and m.intermediate_size % p.tp:
+        raise ConfigError("parallelism.tp", p.tp, f"must divide model.intermediate_size ({m.intermediate_size}): "
+                          f"Megatron splits the MLP over tp ranks; valid: {_listing(_common_divisors(m))}")
+    if not m.is_moe:
+        return
+    width = m.expert_intermediate_size
+    if width % p.expert_tp:
+        field, value = ("parallelism.etp", p.etp) if p.etp is not None else ("parallelism.tp", p.tp)
+        raise ConfigError(field, value, f"expert TP size must divide the expert width ({width}): "
+                          f"valid: {_listing(_divisors(width))}")
+    shared = m.num_shared_experts * width
+    if shared % p.tp:
+        raise ConfigError("parallelism.tp", p.tp, f"must divide the shared experts' width "
+                          f"({m.num_shared_experts} x {width} = {shared}); valid: {_listing(_divisors(shared))}")
+
+
+def _common_divisors(m: ModelConfig) -> list[int]:
+    return _divisors(math.gcd(m.num_attention_heads, m.intermediate_size))
 
 
 def _nodes(n: int) -> str:

@@ -8,6 +8,7 @@ converted here, once.
 
 import re
 
+from simulator import limits
 from simulator.errors import ConfigError
 
 GB = 1e9
@@ -55,8 +56,10 @@ def parse_size(text: str, field: str = "size") -> int:
     if not m or unit not in _SIZE_UNITS:
         raise ConfigError(field, text, "expected a byte count such as 4096, 1MiB, 16MiB, 1GiB or 2GB")
     n = float(m.group(1)) * _SIZE_UNITS[unit]
-    if n <= 0:
-        raise ConfigError(field, text, "a size must be positive")
+    if not n >= 1:
+        raise ConfigError(field, text, "a size must be at least 1 byte")
+    if n > limits.MESSAGE_BYTES.maximum:
+        raise ConfigError(field, text, f"a size must be {limits.MESSAGE_BYTES.describe()}")
     return int(round(n))
 
 

@@ -15,7 +15,7 @@ from simulator.scenario import load_scenario, validate_plan
 SCENARIOS = sorted((Path(__file__).resolve().parents[1] / "scenarios").glob("*.yaml"))
 REPORT_FIELDS = {"step_time_s", "tokens_per_s", "tokens_per_s_per_gpu", "model_tflops_per_gpu", "mfu",
                  "bubble_fraction", "bubble_fraction_per_stage", "time_breakdown_s", "memory_gib_per_gpu",
-                 "sim_wall_s", "events"}
+                 "sim_wall_s", "events", "hfu", "flops_convention"}
 
 
 @pytest.mark.parametrize("path", SCENARIOS, ids=[p.stem for p in SCENARIOS])
@@ -25,6 +25,8 @@ def test_shipped_scenario_runs_and_is_physically_sane(path):
     assert memory_report(s)["fits"]
     r = step_report(simulate(s))
     assert r["step_time_s"] > 0 and 0 < r["mfu"] < 1 and 0 <= r["bubble_fraction"] < 1
+    assert r["mfu"] <= r["hfu"] < 1, "one attention convention: recompute can only add hardware FLOPs"
+    assert (r["hfu"] == r["mfu"]) == (s.training.recompute == "none")
     assert r["tokens_per_s"] == pytest.approx(s.training.global_batch_size * s.training.seq_length / r["step_time_s"])
     for st in r["stages"]:
         total = st["compute_s"] + sum(st["exposed_comm_s"].values()) + st["idle_s"]
@@ -83,3 +85,18 @@ def test_the_seed_004_plan_costs_what_it_really_costs():
     r = step_report(simulate(s))
     assert r["mfu"] < 0.5  # nowhere near 95%
     assert r["time_breakdown_s"]["exposed_comm_s"]["ep"] > 0.2 * r["step_time_s"]  # all-to-all over 100 Gb/s
+
+
+def test_tiny_bubble_is_what_its_comment_says():
+    """tiny.yaml's comment: 26.2% (stage 0 40.9%, stage 1 11.5%) because stage 1 carries the LM head;
+    with the head made negligible the stages are uniform and the bubble is the 1F1B (p-1)/(m+p-1) = 1/5."""
+    tiny = Path(__file__).resolve().parents[1] / "scenarios" / "tiny.yaml"
+    text = tiny.read_text()
+    assert "26.2% (stage 0" in text and "40.9%, stage 1 11.5%" in text and "19.7%" in text
+    r = step_report(simulate(load_scenario(str(tiny))))
+    assert round(r["bubble_fraction"], 3) == 0.262
+    assert [round(b, 3) for b in r["bubble_fraction_per_stage"]] == [0.409, 0.115]
+    assert r["stages"][1]["compute_s"] > 1.5 * r["stages"][0]["compute_s"]
+    uniform = step_report(simulate(load_scenario(str(tiny), ["model.vocab_size=64"])))
+    assert round(uniform["bubble_fraction"], 3) == 0.197
+    assert uniform["bubble_fraction"] == pytest.approx(1 / 5, abs=0.005)

@@ -76,12 +76,37 @@ def test_rerun_skips_finished_points_and_a_cut_short_line_is_recomputed(tmp_path
     assert len(read_log(log)[0]) == 8
 
 
-def test_kill_9_part_way_loses_nothing_and_the_rerun_completes_the_table(tmp_path):
+def _live_children(pid: int) -> list[int]:
+    """Processes whose parent is ``pid`` and that are not zombies (Linux /proc)."""
+    kids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":
+            kids.append(int(stat.parent.name))
+    return kids
+
+
+def _alive(pid: int) -> bool:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return False
+    return fields[0] != "Z"
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads worker processes from Linux /proc")
+def test_kill_9_part_way_loses_nothing_kills_the_workers_and_the_rerun_completes_the_table(tmp_path):
+    """slow (about 20 s): a real sweep killed with SIGKILL; its pool workers must die with it (parent-death
+    signal), its lock must be taken over, and the rerun must give exactly the full set of rows."""
     out = tmp_path / "results"
     argv = [sys.executable, "-m", "simulator", "sweep", TINY, "--out", str(out), "--workers", "2",
             "--vary", f"{BANDWIDTH}=100,150,200,300,400,600,800,1600",
             "--set", "training.global_batch_size=1024", *(a for s in TWO_NODES for a in ("--set", s))]
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    workers = []
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and proc.poll() is None:
@@ -89,13 +114,23 @@ def test_kill_9_part_way_loses_nothing_and_the_rerun_completes_the_table(tmp_pat
                 break
             time.sleep(0.005)
         assert proc.poll() is None, "the sweep finished before it could be killed; make its points slower"
+        workers = _live_children(proc.pid)
+        assert workers, "the sweep runs its points in pool workers"
+        assert all(os.getpgid(w) == os.getpgid(proc.pid) for w in workers), "workers stay in the sweep's group"
+        assert (out / ".lock").read_text().strip() == str(proc.pid)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and any(_alive(w) for w in workers):
+            time.sleep(0.02)
+        survivors = [w for w in workers if _alive(w)]
+        assert not survivors, f"pool workers {survivors} outlived the killed sweep"
     finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # the pool's workers, started in the sweep's session
-        except ProcessLookupError:
-            pass
+        for w in workers:  # never leave a stray process behind, even when the test fails
+            try:
+                os.kill(w, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
     killed_rows, _ = read_log(out / JSONL)
     assert 1 <= len(killed_rows) < 8
     if (out / CSV).exists():
@@ -104,6 +139,8 @@ def test_kill_9_part_way_loses_nothing_and_the_rerun_completes_the_table(tmp_pat
     done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert f"{len(killed_rows)} of 8 points already done" in done.stderr
+    assert f"taking over the lock of {out}: its owner, pid {proc.pid}, ended" in done.stderr
+    assert (out / ".lock").read_text() == ""
     lines = (out / JSONL).read_text().splitlines()
     ids = [json.loads(line)["point_id"] for line in lines if line.strip()]
     assert len(ids) == len(set(ids)) == 8

@@ -27,10 +27,10 @@ from pathlib import Path
 
 import networkx as nx
 import numpy as np
-import yaml
 
 from simulator import units
 from simulator.errors import ConfigError
+from simulator.yamlfile import load_yaml_text
 from simulator.physical.hardware import get_gpu
 
 TOPOLOGY_DIR = Path(__file__).resolve().parents[2] / "topologies"
@@ -116,10 +116,7 @@ def _spec_from_text(text: str, where: str, stem: str) -> TopologySpec:
     """The checked spec of a topology file's text; cached because the planner validates
     thousands of layouts of one scenario and each ``validate_plan`` loads the topology (the
     spec is frozen, and an edited file has new text, so the cache never serves stale data)."""
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        raise ConfigError("cluster.topology", where, f"is not valid YAML ({err.__class__.__name__})") from None
+    raw = load_yaml_text(text, "cluster.topology", where)
     if not isinstance(raw, dict):
         raise ConfigError("cluster.topology", where, "must be a YAML mapping of topology fields")
     known = {f.name for f in fields(TopologySpec)}

@@ -184,48 +184,65 @@ TIMELINE_COLORS = {"forward": "#4C72B0", "backward": "#55A868", "recompute": "#8
 
 def plot_timeline(tl, path: str) -> None:
     """Gantt chart of a :class:`simulator.reports.timeline.Timeline`: one row per stage, micro-batch numbers
-    on the schedule steps wide enough to hold them (as the Megatron-LM schedule figures)."""
+    on the schedule steps wide enough to hold them (as the Megatron-LM schedule figures).
+
+    The figure sizes itself to what it draws: rows get thinner (down to 0.16 in) and stage labels are
+    thinned to at most 32 as stages grow, the width follows the number of schedule steps in the window,
+    and the legend sits above the plot so it never drifts away from a tall chart.
+    """
     plt = _pyplot()
     from matplotlib.patches import Patch
 
-    height = max(2.2, 0.42 * tl.stages + 1.4)
-    per_stage = len(tl.labels) / max(tl.stages, 1)
-    fig, ax = plt.subplots(figsize=(min(40.0, max(16.0, 0.16 * per_stage)), height))
+    rows = tl.rows
+    row_of = {stage: i for i, stage in enumerate(rows)}
+    n = max(len(rows), 1)
+    t0, t1 = tl.span_s
+    row_in = 0.42 if n <= 16 else max(0.16, 0.42 * 16 / n)
+    height = max(2.2, row_in * n + 1.6)
+    per_stage = len(tl.labels) / n
+    fig, ax = plt.subplots(figsize=(min(40.0 if n <= 16 else 24.0, max(16.0, 0.16 * per_stage)), height))
     by_cat: dict = {}
     for b in tl.bars:
         by_cat.setdefault(b.category, []).append(b)
     for cat, bars in by_cat.items():
         for stage in sorted({b.stage for b in bars}):
             spans = [(b.start, b.end - b.start) for b in bars if b.stage == stage]
-            ax.broken_barh(spans, (stage - 0.42, 0.84), facecolors=TIMELINE_COLORS.get(cat, "black"), linewidth=0)
+            ax.broken_barh(spans, (row_of[stage] - 0.42, 0.84), facecolors=TIMELINE_COLORS.get(cat, "black"),
+                           linewidth=0)
+    ax.set_xlim(t0, t1)
+    ax.set_ylim(n - 0.5, -0.5)
     fig.canvas.draw()
-    px_per_s = ax.get_window_extent().width / tl.step_time_s
-    row_px = ax.get_window_extent().height / max(tl.stages, 1)
+    px_per_s = ax.get_window_extent().width / (t1 - t0)
+    row_px = ax.get_window_extent().height / n
     font = max(4.0, min(8.0, row_px * 0.45))
-    for lab in tl.labels:
-        text = str(lab.microbatch)
-        if (lab.end - lab.start) * px_per_s < font * 0.85 * len(text) + 2:
-            continue
-        ax.text((lab.start + lab.end) / 2, lab.stage, text, ha="center", va="center", fontsize=font,
-                color="white", fontweight="bold")
-    edges = [lab.start for lab in tl.labels if (lab.end - lab.start) * px_per_s >= 6]
-    stages = [lab.stage for lab in tl.labels if (lab.end - lab.start) * px_per_s >= 6]
-    ax.vlines(edges, [s - 0.42 for s in stages], [s + 0.42 for s in stages], color="white", lw=0.5)
-    ax.set_ylim(tl.stages - 0.5, -0.5)
-    ax.set_yticks(range(tl.stages))
-    ax.set_yticklabels([f"stage {s}" for s in range(tl.stages)], fontsize=8 if tl.stages > 8 else 9)
-    ax.set_xlim(0, tl.step_time_s)
-    if tl.step_time_s < 1:
+    if row_px >= 7:
+        for lab in tl.labels:
+            text = str(lab.microbatch)
+            if (lab.end - lab.start) * px_per_s < font * 0.85 * len(text) + 2:
+                continue
+            ax.text((lab.start + lab.end) / 2, row_of[lab.stage], text, ha="center", va="center", fontsize=font,
+                    color="white", fontweight="bold", clip_on=True)
+    wide = [lab for lab in tl.labels if (lab.end - lab.start) * px_per_s >= 6]
+    ax.vlines([lab.start for lab in wide], [row_of[lab.stage] - 0.42 for lab in wide],
+              [row_of[lab.stage] + 0.42 for lab in wide], color="white", lw=0.5)
+    every = max(1, -(-n // 32))
+    ticks = list(range(0, n, every))
+    ax.set_yticks(ticks)
+    ax.set_yticklabels([f"stage {rows[i]}" for i in ticks], fontsize=8 if n > 8 else 9)
+    if t1 - t0 < 1:
         from matplotlib.ticker import FuncFormatter
         ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _pos: f"{x * 1e3:g}"))
         ax.set_xlabel("time (ms)")
     else:
         ax.set_xlabel("time (s)")
-    ax.set_title(tl.title, fontsize=10)
+    title = tl.title
+    if tl.window_s is not None:
+        title += f"\nwindow {t0:.6g} s to {t1:.6g} s"
+    ax.set_title(title, fontsize=10, pad=22 if tl.window_s is None else 30)
     used = [c for c in TIMELINE_COLORS if c in by_cat]
     ax.legend(handles=[Patch(facecolor=TIMELINE_COLORS[c], edgecolor="#999999" if c == "idle" else "none", label=c)
-                       for c in used], loc="upper center", bbox_to_anchor=(0.5, -0.12 if tl.stages > 4 else -0.3),
-              ncol=len(used), fontsize=8, frameon=False)
+                       for c in used], loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=len(used), fontsize=8,
+              frameon=False, borderaxespad=0.2)
     save_figure(fig, path)
     plt.close(fig)
 

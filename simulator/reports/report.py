@@ -4,7 +4,10 @@ Conventions:
 - ``model_tflops_per_gpu`` and ``mfu`` use model FLOPs, 6N + 12 L h s per token (see
   ``compute.model_flops_per_token``: N active non-embedding weights plus the LM head, attention
   not halved for causal masking, recompute not counted), over the dense peak of the run's
-  precision. ``hfu`` counts the FLOPs the simulated kernels executed, recompute included.
+  precision. ``hfu`` uses the same convention plus the FLOPs of activation recompute
+  (``compute.hardware_flops_per_token``), so HFU >= MFU, equal without recompute; the report
+  states this in ``flops_convention``. (The kernels themselves execute only the causal half of
+  attention; ``stages[].flops`` counts those executed FLOPs.)
 - Per stage, the step time splits into compute (kernels), exposed communication by axis (time
   the compute stream waited on a transfer, after the transfer had started) and idle (waiting
   for a pipeline dependency, or done before the slowest stage). ``bubble_fraction`` of a stage is
@@ -17,11 +20,14 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from simulator.workload.compute import model_flops_per_token
+from simulator.workload.compute import hardware_flops_per_token, model_flops_per_token
 from simulator.step.engine import SimResult
 from simulator.physical.hardware import gpu_of, peak
 
 AXES = ("tp", "pp", "dp", "fsdp", "cp", "ep")
+FLOPS_CONVENTION = ("model FLOPs 6N + 12 L h s per token (PaLM App. B; Megatron-LM): attention counted over the "
+                    "full s x s scores, not halved for causal masking; hfu adds activation-recompute FLOPs in the "
+                    "same convention")
 COMPUTE_KINDS = ("F", "B", "R", "embed", "head", "opt")
 
 
@@ -62,9 +68,9 @@ def step_report(result: SimResult, wall_s: float | None = None) -> dict:
     gpu = gpu_of(s.cluster, s.training.precision)
     peak_flops = peak(gpu, s.training.precision)
     model_flops = model_flops_per_token(s.model, s.training.seq_length) * tokens
+    hardware_flops = hardware_flops_per_token(s.model, s.training.seq_length, s.training.recompute) * tokens
     stages = stage_breakdown(result)
     n = len(stages)
-    flops_per_gpu = sum(st["flops"] for st in stages) / n  # every GPU of a stage runs its representative's kernels
     breakdown = {
         "compute_s": sum(st["compute_s"] for st in stages) / n,
         "exposed_comm_s": {a: sum(st["exposed_comm_s"][a] for st in stages) / n for a in AXES},
@@ -78,7 +84,8 @@ def step_report(result: SimResult, wall_s: float | None = None) -> dict:
         "tokens_per_s_per_gpu": tokens / step / world,
         "model_tflops_per_gpu": model_flops / step / world / 1e12,
         "mfu": model_flops / (step * world * peak_flops),
-        "hfu": flops_per_gpu / (step * peak_flops),
+        "hfu": hardware_flops / (step * world * peak_flops),
+        "flops_convention": FLOPS_CONVENTION,
         "bubble_fraction": sum(st["bubble_fraction"] for st in stages) / n,
         "bubble_fraction_per_stage": [st["bubble_fraction"] for st in stages],
         "time_breakdown_s": breakdown,
@@ -107,7 +114,8 @@ def format_summary(report: dict) -> str:
         f"{report['num_microbatches']} micro-batches per pipeline",
         f"  step time          {report['step_time_s']:.4f} s",
         f"  throughput         {report['tokens_per_s']:,.0f} tokens/s ({report['tokens_per_s_per_gpu']:,.1f} per GPU)",
-        f"  model TFLOP/s/GPU  {report['model_tflops_per_gpu']:.1f}   MFU {report['mfu']:.1%}   HFU {report['hfu']:.1%}",
+        f"  model TFLOP/s/GPU  {report['model_tflops_per_gpu']:.1f}   MFU {report['mfu']:.1%}   HFU {report['hfu']:.1%}"
+        "   (full-attention FLOPs; HFU adds recompute)",
         f"  bubble             {report['bubble_fraction']:.1%} (per stage: "
         + ", ".join(f"{x:.1%}" for x in report["bubble_fraction_per_stage"]) + ")",
         "  time per GPU (mean over stages):",

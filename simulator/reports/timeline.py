@@ -10,9 +10,11 @@ code only where they fit.
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_right
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from simulator.errors import ConfigError
 from simulator.step.engine import SimResult
 from simulator.reports.report import step_report
 
@@ -39,11 +41,71 @@ class Label:
 
 @dataclass(frozen=True)
 class Timeline:
+    """``stage_ids`` are the pipeline stages drawn, one row each in this order (all when None);
+    ``window_s`` the (start, end) drawn, in seconds of the step (the whole step when None)."""
+
     title: str
     step_time_s: float
     stages: int
     bars: tuple[Bar, ...]
     labels: tuple[Label, ...]
+    stage_ids: tuple[int, ...] | None = None
+    window_s: tuple[float, float] | None = None
+
+    @property
+    def rows(self) -> tuple[int, ...]:
+        return self.stage_ids if self.stage_ids is not None else tuple(range(self.stages))
+
+    @property
+    def span_s(self) -> tuple[float, float]:
+        return self.window_s if self.window_s is not None else (0.0, self.step_time_s)
+
+
+def parse_stages(text: str, stages: int) -> tuple[int, ...]:
+    """``"0,3,7"`` or ``"0-3,12"`` as sorted stage numbers, each below ``stages``."""
+    chosen: set[int] = set()
+    for part in str(text).split(","):
+        part = part.strip()
+        lo, sep, hi = part.partition("-")
+        try:
+            first = int(lo)
+            last = int(hi) if sep else first
+        except ValueError:
+            raise ConfigError("--stages", text, "expected stage numbers and ranges, e.g. 0,3,7 or 0-3,12") from None
+        if first < 0 or last < first or last >= stages:
+            raise ConfigError("--stages", text, f"stages run from 0 to {stages - 1}; a range is low-high")
+        chosen.update(range(first, last + 1))
+    return tuple(sorted(chosen))
+
+
+def parse_window(text: str, step_time_s: float) -> tuple[float, float]:
+    """``"t0:t1"`` in seconds (either side may be left out) as (start, end) inside the step."""
+    lo, sep, hi = str(text).partition(":")
+    try:
+        start = float(lo) if lo.strip() else 0.0
+        end = float(hi) if hi.strip() else step_time_s
+    except ValueError:
+        start = end = math.nan
+    if not sep or not (math.isfinite(start) and math.isfinite(end)):
+        raise ConfigError("--window", text, "expected t0:t1 in seconds, e.g. 0.5:1.25 (either side may be left out)")
+    end = min(end, step_time_s)
+    if not 0 <= start < end:
+        raise ConfigError("--window", text, f"needs 0 <= t0 < t1, inside the step of {step_time_s:.6g} s")
+    return start, end
+
+
+def select(tl: Timeline, stages: tuple[int, ...] | None = None, window_s: tuple[float, float] | None = None) -> Timeline:
+    """The part of ``tl`` on ``stages`` and inside ``window_s``; bars and labels are clipped to it."""
+    rows = set(stages) if stages is not None else set(range(tl.stages))
+    t0, t1 = window_s if window_s is not None else (0.0, tl.step_time_s)
+
+    def keep(x) -> bool:
+        return x.stage in rows and x.end > t0 and x.start < t1
+
+    bars = tuple(replace(b, start=max(b.start, t0), end=min(b.end, t1)) for b in tl.bars if keep(b))
+    labels = tuple(replace(lab, start=max(lab.start, t0), end=min(lab.end, t1)) for lab in tl.labels if keep(lab))
+    return replace(tl, bars=bars, labels=labels, stage_ids=tuple(sorted(rows)) if stages is not None else tl.stage_ids,
+                   window_s=window_s if window_s is not None else tl.window_s)
 
 
 def _representatives(result: SimResult) -> dict[int, int]:

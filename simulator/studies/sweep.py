@@ -18,6 +18,9 @@ Files in the output folder, safe against ``kill -9`` at any moment:
   ``os.replace``, so it is always a complete table of the points finished so far, in the
   order of the cartesian product.
 - plots (``plots.plot_sweep``), drawn when the sweep is complete.
+- ``.lock``: the pid of the sweep writing there (see ``_Lock``); a lock left by a killed sweep is
+  taken over by the next one. Pool workers die with the sweep (``workers.process_pool``), so a
+  ``kill -9`` of the main process leaves nothing running.
 """
 
 from __future__ import annotations
@@ -176,9 +179,10 @@ def run_tasks(tasks: Sequence[tuple[str, Task]], executor: str = "process", work
     """Evaluate ``(id, task)`` pairs; yield ``(id, row)`` as each finishes (any order)."""
     if executor not in EXECUTORS:
         raise ConfigError("--executor", executor, f"valid: {', '.join(EXECUTORS)}")
-    workers = workers or os.cpu_count() or 1
-    if workers < 1:
-        raise ConfigError("--workers", workers, "must be a whole number >= 1")
+    if workers is None:
+        workers = os.cpu_count() or 1
+    if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
+        raise ConfigError("--workers", workers, "must be a whole number >= 1 (or left out: the CPU count)")
     if not tasks:
         return
     if executor == "ray":
@@ -187,9 +191,11 @@ def run_tasks(tasks: Sequence[tuple[str, Task]], executor: str = "process", work
         for pid, task in tasks:
             yield pid, evaluate(task)
     else:
-        from concurrent.futures import ProcessPoolExecutor, as_completed
+        from concurrent.futures import as_completed
 
-        with ProcessPoolExecutor(min(workers, len(tasks))) as pool:
+        from simulator.studies.workers import process_pool
+
+        with process_pool(min(workers, len(tasks))) as pool:
             futures = {pool.submit(evaluate, task): pid for pid, task in tasks}
             for fut in as_completed(futures):
                 yield futures[fut], fut.result()
@@ -264,18 +270,57 @@ def table_csv(rows: Sequence[dict], keys: Sequence[str]) -> str:
 
 
 class _Lock:
-    """An exclusive lock on the output folder, released by the kernel even on kill -9."""
+    """An exclusive lock on the output folder that holds the owner's pid, released by the kernel
+    even on kill -9.
 
-    def __init__(self, folder: Path):
-        self.file = open(folder / ".lock", "w")
+    A POSIX record lock (``lockf``, fcntl(2) F_SETLK) belongs to the process that took it: unlike
+    ``flock``, forked pool workers do not inherit it, so a worker that outlives a killed sweep
+    cannot keep the folder locked. The file holds the owner's pid while the sweep runs and is
+    emptied on release; a pid still there when the lock is free means its owner died without
+    releasing it, and the new sweep takes the lock over with a note on stderr. In one process the
+    lock is per process, so folders locked by this process are also kept in ``_HELD``.
+    """
+
+    _HELD: set[str] = set()
+
+    def __init__(self, folder: Path, notes=sys.stderr):
+        self.key = str(folder.resolve())
+        if self.key in _Lock._HELD:
+            raise ConfigError("--out", str(folder), "another sweep in this process is writing there; use another folder")
+        self.file = os.fdopen(os.open(folder / ".lock", os.O_RDWR | os.O_CREAT, 0o644), "r+")
         try:
-            fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+            fcntl.lockf(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            owner = self._recorded()
             self.file.close()
-            raise ConfigError("--out", str(folder), "another sweep is writing there; wait or use another folder") from None
+            who = f" (pid {owner})" if owner else ""
+            raise ConfigError("--out", str(folder), f"another sweep{who} is writing there; wait or use another "
+                              "folder") from None
+        previous = self._recorded()
+        if previous and previous != os.getpid() and notes is not None:
+            print(f"sweep: taking over the lock of {folder}: its owner, pid {previous}, ended without releasing it "
+                  "(killed?); resuming", file=notes, flush=True)
+        self._write(f"{os.getpid()}\n")
+        _Lock._HELD.add(self.key)
+
+    def _recorded(self) -> int | None:
+        self.file.seek(0)
+        text = self.file.read(64).strip()
+        return int(text) if text.isdigit() else None
+
+    def _write(self, text: str) -> None:
+        self.file.seek(0)
+        self.file.truncate()
+        self.file.write(text)
+        self.file.flush()
+        os.fsync(self.file.fileno())
 
     def release(self) -> None:
-        self.file.close()
+        try:
+            self._write("")
+        finally:
+            _Lock._HELD.discard(self.key)
+            self.file.close()
 
 
 class Progress:
@@ -330,7 +375,7 @@ def run_sweep(scenario: str | Path | Scenario | dict, vary: Sequence[str] | Mapp
     log = None
     if folder is not None:
         folder.mkdir(parents=True, exist_ok=True)
-        lock = _Lock(folder)
+        lock = _Lock(folder, notes=progress)
         remove_stale(folder)
     try:
         if folder is not None:

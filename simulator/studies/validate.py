@@ -65,14 +65,13 @@ from __future__ import annotations
 
 import math
 import re
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-
-import yaml
 
 from simulator.workload.compute import param_counts
 from simulator.config import ModelConfig
 from simulator.errors import ConfigError
+from simulator.yamlfile import load_yaml_file
+from simulator.studies.workers import process_pool
 from simulator.scenario import scenario_from_dict, validate_plan
 
 
@@ -290,19 +289,29 @@ def predict(case: dict) -> dict:
     return row
 
 
-def validate_file(path: str, workers: int = 2) -> dict:
+def validate_file(path: str, workers: int = 2, progress=None) -> dict:
+    """Predict every case of a public-runs file; ``progress.advance(case_id, total)`` after each."""
+    if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
+        raise ConfigError("--workers", workers, "must be a whole number >= 1")
     p = Path(path)
     if not p.is_file():
         raise ConfigError("runs", path, "must be a public-runs YAML file (see shared/validation/public-runs.yaml)")
-    data = yaml.safe_load(p.read_text())
+    data = load_yaml_file(p, "runs")
     cases = data.get("cases") if isinstance(data, dict) else None
     if not isinstance(cases, list):
         raise ConfigError("runs", path, "must be a mapping with a 'cases' list")
+    rows = []
     if workers > 1:
-        with ProcessPoolExecutor(workers) as pool:
-            rows = list(pool.map(predict, cases))
+        with process_pool(workers) as pool:
+            for row in pool.map(predict, cases):
+                rows.append(row)
+                if progress is not None:
+                    progress.advance(str(row["id"]), total=len(cases))
     else:
-        rows = [predict(c) for c in cases]
+        for case in cases:
+            rows.append(predict(case))
+            if progress is not None:
+                progress.advance(str(rows[-1]["id"]), total=len(cases))
     scored = [r for r in rows if isinstance(r.get("error"), float)]
     summary = {"cases": len(rows), "scored": len(scored),
                "mape": _mape(scored),

@@ -20,19 +20,22 @@ from simulator.studies.sweep import Task, base_of, run_tasks
 from simulator.physical.topology import LINK_CLASSES
 
 TARGETS = (*LINK_CLASSES, "compute")
+MAX_FACTOR = 1000.0  # 1000x any link or GPU is far outside any hardware generation; beyond, times underflow
 
 
 def whatif(scenario, *, sets: Sequence[str] = (), factor: float = 2.0, executor: str = "process",
            workers: int | None = None, address: str | None = None,
-           targets: Sequence[str] | None = None) -> dict:
+           targets: Sequence[str] | None = None, progress=None) -> dict:
     """Baseline and per-target step times at ``factor`` x faster and slower, as plain data.
 
-    ``targets`` limits the rows to some of ``TARGETS`` (default: all of them)."""
+    ``targets`` limits the rows to some of ``TARGETS`` (default: all of them);
+    ``progress.advance(task_id, total)`` is called as each simulation finishes."""
     from simulator.step.engine import scenario_cluster
     from simulator.scenario import scenario_from_dict, validate_plan
 
-    if not isinstance(factor, (int, float)) or isinstance(factor, bool) or not factor > 1:
-        raise ConfigError("--factor", factor, "must be a number > 1 (2 means 2x faster and 2x slower)")
+    if not isinstance(factor, (int, float)) or isinstance(factor, bool) or not 1 < factor <= MAX_FACTOR:
+        raise ConfigError("--factor", factor, f"must be a number > 1 and at most {MAX_FACTOR:g} "
+                          "(2 means 2x faster and 2x slower)")
     raw, base_dir, name = base_of(scenario, sets)
     s = scenario_from_dict(raw, base_dir=base_dir, default_name=name)
     validate_plan(s)
@@ -53,7 +56,11 @@ def whatif(scenario, *, sets: Sequence[str] = (), factor: float = 2.0, executor:
             else:
                 task = Task(raw, base_dir, name, link_scale=((target, scale),))
             tasks.append((f"{target}:{tag}", task))
-    results = dict(run_tasks(tasks, executor, workers, address))
+    results = {}
+    for task_id, row in run_tasks(tasks, executor, workers, address):
+        results[task_id] = row
+        if progress is not None:
+            progress.advance(task_id, total=len(tasks))
     if results["baseline"]["error"]:
         raise ConfigError("scenario", name, results["baseline"]["error"])
     baseline = results["baseline"]["step_time_s"]

@@ -550,3 +550,31 @@ def model_flops_per_token(model: ModelConfig, seq_length: int) -> float:
     n = counts["active"] - counts["embedding"] - counts["lm_head"] + model.vocab_size * model.hidden_size
     h_attn = model.num_attention_heads * model.head_dim
     return 6.0 * n + 12.0 * model.num_hidden_layers * h_attn * seq_length
+
+
+def recompute_flops_per_token(model: ModelConfig, seq_length: int, recompute: str) -> float:
+    """FLOPs per token that activation recompute adds, in ``model_flops_per_token``'s convention
+    (full s^2 attention, weights counted by their active parameters).
+
+    "full" re-runs every layer's forward: 2 N_layers + 4 L h_attn s per token (Megatron-LM's Eq. 3,
+    Narayanan et al. 2021, counts this fourth pass: 96 B s l h^2 (1 + s/6h + ...) = 4 x 24 B s l h^2
+    (1 + s/6h); the LM head is not recomputed). "selective" re-runs the attention core, Q K^T and
+    P V: 4 L h_attn s per token (Korthikanti et al. 2022, Sec. 5). "none" adds nothing.
+    """
+    if recompute not in RECOMPUTE_MODES:
+        raise ConfigError("training.recompute", recompute, f"valid: {', '.join(RECOMPUTE_MODES)}")
+    h_attn = model.num_attention_heads * model.head_dim
+    attention = 4.0 * model.num_hidden_layers * h_attn * seq_length
+    if recompute == "none":
+        return 0.0
+    if recompute == "selective":
+        return attention
+    counts = param_counts(model)
+    layer_params = counts["active"] - counts["embedding"] - counts["lm_head"]
+    return 2.0 * layer_params + attention
+
+
+def hardware_flops_per_token(model: ModelConfig, seq_length: int, recompute: str) -> float:
+    """Model FLOPs plus recompute FLOPs per token, both in the full-attention convention, so that
+    hardware FLOP utilisation (HFU) is never below model FLOP utilisation (MFU)."""
+    return model_flops_per_token(model, seq_length) + recompute_flops_per_token(model, seq_length, recompute)

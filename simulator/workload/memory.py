@@ -350,8 +350,11 @@ def memory_report(
             "zero_stage": par.zero_stage,
             "dense_shard_group": s.dp * par.cp,
             "expert_shard_group": s.expert_dp,
-            "activations": "Korthikanti et al. 2022 Table 2 per layer, generalised to GQA/SwiGLU/MoE; "
-                           "attention scores stored (no flash-attention credit), 16-bit, s / cp",
+            "activations": "Korthikanti et al. 2022 Table 2 per layer, generalised to GQA/SwiGLU/MoE, 16-bit, s / cp; "
+                           + ("flash attention: no s x s scores stored, only fp32 softmax statistics "
+                              "(4 a s b / t bytes per layer), no dropout masks" if s.training.attention == "flash" else
+                              "unfused attention: s x s scores, softmax output and dropout mask stored "
+                              "(5 a s^2 b / t bytes per layer unless recomputed)"),
             "recompute": s.training.recompute,
             "sequence_parallel": par.sequence_parallel,
             "schedule": s.schedule,

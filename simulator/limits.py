@@ -1,0 +1,51 @@
+"""Upper bounds on sizes and counts: a value past them is a typo or a unit slip, not a plan.
+
+Each bound is a power of two set well above the largest published value of its kind (named
+below), so every real or near-future configuration passes, while ``hidden_size: 10**30`` is a
+one-line error instead of astronomic step times. The error names the bound and its reason.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Limit:
+    maximum: int
+    why: str
+
+    def describe(self) -> str:
+        return f"at most {self.maximum:,} ({self.why})"
+
+
+# Model dimensions. Published extremes: hidden 25,600 (Megatron-LM 1T, Narayanan et al. 2021,
+# Table 1), 128 layers (same), FFN 102,400 (same, 4 h), vocabulary about 262,000 (Gemma 3),
+# 384 routed experts (Kimi K2), context 10M tokens (Llama 4 Scout).
+HIDDEN_SIZE = Limit(2**17, "5x the widest published model, Megatron-LM 1T at 25,600")
+NUM_LAYERS = Limit(2**12, "32x the deepest published LLM, Megatron-LM 1T at 128 layers")
+INTERMEDIATE_SIZE = Limit(2**19, "5x the widest published FFN, Megatron-LM 1T at 102,400")
+VOCAB_SIZE = Limit(2**22, "16x the largest published vocabulary, Gemma 3 at about 262,000")
+NUM_EXPERTS = Limit(2**14, "40x the most routed experts published, Kimi K2 at 384")
+SEQ_LENGTH = Limit(2**24, "above the longest published context, Llama 4 Scout at 10M tokens")
+GLOBAL_BATCH = Limit(2**24, "sequences; 8,000x Llama 3 405B's final 2,048 (16M tokens)")
+MICRO_BATCH = Limit(2**16, "sequences per micro-batch")
+
+# Cluster. The largest single training clusters built to date hold about 100,000 GPUs (2024);
+# the largest NVLink domains announced are 576 GPUs (NVIDIA Vera Rubin NVL576).
+NUM_GPUS = Limit(2**17, "GPUs; above the largest training clusters built, about 100,000 GPUs")
+GPUS_PER_NODE = Limit(1024, "GPUs per node; the largest announced NVLink domain is 576")
+NVLINK_GBPS = Limit(10**5, "GB/s per direction; 50x NVLink 5's 900")
+NETWORK_GBPS = Limit(10**6, "Gb/s per NIC; 600x today's 1.6 Tb/s NICs")
+OVERSUBSCRIPTION = Limit(1024, "a fabric ratio; real ones are 1 to 8")
+GPU_MEMORY_GIB = Limit(2**16, "GiB per GPU; 200x B200's 192 GB")
+GPU_PEAK_TFLOPS = Limit(10**6, "TFLOP/s per GPU; 200x B200's dense FP8 peak")
+STORAGE_GBPS = Limit(2**16, "GB/s per node; 600x a node's eight 400 Gb/s NICs")
+PREFETCH_DEPTH = Limit(1024, "layers gathered ahead; deeper than any model has layers to prefetch")
+
+# Simulation work: the engine walks every micro-batch of every stage. Megatron-LM's largest
+# published runs use at most a few thousand micro-batches per pipeline per step.
+MICROBATCHES = Limit(2**14, "micro-batches per pipeline per step (global batch / (micro-batch x dp))")
+
+# Collective sizes: 1 PiB is beyond the memory of any GPU node.
+MESSAGE_BYTES = Limit(2**50, "bytes, 1 PiB: beyond any node's memory")

@@ -1,0 +1,292 @@
+"""Every bad input a one-line error before any work; progress, --version, diff, timeline selection."""
+
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from simulator import cli
+from simulator.errors import ConfigError
+from simulator.outputs import check_output_folder, check_output_path
+from simulator.reports.timeline import parse_stages, parse_window, select, timeline
+from simulator.scenario import load_scenario, validate_plan
+from simulator.step.engine import simulate
+from simulator.workload.compute import hardware_flops_per_token, model_flops_per_token
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = str(ROOT / "scenarios" / "tiny.yaml")
+
+
+def run_cli(argv, monkeypatch=None, capsys=None):
+    """(exit status, stdout, stderr) of the CLI run in this process."""
+    try:
+        status = cli.main(argv)
+    except SystemExit as stop:
+        status = stop.code if isinstance(stop.code, int) else 2
+    out = capsys.readouterr() if capsys is not None else None
+    return status, (out.out if out else ""), (out.err if out else "")
+
+
+def one_line_error(status, err, field):
+    assert status == 2, err
+    assert err.count("\n") == 1 and err.startswith(f"stepsim: error: {field}") and "Traceback" not in err, err
+
+
+@pytest.fixture
+def no_simulation(monkeypatch):
+    """Any simulation fails the test: errors must come before the work."""
+    import simulator.step.engine as engine
+
+    def boom(*_a, **_k):
+        raise AssertionError("simulated before checking the input")
+    monkeypatch.setattr(engine, "simulate", boom)
+    monkeypatch.setattr("simulator.studies.sweep.evaluate", boom)
+    monkeypatch.setattr("simulator.studies.validate.predict", boom)
+
+
+# --- output paths ------------------------------------------------------------------------------
+
+def _bad_paths(tmp_path):
+    afile = tmp_path / "afile.txt"
+    afile.write_text("x")
+    return {"missing folder": str(tmp_path / "nope" / "step.png"), "a directory": str(tmp_path),
+            "unsupported extension": str(tmp_path / "step.bmp"), "inside a file": str(afile / "step.png")}
+
+
+@pytest.mark.parametrize("flag, suffix", [("--trace", ".json"), ("--timeline", ".png")])
+def test_run_output_paths_are_checked_before_simulating(flag, suffix, tmp_path, capsys, no_simulation):
+    for case, path in _bad_paths(tmp_path).items():
+        path = path.replace(".png", suffix) if case != "unsupported extension" else path
+        status, _, err = run_cli(["run", TINY, flag, path], capsys=capsys)
+        one_line_error(status, err, flag)
+
+
+def test_validate_plot_sweep_out_and_whatif_out_are_checked_first(tmp_path, capsys, no_simulation):
+    bad = _bad_paths(tmp_path)
+    for path in (bad["missing folder"], bad["a directory"], bad["unsupported extension"]):
+        one_line_error(*run_cli(["validate", str(ROOT / "tests/data/nemo-2407-runs.yaml"), "--plot", path],
+                                capsys=capsys)[::2], "--plot")
+    afile = tmp_path / "afile.txt"
+    for argv in (["sweep", TINY, "--vary", "parallelism.tp=1,2", "--out", str(afile)],
+                 ["sweep", TINY, "--vary", "parallelism.tp=1,2", "--out", str(afile / "below")],
+                 ["whatif", TINY, "--out", str(afile)]):
+        one_line_error(*run_cli(argv, capsys=capsys)[::2], "--out")
+
+
+def test_an_existing_result_file_is_overwritten_but_a_read_only_one_is_refused(tmp_path, capsys):
+    trace = tmp_path / "step.json"
+    trace.write_text("old")
+    status, out, err = run_cli(["run", TINY, "--trace", str(trace), "--quiet"], capsys=capsys)
+    assert status == 0, err
+    assert json.loads(trace.read_text())  # the re-run replaced the old result
+    assert check_output_path(trace, "--trace", (".json",)) == trace
+    trace.chmod(0o444)
+    try:
+        if not os.access(trace, os.W_OK):  # as root every file is writable: nothing to refuse
+            with pytest.raises(ConfigError, match="read-only"):
+                check_output_path(trace, "--trace", (".json",))
+    finally:
+        trace.chmod(0o644)
+    assert check_output_folder(tmp_path / "new" / "deeper", "--out") == tmp_path / "new" / "deeper"
+    with pytest.raises(ConfigError, match="File name too long|cannot be used"):
+        check_output_path(tmp_path / ("x" * 5000 + ".png"), "--timeline", (".png",))
+    assert check_output_path(tmp_path / "STEP.PNG", "--timeline", (".png",))
+
+
+# --- flags and limits --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("argv, field", [
+    (["run", TINY, "--algorithm", "butterfly"], "--algorithm"),
+    (["sweep", TINY, "--vary", "parallelism.tp=1,2", "--workers", "0"], "--workers"),
+    (["whatif", TINY, "--workers", "0"], "--workers"),
+    (["whatif", TINY, "--factor", "1e300"], "--factor"),
+    (["validate", str(ROOT / "tests/data/nemo-2407-runs.yaml"), "--workers", "0"], "--workers"),
+    (["collective", "--gpus", str(10**9)], "--gpus"),
+    (["collective", "--sizes", "1e400"], "--sizes"),
+    (["collective", "--sizes", "0.2"], "--sizes"),
+    (["run", TINY, "--set", f"model.hidden_size={10**30}"], "model.hidden_size"),
+    (["run", TINY, "--set", "model.vocab_size=1000000000"], "model.vocab_size"),
+    (["run", TINY, "--set", "cluster.num_nodes=1000000"], "cluster.num_nodes"),
+    (["run", TINY, "--set", "cluster.network_bandwidth_Gbps=1e30"], "cluster.network_bandwidth_Gbps"),
+    (["run", TINY, "--set", "training.global_batch_size=1000000"], "training.global_batch_size"),
+    (["run", TINY, "--set", "model.intermediate_size=4097"], "parallelism.tp"),
+    (["run", TINY, "--stages", "0"], "--stages"),
+    (["run", TINY, "--timeline", "x.png", "--stages", "0,9"], "--stages"),
+    (["run", TINY, "--timeline", "x.png", "--window", "a:b"], "--window"),
+])
+def test_meaningless_or_absurd_flags_are_one_line_errors(argv, field, capsys, no_simulation):
+    one_line_error(*run_cli(argv, capsys=capsys)[::2], field)
+
+
+def test_the_limit_is_named_in_the_error(capsys):
+    _, _, err = run_cli(["memory", TINY, "--set", f"model.hidden_size={10**30}"], capsys=capsys)
+    assert "at most 131,072" in err and "Megatron-LM 1T" in err
+
+
+def test_model_dimensions_must_split_over_tp_as_megatron_requires():
+    with pytest.raises(ConfigError, match=r"parallelism.tp: got 2; must divide model.intermediate_size \(4097\)"):
+        validate_plan(load_scenario(TINY, ["model.intermediate_size=4097"]))
+    validate_plan(load_scenario(TINY, ["model.vocab_size=32001"]))  # Megatron pads the vocabulary
+    moe = ["model.num_experts=8", "model.num_experts_per_tok=2", "model.moe_intermediate_size=1001"]
+    with pytest.raises(ConfigError, match="expert width"):
+        validate_plan(load_scenario(TINY, moe))
+    validate_plan(load_scenario(TINY, moe[:2] + ["model.moe_intermediate_size=1000"]))
+
+
+def test_duplicate_yaml_keys_are_refused_naming_the_key_and_line(tmp_path, capsys):
+    text = Path(TINY).read_text().replace("  pp: 2\n", "  pp: 2\n  tp: 8\n")
+    dup = tmp_path / "dup.yaml"
+    dup.write_text(text)
+    status, _, err = run_cli(["run", str(dup)], capsys=capsys)
+    one_line_error(status, err, "scenario")
+    line = text.splitlines().index("  tp: 8") + 1
+    assert f"duplicate key 'tp' on line {line}" in err
+    topo = tmp_path / "topo.yaml"
+    topo.write_text("gpus_per_node: 8\ngpus_per_node: 4\n")
+    status, _, err = run_cli(["memory", TINY, "--set", f"cluster.topology={topo}"], capsys=capsys)
+    one_line_error(status, err, "cluster.topology")
+    assert "duplicate key 'gpus_per_node'" in err
+
+
+def test_a_hundred_thousand_gpu_collective_is_refused_at_once_not_hung(capsys):
+    status, _, err = run_cli(["collective", "--gpus", "131073", "--sizes", "1MiB"], capsys=capsys)
+    one_line_error(status, err, "--gpus")
+
+
+# --- newcomer path -----------------------------------------------------------------------------
+
+def test_version_comes_from_the_package_and_matches_pyproject(capsys):
+    status, out, _ = run_cli(["--version"], capsys=capsys)
+    expected = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert status == 0 and out.strip() == f"stepsim {expected}"
+
+
+def test_progress_goes_to_stderr_only_and_json_stays_clean(capsys):
+    status, out, err = run_cli(["run", TINY, "--json", "--progress"], capsys=capsys)
+    assert status == 0 and json.loads(out)["step_time_s"] > 0
+    assert "run: " in err and "simulating the step" in err
+    status, out, err = run_cli(["run", TINY, "--json", "--quiet"], capsys=capsys)
+    assert status == 0 and err == "" and json.loads(out)
+    status, out, err = run_cli(["run", TINY], capsys=capsys)  # stderr is not a terminal here: silent
+    assert status == 0 and err == ""
+
+
+def test_progress_counts_whatif_simulations(capsys):
+    status, out, err = run_cli(["whatif", TINY, "--workers", "1", "--json", "--progress"], capsys=capsys)
+    assert status == 0 and json.loads(out)["rows"]
+    counts = re.findall(r"(\d+)/(\d+) ", err)
+    assert counts and counts[-1][0] == counts[-1][1] and len(counts) == int(counts[-1][1])
+
+
+def test_progress_redraws_one_line_on_a_terminal():
+    from simulator.progress import Progress
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    stream = Tty()
+    with Progress("sweep", total=3, stream=stream, interval_s=10) as bar:
+        for i in range(3):
+            bar.advance(f"point {i}")
+    text = stream.getvalue()
+    assert "\n" not in text and "[" in text and "3/3" in text and text.endswith("\r")
+
+
+def test_memory_assumptions_say_what_the_attention_kernel_stores(capsys):
+    flash = run_cli(["memory", TINY, "--json"], capsys=capsys)[1]
+    unfused = run_cli(["memory", TINY, "--json", "--set", "training.attention=unfused"], capsys=capsys)[1]
+    flash_text = json.loads(flash)["assumptions"]["activations"]
+    assert "no flash-attention credit" not in flash_text and "flash attention: no s x s scores" in flash_text
+    assert "unfused attention: s x s scores" in json.loads(unfused)["assumptions"]["activations"]
+
+
+def test_hfu_is_model_flops_plus_recompute_in_one_convention():
+    s = load_scenario(TINY)
+    m, seq = s.model, s.training.seq_length
+    base = model_flops_per_token(m, seq)
+    assert hardware_flops_per_token(m, seq, "none") == base
+    assert base < hardware_flops_per_token(m, seq, "selective") < hardware_flops_per_token(m, seq, "full")
+    # Megatron-LM Eq. 3: full recompute is a fourth pass over the layers: layers x 4/3, head x 1
+    h, L, V = m.hidden_size, m.num_hidden_layers, m.vocab_size
+    layers = 72 * L * h * h * (1 + seq / (6 * h))
+    assert hardware_flops_per_token(m, seq, "full") == pytest.approx(layers * 4 / 3 + 6 * V * h, rel=1e-9)
+
+
+def test_diff_of_two_reports_and_of_two_scenarios(tmp_path, capsys):
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(run_cli(["run", TINY, "--json"], capsys=capsys)[1])
+    b.write_text(run_cli(["run", TINY, "--json", "--set", "cluster.nvlink_bandwidth_GBps=100"], capsys=capsys)[1])
+    status, out, err = run_cli(["diff", str(a), str(b), "--json"], capsys=capsys)
+    assert status == 0, err
+    changed = {r["field"]: r for r in json.loads(out)["report"]["changed"]}
+    assert "sim_wall_s" not in changed and "name" not in changed
+    step = changed["step_time_s"]
+    assert step["b"] > step["a"] and step["change"] == pytest.approx(step["b"] / step["a"] - 1)
+    status, out, _ = run_cli(["diff", str(a), str(a)], capsys=capsys)
+    assert status == 0 and "results: 0 changed" in out
+    other = tmp_path / "tp4.yaml"
+    other.write_text(Path(TINY).read_text().replace("  tp: 2\n", "  tp: 4\n").replace("  dp: 2\n", "  dp: 1\n"))
+    status, out, err = run_cli(["diff", TINY, str(other)], capsys=capsys)
+    assert status == 0, err
+    assert re.search(r"parallelism\.tp\s+2\s+4\s+\+100\.00%", out) and "step_time_s" in out
+    one_line_error(*run_cli(["diff", TINY, str(a)], capsys=capsys)[::2], "b")
+    one_line_error(*run_cli(["diff", str(a), str(tmp_path / "none.json")], capsys=capsys)[::2], "b")
+
+
+def test_timeline_stage_and_window_selection():
+    tl = timeline(simulate(load_scenario(TINY)))
+    assert parse_stages("0-1", 2) == (0, 1) and parse_stages("1,0,1", 2) == (0, 1)
+    with pytest.raises(ConfigError):
+        parse_stages("2", 2)
+    t0, t1 = parse_window(f"{tl.step_time_s / 4}:", tl.step_time_s)
+    assert t1 == tl.step_time_s
+    part = select(tl, (1,), (t0, t1))
+    assert part.rows == (1,) and {b.stage for b in part.bars} == {1}
+    assert all(t0 <= b.start < b.end <= t1 for b in part.bars)
+    # the clipped bars still tile the window on the kept stage
+    assert sum(b.end - b.start for b in part.bars) == pytest.approx(t1 - t0, rel=1e-9)
+
+
+def test_timeline_of_selected_stages_is_drawn(tmp_path, capsys):
+    png = tmp_path / "part.png"
+    status, _, err = run_cli(["run", TINY, "--timeline", str(png), "--stages", "1", "--window", "0:0.004"],
+                             capsys=capsys)
+    assert status == 0, err
+    assert png.stat().st_size > 5_000
+
+
+def test_readme_validate_examples_run_from_the_repository():
+    text = (ROOT / "README.md").read_text()
+    assert "the issue" not in text.lower()
+    paths = re.findall(r"stepsim validate (\S+)", text)
+    assert paths
+    for p in paths:
+        if p.startswith("../shared/"):
+            assert "beside the repository" in text  # said plainly, and a command that works from the repo is given
+        else:
+            assert (ROOT / p).is_file() or p == "runs.yaml", p
+    assert any(not p.startswith("..") and p != "runs.yaml" for p in paths)
+
+
+def test_no_traceback_for_a_bad_runs_file(tmp_path):
+    bad = tmp_path / "runs.yaml"
+    bad.write_text("cases: [\n")
+    proc = subprocess.run([sys.executable, "-m", "simulator", "validate", str(bad)], capture_output=True, text=True,
+                          cwd=ROOT)
+    one_line_error(proc.returncode, proc.stderr, "runs")
+
+
+def test_duplicate_keys_in_a_hugging_face_config_are_refused(tmp_path, capsys):
+    hf = tmp_path / "config.json"
+    hf.write_text('{"hidden_size": 1024, "num_hidden_layers": 4, "num_attention_heads": 8, '
+                  '"intermediate_size": 4096, "vocab_size": 32000, "hidden_size": 2048}')
+    status, _, err = run_cli(["memory", TINY, "--set", f"model.hf_config={hf}"], capsys=capsys)
+    one_line_error(status, err, "model.hf_config")
+    assert "duplicate key 'hidden_size'" in err
