@@ -110,7 +110,8 @@ def fp8_extra(gemms: list[_Gemm], sw: Software) -> tuple[float, int, float, int]
         x, w, dy = g.groups * g.m * g.k, g.groups * g.k * g.n, g.groups * g.m * g.n
         norm_fed = g.name in NORM_FED_GEMMS
         ref_x = (0.0, 0) if norm_fed else (r_bytes, r_kern)
-        own_x = (0.0, 0) if norm_fed and sw.fp8_casts_fused and sw.fp8_recipe in SINGLE_PASS_RECIPES else (c_bytes, c_kern)
+        fused_x = norm_fed and sw.fp8_casts_fused and sw.fp8_recipe in SINGLE_PASS_RECIPES
+        own_x = (0.0, 0) if fused_x else (c_bytes, c_kern)
         fb += max(0.0, own_x[0] - ref_x[0]) * x
         fk += max(0, own_x[1] - ref_x[1]) * g.groups
         if not sw.fp8_weight_cast_once:  # cached weights cost once per step, amortised to ~0 as in the reference
