@@ -131,3 +131,21 @@ def test_all_gather_cp_waits_where_the_p2p_ring_hides_under_the_core():
     assert gather["time_breakdown_s"]["compute_s"] == pytest.approx(p2p["time_breakdown_s"]["compute_s"], rel=1e-9)
     assert gather["time_breakdown_s"]["exposed_comm_s"]["cp"] > p2p["time_breakdown_s"]["exposed_comm_s"]["cp"]
     assert gather["step_time_s"] > p2p["step_time_s"]
+
+
+def test_cp_overlap_off_exposes_at_least_what_the_ring_hides():
+    from simulator.config import ClusterConfig, OverlapConfig, Scenario
+    from simulator.reports.report import step_report
+    from simulator.step.engine import simulate
+
+    def step(**overlap):
+        s = Scenario(name="cp", model=dataclasses.replace(LLAMA8B, num_hidden_layers=2, num_key_value_heads=32),
+                     cluster=ClusterConfig(topology="dgx-h100", num_nodes=4, gpus_per_node=8, gpu="H100-SXM5-80GB"),
+                     training=TrainingConfig(seq_length=32768, micro_batch_size=1, global_batch_size=1),
+                     parallelism=ParallelConfig(tp=8, cp=4, dp=1, sequence_parallel=True),
+                     overlap=OverlapConfig(**overlap))
+        return step_report(simulate(s))
+
+    hidden, exposed = step(), step(cp_comm=False)
+    assert exposed["time_breakdown_s"]["exposed_comm_s"]["cp"] > hidden["time_breakdown_s"]["exposed_comm_s"]["cp"]
+    assert exposed["step_time_s"] > hidden["step_time_s"]

@@ -265,7 +265,7 @@ def test_timeline_of_selected_stages_is_drawn(tmp_path, capsys):
 def test_readme_validate_examples_run_from_the_repository():
     text = (ROOT / "README.md").read_text()
     assert "the issue" not in text.lower()
-    paths = re.findall(r"stepsim validate (\S+)", text)
+    paths = re.findall(r"stepsim validate ([^\s`]+)", text)
     assert paths
     for p in paths:
         if p.startswith("../shared/"):

@@ -361,14 +361,18 @@ class StepEngine:
         Engine ``AttnFuncWithCPAndKVP2P``) its cp - 1 ring steps overlap the whole core; with
         ``all_gather`` (Llama 3, Sec. 3.3.2; PyTorch's context_parallel ``allgather`` rotater)
         K and V are gathered while only the local causal call computes, and the calls on the
-        other ranks' keys wait for the gather. Whatever the core cannot hide is exposed.
+        other ranks' keys wait for the gather. Whatever the core cannot hide is exposed; with
+        ``overlap.cp_comm: false`` the whole exchange is.
         Forward, the rest of the block computes here; backward, it is returned for the
         column-parallel backward to run with its TP overlap."""
         mb, chunk, layer = at["microbatch"], at["chunk"], at["layer"]
         before, core, after = split_around(block, CP_CORE_OPS)
         yield from self.compute(rank, kind, before, "attention", mb, chunk, layer)
         cp_ev = self.launch(rank, "cp", "all_gather", chunk_bytes * self.s.parallelism.cp, "cp")
-        if self.sw.cp_comm_type == "all_gather":
+        if not self.sw.cp_comm:  # overlap.cp_comm false: the exchange completes before the core starts
+            yield from self.wait(rank, cp_ev, "cp", **at)
+            yield from self.compute(rank, kind, core, "attention", mb, chunk, layer)
+        elif self.sw.cp_comm_type == "all_gather":
             _, local, remote = split_around(core, CP_LOCAL_OPS)
             yield from self.compute(rank, kind, local, "attention", mb, chunk, layer)
             yield from self.wait(rank, cp_ev, "cp", **at)
