@@ -212,3 +212,15 @@ def test_validate_splits_61_layers_unevenly_and_ignores_vp_at_pp1():
                hardware={"gpu": "H100", "count": 8}, model=dict(case["model"], hf_id="Qwen/Qwen3-30B-A3B", layers=48))
     notes = []
     assert case_to_scenario_dict(one, notes)["parallelism"]["vp"] == 1 and any("vp 4 ignored" in n for n in notes)
+
+
+def test_whatif_has_an_moe_imbalance_row():
+    from simulator.studies.whatif import whatif
+
+    moe_sets = ["model.num_experts=8", "model.num_experts_per_tok=2", "parallelism.ep=2", "moe.imbalance=1.5"]
+    result = whatif(str(ROOT / "scenarios" / "tiny.yaml"), sets=moe_sets, workers=1)
+    row = next(r for r in result["rows"] if r["target"] == "moe_imbalance")
+    assert row["present"]
+    assert row["faster_step_time_s"] < result["baseline_step_time_s"] < row["slower_step_time_s"]
+    dense = whatif(str(ROOT / "scenarios" / "tiny.yaml"), workers=1)
+    assert not next(r for r in dense["rows"] if r["target"] == "moe_imbalance")["present"]
