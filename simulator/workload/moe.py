@@ -9,8 +9,8 @@ and the rest (``split_moe_block``). Every cost is its own op in the trace:
   plus the aux-loss-free bias for DeepSeek-V3), top-k and, with ``norm_topk_prob``, the
   renormalisation, as memory-bound passes over the T x E fp32 scores (Megatron-core
   ``TopKRouter``: logits in ``moe_router_dtype``, probabilities and the routing map written out,
-  the load-balancing statistics read back: 4 passes of 4 bytes per score, one more for
-  ``norm_topk_prob``).
+  the load-balancing statistics read back: 4 passes of 4 bytes per score (2 with
+  ``router_dtype: bf16``), one more for ``norm_topk_prob``).
 - ``moe_permute`` / ``moe_unpermute``: gather the routed copies into expert order (read T x h,
   write the copies) and scatter-add them back with the router weights (Megatron-core
   ``moe_utils.permute`` / ``unpermute``); with several local experts the alltoall dispatcher
@@ -113,9 +113,10 @@ def moe_steps(model: ModelConfig, tokens: float, tokens_norm: float, par: Parall
     copies = routed_copies(model, tokens, par, moe)
     per_expert = copies / nloc
     router_passes = ROUTER_PASSES + (1 if model.norm_topk_prob else 0)
+    score_bytes = SCORE_BYTES if moe.router_dtype == "fp32" else ACT_BYTES
     plan: list = [
         _Gemm("router", tokens_norm, experts, h),
-        _Mem("router_topk", router_passes * SCORE_BYTES * tokens_norm * experts),
+        _Mem("router_topk", router_passes * score_bytes * tokens_norm * experts),
     ]
     flex = moe.token_dispatcher == "flex"
     gathered = tokens * par.ep if moe.token_dispatcher == "allgather" else tokens
