@@ -43,6 +43,9 @@ class ModelConfig:
 
     @property
     def head_dim(self) -> int:
+        """Per-head width: kv_channels (HF head_dim) when given; under MLA the query/key width."""
+        if self.kv_lora_rank:
+            return (self.qk_nope_head_dim or 0) + (self.qk_rope_head_dim or 0)
         return self.kv_channels or self.hidden_size // self.num_attention_heads
 
     @property
@@ -52,8 +55,6 @@ class ModelConfig:
     @property
     def qk_head_dim(self) -> int:
         """Query/key width per head: nope + rope parts under MLA, head_dim otherwise."""
-        if self.is_mla:
-            return (self.qk_nope_head_dim or 0) + (self.qk_rope_head_dim or 0)
         return self.head_dim
 
     @property

@@ -54,7 +54,7 @@ def test_mla_dimensions_follow_the_deepseek_papers():
     m = model("deepseek-ai/DeepSeek-V3")
     assert m.is_mla and (m.qk_head_dim, m.v_dim) == (192, 128)
     assert kv_cache_elements_per_token(m) == 576 == 4.5 * 128
-    assert kv_cache_elements_per_token(replace(m, kv_lora_rank=None)) == 2 * 128 * m.head_dim
+    assert kv_cache_elements_per_token(replace(m, kv_lora_rank=None, kv_channels=128)) == 2 * 128 * 128 == 32768
     h = 7168
     assert attention_params(m) == h * 1536 + 1536 * 128 * 192 + h * 576 + 512 * 128 * 256 + 128 * 128 * h
     # model FLOPs per token: 6 x non-embedding active params (+ head) + 6 L s nq (qk + v)
