@@ -27,10 +27,47 @@ class ModelConfig:
     moe_intermediate_size: int | None = None
     num_shared_experts: int = 0
     first_k_dense_replace: int = 0  # leading dense layers in an MoE model (DeepSeek field name)
+    kv_channels: int | None = None  # per-head dimension when not hidden / heads (HF head_dim, Megatron kv_channels)
+    q_lora_rank: int | None = None  # MLA (DeepSeek-V2/V3): query down-projection rank; None: no compression
+    kv_lora_rank: int | None = None  # MLA: compressed KV rank; None: standard (GQA) attention
+    qk_nope_head_dim: int | None = None
+    qk_rope_head_dim: int | None = None
+    v_head_dim: int | None = None
+    num_nextn_predict_layers: int = 0  # multi-token-prediction modules on the last stage (DeepSeek-V3)
+    interleave_moe_layer_step: int = 1  # every k-th layer is MoE (Llama 4; Qwen decoder_sparse_step)
+    sliding_window: int | None = None  # key window of the layers layer_types marks sliding_attention
+    layer_types: tuple[str, ...] | None = None  # per layer: full_attention | sliding_attention
+    scoring_func: str = "softmax"  # router: softmax (Mixtral, Qwen) or sigmoid (DeepSeek-V3)
+    norm_topk_prob: bool = False  # renormalise the top-k router weights (one more pass over them)
+    mlp_gated: bool | None = None  # gated MLP (3 matrices) whatever hidden_act says (Grok-1: gated GELU)
 
     @property
     def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
+        """Per-head width: kv_channels (HF head_dim) when given; under MLA the query/key width."""
+        if self.kv_lora_rank:
+            return (self.qk_nope_head_dim or 0) + (self.qk_rope_head_dim or 0)
+        return self.kv_channels or self.hidden_size // self.num_attention_heads
+
+    @property
+    def is_mla(self) -> bool:
+        return bool(self.kv_lora_rank)
+
+    @property
+    def qk_head_dim(self) -> int:
+        """Query/key width per head: nope + rope parts under MLA, head_dim otherwise."""
+        return self.head_dim
+
+    @property
+    def v_dim(self) -> int:
+        """Value (and attention output) width per head."""
+        return (self.v_head_dim or self.head_dim) if self.is_mla else self.head_dim
+
+    def attention_window(self, layer: int) -> int | None:
+        """Key window of ``layer``: sliding_window where layer_types says sliding_attention, else None."""
+        if not self.sliding_window or not self.layer_types:
+            return None
+        kind = self.layer_types[layer] if layer < len(self.layer_types) else "full_attention"
+        return self.sliding_window if kind == "sliding_attention" else None
 
     @property
     def is_moe(self) -> bool:
@@ -38,6 +75,8 @@ class ModelConfig:
 
     @property
     def mlp_matrices(self) -> int:
+        if self.mlp_gated is not None:
+            return 3 if self.mlp_gated else 2
         return 3 if self.hidden_act in ("silu", "swiglu", "swish") else 2
 
     @property
@@ -45,7 +84,10 @@ class ModelConfig:
         return self.moe_intermediate_size or self.intermediate_size
 
     def is_moe_layer(self, layer: int) -> bool:
-        return self.is_moe and layer >= self.first_k_dense_replace
+        """MoE after the first_k_dense_replace dense layers, on every interleave_moe_layer_step-th
+        layer ((layer + 1) % step == 0, the Llama 4 / Qwen ``decoder_sparse_step`` convention)."""
+        step = self.interleave_moe_layer_step
+        return self.is_moe and layer >= self.first_k_dense_replace and (layer + 1) % step == 0
 
 
 @dataclass(frozen=True)
@@ -96,6 +138,22 @@ class ParallelConfig:
         return self.etp or self.tp
 
 
+TOKEN_DISPATCHERS = ("alltoall", "allgather", "flex")
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    """How the MoE layers run (Megatron-core names in comments); see simulator.workload.moe."""
+
+    imbalance: float = 1.0  # busiest expert rank's routed tokens / the mean (1.0: force-balanced)
+    capacity_factor: float | None = None  # moe_expert_capacity_factor: drop and pad to capacity; None: dropless
+    max_nodes_per_token: int | None = None  # node-limited routing (DeepSeek-V3: 4); None: unlimited
+    token_dispatcher: str = "alltoall"  # moe_token_dispatcher_type: alltoall | allgather | flex (DeepEP)
+    overlap_a2a: bool = False  # EP all-to-all hidden behind other compute (only if the framework does it)
+    grouped_gemm: bool = True  # moe_grouped_gemm: one grouped kernel for the local experts
+    router_dtype: str = "fp32"  # moe_router_dtype: fp32 (Megatron recipes) or bf16
+
+
 @dataclass(frozen=True)
 class OverlapConfig:
     """Which communication the framework hides under compute; None takes the framework profile's
@@ -129,6 +187,7 @@ class Scenario:
     framework: str = "megatron-core"  # a profile in frameworks/
     overlap: OverlapConfig = field(default_factory=OverlapConfig)
     framework_options: FrameworkOptions = field(default_factory=FrameworkOptions)
+    moe: MoEConfig = field(default_factory=MoEConfig)
 
     @property
     def pipeline_schedule(self) -> str:

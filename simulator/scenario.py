@@ -10,7 +10,9 @@ Model fields use Hugging Face ``config.json`` names. Accepted aliases: ``num_loc
 ``num_shared_experts``. ``num_key_value_heads`` defaults to ``num_attention_heads``.
 ``hf_config: path/to/config.json`` (relative to the scenario file) loads the model fields from a
 Hugging Face config, ignoring the keys stepsim does not model (``rope_theta``, ...); fields written
-next to it in the scenario override the file's.
+next to it in the scenario override the file's. ``model: deepseek-ai/DeepSeek-V3`` (a Hugging Face
+id as a plain string, or ``hf_id:`` inside the mapping) loads the shipped copy of that model's
+config.json from ``simulator/workload/catalog`` (:mod:`simulator.workload.catalog_models`).
 
 Cluster fields left out (``gpu``, ``gpus_per_node``) come from the topology file, so a
 ``dgx-a100`` cluster gets A100s without saying so twice.
@@ -28,8 +30,8 @@ from pathlib import Path
 
 import yaml
 
-from simulator.config import (ClusterConfig, FrameworkOptions, ModelConfig, OverlapConfig, ParallelConfig, Scenario,
-                              TrainingConfig)
+from simulator.config import (TOKEN_DISPATCHERS, ClusterConfig, FrameworkOptions, ModelConfig, MoEConfig,
+                              OverlapConfig, ParallelConfig, Scenario, TrainingConfig)
 from simulator import limits
 from simulator.errors import ConfigError
 from simulator.yamlfile import load_yaml_file
@@ -47,8 +49,13 @@ MODEL_ALIASES = {
     "num_local_experts": "num_experts",
     "n_routed_experts": "num_experts",
     "n_shared_experts": "num_shared_experts",
+    "head_dim": "kv_channels",
+    "experts_per_token": "num_experts_per_tok",
+    "decoder_sparse_step": "interleave_moe_layer_step",
+    "moe_layer_freq": "interleave_moe_layer_step",
 }
 HF_CONFIG = "hf_config"
+HF_ID = "hf_id"
 SECTIONS = {
     "model": ModelConfig,
     "cluster": ClusterConfig,
@@ -56,7 +63,9 @@ SECTIONS = {
     "parallelism": ParallelConfig,
     "overlap": OverlapConfig,
     "framework_options": FrameworkOptions,
+    "moe": MoEConfig,
 }
+LAYER_TYPES = ("full_attention", "sliding_attention")
 TOP_LEVEL_SCALARS = ("name", "schedule", "framework")
 # Sections a scenario file may carry for other commands; the scenario itself ignores them
 # (``claims:`` is read by ``stepsim audit``, see simulator/studies/audit.py).
@@ -116,6 +125,31 @@ def _text(field: str, value: object) -> str:
     return value
 
 
+def _optional_text(field: str, value: object) -> str | None:
+    return None if value is None else _text(field, value)
+
+
+def _optional_flag(field: str, value: object) -> bool | None:
+    return None if value is None else _boolean(field, value)
+
+
+def _layer_types(field: str, value: object) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+        raise ConfigError(field, value, f"must be a list of {' or '.join(LAYER_TYPES)}, one per layer")
+    for v in value:
+        if v not in LAYER_TYPES:
+            raise ConfigError(field, v, f"valid layer types: {', '.join(LAYER_TYPES)}")
+    return tuple(value)
+
+
+def _imbalance(field: str, value: object) -> float:
+    if value is None:
+        raise ConfigError(field, value, "must be a number >= 1 (busiest expert rank's tokens / the mean)")
+    return float(_optional_number(field, value, 1, True))
+
+
 Checker = Callable[[str, object], object]
 
 
@@ -138,6 +172,19 @@ _CHECKS: dict[str, dict[str, Checker]] = {
         "moe_intermediate_size": partial(_optional_whole, minimum=1, limit=limits.INTERMEDIATE_SIZE),
         "num_shared_experts": _upto(limits.NUM_EXPERTS, 0),
         "first_k_dense_replace": _upto(limits.NUM_LAYERS, 0),
+        "kv_channels": partial(_optional_whole, minimum=1, limit=limits.HIDDEN_SIZE),
+        "q_lora_rank": partial(_optional_whole, minimum=1, limit=limits.HIDDEN_SIZE),
+        "kv_lora_rank": partial(_optional_whole, minimum=1, limit=limits.HIDDEN_SIZE),
+        "qk_nope_head_dim": partial(_optional_whole, minimum=0, limit=limits.HIDDEN_SIZE),
+        "qk_rope_head_dim": partial(_optional_whole, minimum=0, limit=limits.HIDDEN_SIZE),
+        "v_head_dim": partial(_optional_whole, minimum=1, limit=limits.HIDDEN_SIZE),
+        "num_nextn_predict_layers": _upto(limits.NUM_LAYERS, 0),
+        "interleave_moe_layer_step": _upto(limits.NUM_LAYERS, 1),
+        "sliding_window": partial(_optional_whole, minimum=1, limit=limits.SEQ_LENGTH),
+        "layer_types": _layer_types,
+        "scoring_func": partial(_choice, choices=("softmax", "sigmoid")),
+        "norm_topk_prob": _boolean,
+        "mlp_gated": _optional_flag,
     },
     "cluster": {
         "topology": _text,
@@ -186,6 +233,15 @@ _CHECKS: dict[str, dict[str, Checker]] = {
         "cuda_graphs": _optional_boolean,
         "fp8_recipe": partial(_optional_choice, choices=FP8_RECIPES),
     },
+    "moe": {
+        "imbalance": _imbalance,
+        "capacity_factor": partial(_optional_number, minimum=0, inclusive=False),
+        "max_nodes_per_token": partial(_optional_whole, minimum=1),
+        "token_dispatcher": partial(_choice, choices=TOKEN_DISPATCHERS),
+        "overlap_a2a": _boolean,
+        "grouped_gemm": _boolean,
+        "router_dtype": partial(_choice, choices=("fp32", "bf16")),
+    },
 }
 
 
@@ -193,7 +249,7 @@ def valid_keys(section: str) -> tuple[str, ...]:
     """Keys a scenario section accepts, sorted (the model section includes aliases and hf_config)."""
     keys = set(_CHECKS[section])
     if section == "model":
-        keys |= set(MODEL_ALIASES) | {HF_CONFIG}
+        keys |= set(MODEL_ALIASES) | {HF_CONFIG, HF_ID}
     return tuple(sorted(keys))
 
 
@@ -259,6 +315,8 @@ def apply_overrides(d: dict, overrides: Iterable[str]) -> dict:
         section = out.get(head)
         if section is None:
             section = out[head] = {}
+        if head == "model" and isinstance(section, str):
+            section = out[head] = {HF_ID: section}
         if not isinstance(section, dict):
             raise ConfigError(head, section, "must be a mapping of keys")
         if head == "model":
@@ -290,11 +348,14 @@ def scenario_from_dict(d: dict, overrides: Iterable[str] = (), *, base_dir: str 
         raw = d.get(name)
         if raw is None:
             raw = {}
+        if name == "model" and isinstance(raw, str):
+            raw = {HF_ID: raw}
         if not isinstance(raw, dict):
             raise ConfigError(name, raw, f"must be a mapping; valid keys: {', '.join(valid_keys(name))}")
         sections[name] = raw
     if "model" not in d:
-        raise ConfigError("model", None, "required: Hugging Face config.json fields or hf_config: path")
+        raise ConfigError("model", None, "required: Hugging Face config.json fields, hf_config: path, "
+                          "or a Hugging Face id such as deepseek-ai/DeepSeek-V3")
     return Scenario(
         name=_text("name", d.get("name", default_name)),
         model=_model(sections["model"], base),
@@ -305,6 +366,7 @@ def scenario_from_dict(d: dict, overrides: Iterable[str] = (), *, base_dir: str 
         framework=_choice("framework", d.get("framework", "megatron-core"), framework_names()),
         overlap=_section("overlap", sections["overlap"], OverlapConfig),
         framework_options=_section("framework_options", sections["framework_options"], FrameworkOptions),
+        moe=_section("moe", sections["moe"], MoEConfig),
     )
 
 
@@ -327,11 +389,15 @@ def _model(raw: dict, base: Path) -> ModelConfig:
         if key not in valid_keys("model"):
             raise _unknown(f"model.{key}", raw[key], valid_keys("model"))
     merged: dict = {}
+    if raw.get(HF_ID) is not None:
+        from simulator.workload.catalog_models import catalog_config
+
+        merged.update(_hf_dict_fields(catalog_config(_text("model.hf_id", raw[HF_ID]))))
     if raw.get(HF_CONFIG) is not None:
         merged.update(_hf_fields(raw[HF_CONFIG], base))
     written: dict[str, str] = {}
     for key, value in raw.items():
-        if key == HF_CONFIG:
+        if key in (HF_CONFIG, HF_ID):
             continue
         canonical = MODEL_ALIASES.get(key, key)
         if canonical in written and raw[written[canonical]] != value:
@@ -342,7 +408,7 @@ def _model(raw: dict, base: Path) -> ModelConfig:
     if merged.get("num_key_value_heads") is None and "num_attention_heads" in merged:
         merged["num_key_value_heads"] = merged["num_attention_heads"]
     model = _section("model", merged, ModelConfig)
-    if model.hidden_size % model.num_attention_heads:
+    if model.kv_channels is None and model.hidden_size % model.num_attention_heads:
         raise ConfigError("model.hidden_size", model.hidden_size,
                           f"must be a multiple of num_attention_heads ({model.num_attention_heads})")
     if model.num_attention_heads % model.num_key_value_heads:
@@ -358,6 +424,13 @@ def _model(raw: dict, base: Path) -> ModelConfig:
     if model.first_k_dense_replace > model.num_hidden_layers:
         raise ConfigError("model.first_k_dense_replace", model.first_k_dense_replace,
                           f"must be at most num_hidden_layers ({model.num_hidden_layers})")
+    if model.kv_lora_rank:
+        for name in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+            if getattr(model, name) is None:
+                raise ConfigError(f"model.{name}", None, "required with kv_lora_rank (multi-head latent attention)")
+    if model.layer_types is not None and len(model.layer_types) != model.num_hidden_layers:
+        raise ConfigError("model.layer_types", f"{len(model.layer_types)} entries",
+                          f"must give one per layer ({model.num_hidden_layers})")
     return model
 
 
@@ -377,6 +450,36 @@ def _hf_fields(path_value: object, base: Path) -> dict:
         raise ConfigError("model.hf_config", str(path_value), f"is not valid JSON ({err.__class__.__name__})") from None
     if not isinstance(hf, dict):
         raise ConfigError("model.hf_config", str(path_value), "must be a JSON object of config fields")
+    return _hf_dict_fields(hf)
+
+
+def _hf_dict_fields(hf: dict) -> dict:
+    """The modelled fields of a parsed Hugging Face config, translated where the HF layout differs:
+
+    - a multimodal config (Llama 4) keeps its language model in ``text_config``;
+    - Llama 4 names the expert (and shared-expert) width ``intermediate_size`` and the dense
+      layers' ``intermediate_size_mlp``, and every Llama 4 MoE layer has one shared expert
+      (HF ``Llama4TextMoe.shared_expert``);
+    - ``sliding_window`` only applies where ``layer_types`` marks ``sliding_attention``, or to
+      every layer when there is no ``layer_types`` and ``use_sliding_window`` is not false
+      (Mistral 7B); Qwen3 and Mixtral give ``sliding_window: null`` or ``use_sliding_window: false``;
+    - Grok-1's feed-forward is gated (three matrices around a GELU, xai-org/grok-1 model.py
+      ``DenseBlock``: linear, linear_v, linear_1), which ``hidden_act: gelu`` alone does not say.
+    """
+    if isinstance(hf.get("text_config"), dict):
+        hf = {**{k: v for k, v in hf.items() if k != "text_config"}, **hf["text_config"]}
+    hf = dict(hf)
+    if hf.get("intermediate_size_mlp") is not None and hf.get("num_local_experts"):
+        hf["moe_intermediate_size"] = hf["intermediate_size"]
+        hf["intermediate_size"] = hf["intermediate_size_mlp"]
+        hf.setdefault("n_shared_experts", 1)
+    if hf.get("sliding_window") and hf.get("layer_types") is None:
+        if hf.get("use_sliding_window") is False:
+            hf["sliding_window"] = None
+        elif isinstance(hf.get("num_hidden_layers"), int):
+            hf["layer_types"] = ["sliding_attention"] * hf["num_hidden_layers"]
+    if str(hf.get("model_type", "")).lower() == "grok-1":
+        hf.setdefault("mlp_gated", True)
     out = {}
     # Canonical names first, so an alias never shadows a field the file also gives by its own name.
     for key in sorted(hf, key=lambda k: k in MODEL_ALIASES):

@@ -269,7 +269,7 @@ STAGE_KEYS = ["stage", "weights_gib", "gradients_gib", "optimizer_gib", "activat
 
 def test_json_field_names():
     report = memory_report(gpt3_scenario())
-    assert list(report) == ["stages", "peak_gib", "fits", "assumptions"]
+    assert list(report) == ["stages", "peak_gib", "fits", "assumptions", "model_params"]
     assert [list(r) for r in report["stages"]] == [STAGE_KEYS] * 8
     assert [r["stage"] for r in report["stages"]] == list(range(8))
     assert json.loads(json.dumps(report)) == report

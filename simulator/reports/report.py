@@ -60,6 +60,14 @@ def stage_breakdown(result: SimResult) -> list[dict]:
     return out
 
 
+def model_params(model) -> dict:
+    """Total and per-token active parameters (``compute.param_counts``; MTP modules left out)."""
+    from simulator.workload.compute import param_counts
+
+    counts = param_counts(model)
+    return {"total": counts["total"], "active": counts["active"]}
+
+
 def step_report(result: SimResult, wall_s: float | None = None) -> dict:
     s = result.scenario
     step = result.step_time_s
@@ -98,6 +106,7 @@ def step_report(result: SimResult, wall_s: float | None = None) -> dict:
         "events": result.events,
         "transfers": result.transfers,
         "simulated_ranks": len(result.simulated_ranks),
+        "model_params": model_params(s.model),
     }
     if wall_s is not None:
         report["sim_wall_s"] = wall_s

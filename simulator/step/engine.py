@@ -29,6 +29,7 @@ from simulator.physical.hardware import GPUSpec, gpu_of
 from simulator.physical.network import Network
 from simulator.step.plan import Plan
 from simulator.step.schedules import SCHEDULES, virtual_stage
+from simulator.workload.moe import split_moe_block
 from simulator.physical.topology import Cluster, build_cluster, load_topology
 from simulator.workload.workload import GRAD_BYTES, PARAM_BYTES, Workload, build_workload
 
@@ -310,11 +311,34 @@ class StepEngine:
         if sp:
             yield from self.mlp_tp_collective(rank, moe, "all_gather", at)
         if moe:
-            yield from self.collective(rank, "ep", "all_to_all", w.ep_bytes, "ep", **at)
-        yield from self.compute(rank, kind, cost.mlp_fwd, "moe" if moe else "mlp", mb, chunk, layer)
-        if moe:
-            yield from self.collective(rank, "ep", "all_to_all", w.ep_bytes, "ep", **at)
+            yield from self.moe_block(rank, kind, cost.mlp_fwd, at)
+        else:
+            yield from self.compute(rank, kind, cost.mlp_fwd, "mlp", mb, chunk, layer)
         yield from self.mlp_tp_collective(rank, moe, "reduce_scatter" if sp else "all_reduce", at)
+
+    def moe_block(self, rank: int, kind: str, block, at: dict) -> Generator:
+        """Router and permutation, the dispatch all-to-all, the local experts, the combine
+        all-to-all, unpermutation and shared experts (``moe.split_moe_block``); in backward the
+        same order reversed. With ``moe.overlap_a2a`` the all-to-alls run while the rank computes
+        and are waited for at the end of the block (the framework hides them behind other work)."""
+        w = self.work
+        mb, chunk, layer = at["microbatch"], at["chunk"], at["layer"]
+        before, experts, after = split_moe_block(block)
+        overlap = self.s.moe.overlap_a2a
+        yield from self.compute(rank, kind, before, "moe", mb, chunk, layer)
+        if overlap:
+            first = self.launch(rank, "ep", "all_to_all", w.ep_bytes, "ep")
+        else:
+            yield from self.collective(rank, "ep", "all_to_all", w.ep_bytes, "ep", **at)
+        yield from self.compute(rank, kind, experts, "moe", mb, chunk, layer)
+        if overlap:
+            second = self.launch(rank, "ep", "all_to_all", w.ep_bytes, "ep")
+        else:
+            yield from self.collective(rank, "ep", "all_to_all", w.ep_bytes, "ep", **at)
+        yield from self.compute(rank, kind, after, "moe", mb, chunk, layer)
+        if overlap:
+            yield from self.wait(rank, first, "ep", label="all_to_all", **at)
+            yield from self.wait(rank, second, "ep", label="all_to_all", **at)
 
     def mlp_tp_collective(self, rank: int, moe: bool, op: str, at: dict) -> Generator:
         """The TP collective around an MLP. An MoE layer with expert TP (etp) below tp gathers and
@@ -337,9 +361,7 @@ class StepEngine:
         if sp:
             yield from self.mlp_tp_collective(rank, moe, "all_gather", at)
         if moe:
-            yield from self.collective(rank, "ep", "all_to_all", w.ep_bytes, "ep", **at)
-            yield from self.compute(rank, "B", cost.mlp_bwd, "moe", mb, chunk, layer)
-            yield from self.collective(rank, "ep", "all_to_all", w.ep_bytes, "ep", **at)
+            yield from self.moe_block(rank, "B", cost.mlp_bwd, at)
             yield from self.mlp_tp_collective(rank, moe, "reduce_scatter" if sp else "all_reduce", at)
         else:
             yield from self.column_parallel_backward(rank, cost.mlp_bwd, "mlp_up", "mlp", sp, at)

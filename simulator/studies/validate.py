@@ -37,12 +37,11 @@ only, so predictions are the same with them removed. Documented defaults for unk
   materialised scores.
 - layers not divisible by pp x vp: the first and last stages get f layers each and the others the
   rest evenly, f the largest value <= ceil(layers / (pp x vp)) that makes this possible (how
-  Megatron-DeepSpeed balanced BLOOM, whose first and last stages also carry the embedding); when
-  no such f exists (DeepSeek-V3: 61 layers on 16 virtual stages), every stage but the last gets
-  ceil(layers / (pp x vp)) and the last the rest, the layout of Megatron-Bridge's DeepSeek-V3
-  recipes (``pipeline_model_parallel_layout`` ``Et*4|(t*4|)*14tmL``: 4 layers per virtual stage,
-  1 plus MTP and loss on the last).
-
+  Megatron-DeepSpeed balanced BLOOM, whose first and last stages also carry the embedding). When
+  no equal f exists (DeepSeek-V3's 61 layers on 16 stages), Megatron-core's separate
+  ``decoder_first_pipeline_num_layers`` / ``decoder_last_pipeline_num_layers``: the other stages
+  get the fewest layers m that leaves first + last <= 2m, the first stage the larger share
+  (the last also carries the head and MTP), printed as an assumption.
 - framework: the case's ``framework:`` (a profile in ``frameworks/``: megatron-core, nemo,
   torchtitan, deepspeed, composer, maxtext), ``megatron-core`` when the case does not say (the
   stack of the calibration runs). An unknown name makes that case an error row naming the valid ones.
@@ -56,6 +55,20 @@ only, so predictions are the same with them removed. Documented defaults for unk
 - GPU names: a catalog entry or alias, or a family match (``simulator.physical.hardware``); the
   96 GB H100 of Meta's Grand Teton hosts is its own entry (2.4 TB/s HBM2e); PCIe, NVL and 94 GB
   parts are an error, never mapped to the SXM part.
+- vp given with pp 1 (no pipeline to interleave): ignored, with a note.
+- dp that leaves out the expert ranks (``dp_convention: excludes_expert_ranks``, or tp x pp x dp
+  x cp != the GPU count while tp x pp x cp divides it): dp = GPUs / (tp x pp x cp), with a note.
+- MoE models: the architecture comes from the shipped catalog when the case's ``hf_id`` is in it
+  (``model: org/name``), else from the case's fields (``head_dim``, ``moe_ffn_hidden``,
+  ``shared_experts``, ``first_k_dense``, ``mla`` with ``q_lora_rank`` / ``kv_lora_rank`` /
+  ``qk_rope_head_dim`` and per-head nope and value widths = head_dim, ``mtp_layers``); ``etp``
+  when given. MoE options from ``framework_options``: ``moe_token_dispatcher`` flex / deepep /
+  DeepEP-like -> flex, alltoall -> alltoall, otherwise alltoall (the Megatron-Bridge recipes');
+  ``moe_expert_capacity_factor`` with ``moe_pad_expert_input_to_capacity`` or dropless false ->
+  capacity_factor; ``moe_a2a_1f1b_overlap`` -> overlap_a2a; "node-limited to N" -> max_nodes_per_token;
+  a model whose router picks topk_group of n_group expert groups (DeepSeek-V3: 4 of 8) with EP
+  spanning exactly n_group nodes is node-limited to topk_group nodes. Routing is taken as balanced
+  (imbalance 1): published MoE benchmarks force-balance the router.
 
 Predicted TFLOP/s per GPU are the measured ones scaled by measured / predicted step time, i.e.
 the source's own FLOP convention (model or hardware FLOPs) applied to the predicted step.
@@ -89,6 +102,20 @@ def _hidden_act(model: dict) -> str:
         if err < best_err:
             best, best_err = act, err
     return best
+
+
+def _uneven(layers: int, n: int) -> tuple[int, int] | None:
+    """(first, last) layers for Megatron-core's uneven split when no equal first/last split exists."""
+    if n < 3:
+        return None
+    for m in range(1, layers + 1):
+        rest = layers - m * (n - 2)
+        if rest < 0:
+            return None
+        if rest <= 2 * m:
+            last = rest // 2
+            return rest - last, last
+    return None
 
 
 def _ends(layers: int, n: int) -> int | None:
@@ -154,8 +181,65 @@ def _framework_keys(case: dict) -> dict:
     return out
 
 
-def case_to_scenario_dict(case: dict) -> dict:
-    """A scenario (as a dict) from the description of one published run."""
+def _case_model(m: dict) -> tuple[dict | str, list[str]]:
+    """The scenario's model section for a case: its HF id when the catalog has it, else its fields."""
+    from simulator.workload.catalog_models import catalog_ids
+
+    hf_id = m.get("hf_id")
+    if hf_id and hf_id in catalog_ids():
+        return hf_id, []
+    model = {"hidden_size": m["hidden"], "num_hidden_layers": m["layers"], "num_attention_heads": m["heads"],
+             "num_key_value_heads": m.get("kv_heads") or m["heads"], "intermediate_size": m["ffn_hidden"],
+             "vocab_size": m["vocab"], "hidden_act": _hidden_act(m), "tie_word_embeddings": False}
+    if m.get("head_dim") and m["head_dim"] * m["heads"] != m["hidden"]:
+        model["kv_channels"] = m["head_dim"]
+    if m.get("experts"):
+        model.update(num_experts=m["experts"], num_experts_per_tok=m.get("topk") or 1)
+        if m.get("moe_ffn_hidden"):
+            model["moe_intermediate_size"] = m["moe_ffn_hidden"]
+        model["num_shared_experts"] = m.get("shared_experts") or 0
+        model["first_k_dense_replace"] = m.get("first_k_dense") or 0
+    if m.get("mla"):
+        d = m.get("head_dim") or m["hidden"] // m["heads"]
+        model.update(q_lora_rank=m.get("q_lora_rank"), kv_lora_rank=m.get("kv_lora_rank"),
+                     qk_nope_head_dim=d, qk_rope_head_dim=m.get("qk_rope_head_dim") or 0, v_head_dim=d)
+        model.pop("kv_channels", None)
+    if m.get("mtp_layers"):
+        model["num_nextn_predict_layers"] = m["mtp_layers"]
+    notes = [f"{hf_id} not in the catalog: model from the case's fields"] if hf_id else []
+    return model, notes
+
+
+def _moe_options(case: dict, m: dict, model, ep: int, etp: int, gpn: int) -> tuple[dict, list[str]]:
+    opts = case.get("framework_options") or {}
+    out, notes = {}, []
+    dispatcher = str(opts.get("moe_token_dispatcher") or "").lower()
+    out["token_dispatcher"] = "flex" if ("flex" in dispatcher or "deepep" in dispatcher) else "alltoall"
+    dropless = opts.get("moe_token_dropless")
+    if opts.get("moe_expert_capacity_factor") is not None and (opts.get("moe_pad_expert_input_to_capacity")
+                                                                or dropless is False):
+        out["capacity_factor"] = float(opts["moe_expert_capacity_factor"])
+    if opts.get("moe_a2a_1f1b_overlap"):
+        out["overlap_a2a"] = True
+    limit = re.search(r"node-limited to (\d+)", dispatcher + " " + str(opts.get("moe_routing") or ""))
+    nodes = -(-ep * etp // gpn)
+    if limit:
+        out["max_nodes_per_token"] = int(limit.group(1))
+    elif isinstance(model, str):
+        from simulator.workload.catalog_models import catalog_config
+
+        hf = catalog_config(model)
+        if hf.get("n_group") and hf.get("topk_group") and nodes == hf["n_group"] and hf["topk_group"] < nodes:
+            out["max_nodes_per_token"] = hf["topk_group"]
+            notes.append(f"group-limited routing ({hf['topk_group']} of {hf['n_group']} groups) on EP over "
+                         f"{nodes} nodes: max_nodes_per_token {hf['topk_group']}")
+    return out, notes
+
+
+def case_to_scenario_dict(case: dict, notes: list[str] | None = None) -> dict:
+    """A scenario (as a dict) from the description of one published run; what it had to assume
+    beyond the module docstring's defaults is appended to ``notes``."""
+    notes = [] if notes is None else notes
     m, hw, par = case["model"], case["hardware"], case["parallelism"]
     gpu = hw["gpu"]
     gpn = hw.get("gpus_per_node") or 8
@@ -170,33 +254,52 @@ def case_to_scenario_dict(case: dict) -> dict:
         recompute = "none"
     sp = "sequence-parallel" in sp_text or (not sp_text and par["tp"] > 1)
     pp, cp = par["pp"], par.get("cp") or 1
-    dp = par.get("dp") or hw["count"] // (par["tp"] * pp * cp)
+    base = par["tp"] * pp * cp
+    dp = par.get("dp") or hw["count"] // base
+    if hw["count"] % base == 0 and (base * dp != hw["count"] or par.get("dp_convention") == "excludes_expert_ranks"):
+        if base * dp != hw["count"]:
+            notes.append(f"dp {dp} leaves out expert ranks: dp = {hw['count']} GPUs / (tp x pp x cp = {base}) "
+                         f"= {hw['count'] // base}")
+        dp = hw["count"] // base
     mbs = par.get("mbs") or 1
     vp = par.get("vp") or _stated_vp(case) or default_vp(m["layers"], pp, par["gbs"] // max(1, dp * mbs))
+    if vp > 1 and pp == 1:
+        notes.append(f"vp {vp} ignored at pp 1")
+        vp = 1
     ends = _ends(m["layers"], pp * vp)
+    uneven = _uneven(m["layers"], pp * vp) if ends is None and m["layers"] % (pp * vp) else None
+    if uneven is not None:
+        notes.append(f"{m['layers']} layers on {pp * vp} virtual stages: first {uneven[0]}, last {uneven[1]}, "
+                     f"{(m['layers'] - sum(uneven)) // (pp * vp - 2)} on each other")
     parallelism = {"tp": par["tp"], "pp": pp, "dp": dp, "cp": cp,
                    "ep": par.get("ep") or 1, "vp": vp, "sequence_parallel": bool(sp),
                    "zero_stage": 1 if par.get("zero_stage") is None else par["zero_stage"]}
     ep = parallelism["ep"]
-    if ep > 1 and (dp * cp) % ep and (par["tp"] * dp * cp) % ep == 0:
+    if par.get("etp") is not None and ep > 1:
+        parallelism["etp"] = par["etp"]
+        if par["etp"] < par["tp"]:
+            parallelism["sequence_parallel"] = True
+    elif ep > 1 and (dp * cp) % ep and (par["tp"] * dp * cp) % ep == 0:
         parallelism.update(etp=1, sequence_parallel=True)  # expert groups span TP ranks (MoE parallel folding)
     if ends is not None:
         parallelism.update(first_pipeline_num_layers=ends, last_pipeline_num_layers=ends)
-    elif m["layers"] % (pp * vp) and pp * vp > 1:
-        each = math.ceil(m["layers"] / (pp * vp))
-        while each > 1 and m["layers"] - (pp * vp - 1) * each < 0:
-            each -= 1
-        parallelism.update(first_pipeline_num_layers=each,
-                           last_pipeline_num_layers=m["layers"] - (pp * vp - 1) * each)
+    elif uneven is not None:
+        parallelism.update(first_pipeline_num_layers=uneven[0], last_pipeline_num_layers=uneven[1])
     rotate = str((case.get("framework_options") or {}).get("context_parallel_rotate") or "").lower()
     if cp > 1 and rotate.replace("-", "_") in ("allgather", "all_gather"):
         parallelism["cp_comm_type"] = "all_gather"
-    model = {"hidden_size": m["hidden"], "num_hidden_layers": m["layers"], "num_attention_heads": m["heads"],
-             "num_key_value_heads": m.get("kv_heads") or m["heads"], "intermediate_size": m["ffn_hidden"],
-             "vocab_size": m["vocab"], "hidden_act": _hidden_act(m), "tie_word_embeddings": False}
+    if m.get("experts") or m.get("hf_id"):
+        model, model_notes = _case_model(m)
+        notes.extend(model_notes)
+    else:
+        model = {"hidden_size": m["hidden"], "num_hidden_layers": m["layers"], "num_attention_heads": m["heads"],
+                 "num_key_value_heads": m.get("kv_heads") or m["heads"], "intermediate_size": m["ffn_hidden"],
+                 "vocab_size": m["vocab"], "hidden_act": _hidden_act(m), "tie_word_embeddings": False}
+    moe = {}
     if m.get("experts"):
-        model.update(num_experts=m["experts"], num_experts_per_tok=m.get("topk") or 1)
-    return {
+        moe, moe_notes = _moe_options(case, m, model, ep, parallelism.get("etp") or par["tp"], gpn)
+        notes.extend(moe_notes)
+    out = {
         "name": case["id"],
         "model": model,
         "cluster": {"topology": topology_for(gpu),
@@ -212,6 +315,9 @@ def case_to_scenario_dict(case: dict) -> dict:
         "schedule": "interleaved" if vp > 1 else "1f1b",
         **_framework_keys(case),
     }
+    if moe:
+        out["moe"] = moe
+    return out
 
 
 def topology_for(gpu: str) -> str:
@@ -258,7 +364,7 @@ def groups_of(case: dict, scenario_dict: dict) -> dict[str, str]:
     par = scenario_dict["parallelism"]
     axes = "+".join(a for a in ("tp", "pp", "dp", "cp", "ep") if (par.get(a) or 1) > 1) or "single"
     return {"gpu": scenario_dict["cluster"]["gpu"], "precision": scenario_dict["training"]["precision"],
-            "kind": "moe" if scenario_dict["model"].get("num_experts") else "dense", "axes": axes}
+            "kind": "moe" if (case.get("model") or {}).get("experts") else "dense", "axes": axes}
 
 
 def predict(case: dict) -> dict:
@@ -266,8 +372,11 @@ def predict(case: dict) -> dict:
     from simulator.step.engine import simulate
     from simulator.reports.report import step_report
 
-    d = case_to_scenario_dict(case)
+    notes: list[str] = []
+    d = case_to_scenario_dict(case, notes)
     row = {"id": case["id"], "groups": groups_of(case, d)}
+    if notes:
+        row["assumed"] = notes
     try:
         s = scenario_from_dict(d)
         validate_plan(s)
@@ -315,6 +424,7 @@ def validate_file(path: str, workers: int = 2, progress=None) -> dict:
     scored = [r for r in rows if isinstance(r.get("error"), float)]
     summary = {"cases": len(rows), "scored": len(scored),
                "mape": _mape(scored),
+               "signed_mean": sum(r["error"] for r in scored) / len(scored) if scored else None,
                "within_20pct": sum(abs(r["error"]) <= 0.20 for r in scored) / max(1, len(scored)),
                "worst": max((abs(r["error"]) for r in scored), default=None),
                "by_group": {}}
@@ -345,13 +455,16 @@ def format_table(result: dict) -> str:
         mark = marks.get(r["measured"].get("basis"), " ")
         lines.append(f"{r['id']:<{w}} {r['measured']['step_time_s']:>9.2f}{mark} {pred} "
                      f"{r['error']:>+8.1%} {mt if mt else '':>8} {f'{pt:.1f}' if pt else '':>8}")
+    for r in result["rows"]:
+        for note in r.get("assumed", ()):
+            lines.append(f"  assumed for {r['id']}: {note}")
     s = result["summary"]
     lines.append("")
     if not s["scored"]:
         lines.append(f"no case has a measured step time, tokens/s, TFLOP/s or MFU: {s['cases']} predictions, no error")
         return "\n".join(lines)
     lines.append(f"MAPE {s['mape']:.1%} over {s['scored']} cases; within 20%: {s['within_20pct']:.0%}; "
-                 f"worst {s['worst']:.1%}")
+                 f"worst {s['worst']:.1%}; signed mean {s['signed_mean']:+.1%}")
     if any(r.get("measured", {}).get("basis") in marks for r in result["rows"]):
         lines.append("  measured step marked t: from tokens/s per GPU; f: from TFLOP/s or MFU with stepsim's "
                      "model FLOPs (the source's FLOP convention may differ)")

@@ -7,6 +7,10 @@ bandwidth (``SimOptions.compute_scale``); kernel launch overheads stay. A class 
 the scenario's cluster (no spine-core tier in one pod, no leaf-spine links under one leaf) is
 reported as absent rather than simulated. All runs go through ``sweep.run_tasks``, so they run
 in parallel on any executor.
+
+The ``moe_imbalance`` row (MoE models only) sets ``moe.imbalance``, the busiest expert rank's
+tokens over the mean: ``factor`` times the scenario's value for "slower", divided by ``factor``
+(at least 1, perfectly balanced) for "faster".
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from simulator.files import atomic_write_text
 from simulator.studies.sweep import Task, base_of, run_tasks
 from simulator.physical.topology import LINK_CLASSES
 
-TARGETS = (*LINK_CLASSES, "compute")
+TARGETS = (*LINK_CLASSES, "compute", "moe_imbalance")
 MAX_FACTOR = 1000.0  # 1000x any link or GPU is far outside any hardware generation; beyond, times underflow
 
 
@@ -44,7 +48,8 @@ def whatif(scenario, *, sets: Sequence[str] = (), factor: float = 2.0, executor:
         if t not in TARGETS:
             raise ConfigError("what-if target", t, f"valid: {', '.join(TARGETS)}")
     cluster = scenario_cluster(s)
-    present = {cls: len(cluster.links_of_class(cls)) > 0 for cls in LINK_CLASSES} | {"compute": True}
+    present = ({cls: len(cluster.links_of_class(cls)) > 0 for cls in LINK_CLASSES} | {"compute": True}
+               | {"moe_imbalance": s.model.is_moe})
     base = Task(raw, base_dir, name)
     tasks = [("baseline", base)]
     for target in chosen:
@@ -53,6 +58,9 @@ def whatif(scenario, *, sets: Sequence[str] = (), factor: float = 2.0, executor:
         for tag, scale in (("faster", factor), ("slower", 1 / factor)):
             if target == "compute":
                 task = Task(raw, base_dir, name, compute_scale=scale)
+            elif target == "moe_imbalance":
+                imbalance = max(1.0, s.moe.imbalance / scale)
+                task = Task({**raw, "moe": {**(raw.get("moe") or {}), "imbalance": imbalance}}, base_dir, name)
             else:
                 task = Task(raw, base_dir, name, link_scale=((target, scale),))
             tasks.append((f"{target}:{tag}", task))
@@ -85,7 +93,8 @@ def format_whatif(result: dict) -> str:
              f"{'resource':<12} {'faster_s':>10} {'change':>8} {'slower_s':>10} {'change':>8}"]
     for r in result["rows"]:
         if not r["present"]:
-            lines.append(f"{r['target']:<12} {'(no such links in this cluster)':>38}")
+            what = "(dense model)" if r["target"] == "moe_imbalance" else "(no such links in this cluster)"
+            lines.append(f"{r['target']:<12} {what:>38}")
             continue
         lines.append(f"{r['target']:<12} {r['faster_step_time_s']:>10.4f} {r['faster_change']:>+8.1%} "
                      f"{r['slower_step_time_s']:>10.4f} {r['slower_change']:>+8.1%}")

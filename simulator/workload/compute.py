@@ -26,7 +26,7 @@ import functools
 import math
 from dataclasses import dataclass
 
-from simulator.config import ModelConfig, ParallelConfig, TrainingConfig
+from simulator.config import ModelConfig, MoEConfig, ParallelConfig, TrainingConfig
 from simulator.errors import ConfigError
 from simulator.physical.hardware import GPUSpec, gemm_ceiling, peak
 from simulator.workload import attention
@@ -161,12 +161,14 @@ def _attention_precision(precision: str) -> str:
 
 
 def _attn_core(
-    model: ModelConfig, training: TrainingConfig, par: ParallelConfig, gpu: GPUSpec, backward: bool
+    model: ModelConfig, training: TrainingConfig, par: ParallelConfig, gpu: GPUSpec, backward: bool,
+    window: int | None = None,
 ) -> list[Op]:
     """Fused causal attention on this GPU's heads (nq / tp) and queries (s / cp).
 
-    Forward FLOPs 4 * b * q * k * h_attn per call (QK^T and PV; halved on the causal diagonal;
-    h_attn = heads * head_dim / tp), over the calls ``attention.cp_attention_calls`` lists: one
+    Forward FLOPs 2 * b * q * k * heads * (qk + v) per call (QK^T over the query/key width qk,
+    PV over the value width v: 192 and 128 under MLA, ``simulator.workload.mla``, both head_dim
+    otherwise; halved on the causal diagonal; heads = nq / tp), over the calls ``attention.cp_attention_calls`` lists: one
     causal call without CP; with load-balanced causal CP one causal call on the local chunks and
     cp - 1 non-causal calls of half its size, s^2 / (2 cp) per rank in all. Each call runs at the
     measured efficiency of the kernel that runs (``attention.peak_fraction``: kernel, direction,
@@ -181,42 +183,54 @@ def _attn_core(
     Ops: ``attn_core`` (the local causal call; the only one without CP), ``attn_core_cp`` (the
     cp - 1 calls on arriving keys, which need the exchange), ``attn_cp_merge``; ``_bwd`` backward.
     Attention is compute-bound at these sizes; its HBM bytes are split 1/cp to the local call.
+    A sliding-window layer (``window``) is one causal call computing ``mla.window_fraction`` of the
+    causal pairs, with key length min(window, s / cp).
     """
+    from simulator.workload.mla import window_fraction
+
     b, s = training.micro_batch_size, training.seq_length
     tp, cp = par.tp, par.cp
     tokens = b * s / cp
     heads = model.num_attention_heads / tp
-    q_dim = heads * model.head_dim
-    kv_dim = max(model.num_key_value_heads, tp) * model.head_dim / tp
-    nbytes = ACT_BYTES * (2 * tokens * q_dim + 2 * b * s * kv_dim) * (2.0 if backward else 1.0)
+    kv_heads = max(model.num_key_value_heads, tp) / tp
+    width = model.qk_head_dim + model.v_dim
+    q_dim = heads * width / 2  # per-token query width of one GEMM pass (head_dim without MLA)
+    nbytes = ACT_BYTES * (tokens * heads * width + b * s * kv_heads * width) * (2.0 if backward else 1.0)
     backend = attention.resolve_backend(training.attention, gpu.name)
     direction = "bwd" if backward else "fwd"
     flop_rate_16 = peak(gpu, _attention_precision(training.precision)) * gpu.sustained_fraction
     reference = _occupancy(attention.REFERENCE_CTAS, gpu.num_sms)
+    if window:
+        seq = min(s / cp, window)
+        shape = [(s / cp, seq, True)]
+        scale = [window_fraction(s, window) * s / seq]  # the window's pairs over a causal square of seq keys
+    else:
+        shape = attention.cp_attention_calls(s, cp)
+        scale = [1.0] * len(shape)
     calls = []  # (flops, seconds) per call
-    for q_len, kv_len, causal in attention.cp_attention_calls(s, cp):
-        call = 4.0 * b * q_len * kv_len * q_dim / (2.0 if causal else 1.0)
+    for (q_len, kv_len, causal), k in zip(shape, scale):
+        call = 2.0 * b * q_len * kv_len * heads * width / (2.0 if causal else 1.0) * k
         if backward:
             call *= FA_BWD_FLOP_RATIO
         ctas = b * heads * math.ceil(q_len / TILE_M)
-        kernel = attention.AttentionKernel(backend, direction, causal, model.head_dim, kv_len)
+        kernel = attention.AttentionKernel(backend, direction, causal, model.qk_head_dim, kv_len)
         eff = attention.peak_fraction(kernel, gpu.name) * _occupancy(ctas, gpu.num_sms) / reference
         calls.append((call, call / (flop_rate_16 * eff)))
     suffix = "_bwd" if backward else ""
     # The first (local, causal) call reads this rank's Q, K, V; the later calls the arriving K, V.
-    local_bytes = nbytes / cp if cp > 1 else nbytes
+    local_bytes = nbytes / cp if cp > 1 and not window else nbytes
     first_flops, first_s = calls[0]
     ops = [Op(f"attn_core{suffix}", first_flops, local_bytes,
               max(first_s, local_bytes / (gpu.hbm_bandwidth_Bps * gpu.memory_efficiency)) + gpu.launch_overhead_s)]
-    if cp > 1:
+    if len(calls) > 1:
         ring_flops = sum(f for f, _ in calls[1:])
         ring_s = sum(t for _, t in calls[1:])
         ring_bytes = nbytes - local_bytes
         ops.append(Op(f"attn_core_cp{suffix}", ring_flops, ring_bytes,
                       max(ring_s, ring_bytes / (gpu.hbm_bandwidth_Bps * gpu.memory_efficiency))
-                      + gpu.launch_overhead_s * (cp - 1)))
-        merged_rows = sum(b * q_len for q_len, _, _ in attention.cp_attention_calls(s, cp)[1:])
-        merge = CP_MERGE_BYTES * merged_rows * q_dim * (2.0 if backward else 1.0)
+                      + gpu.launch_overhead_s * (len(calls) - 1)))
+        merged_rows = sum(b * q_len for q_len, _, _ in shape[1:])
+        merge = CP_MERGE_BYTES * merged_rows * heads * model.v_dim * (2.0 if backward else 1.0)
         ops.append(_mem(f"attn_cp_merge{suffix}", merge, gpu))
     return ops
 
@@ -277,62 +291,57 @@ class _Mem:
 
 
 @dataclass(frozen=True)
+class _Latency:
+    """A fixed stall of the GPU stream (a host sync), forward only: backward reuses its result."""
+
+    name: str
+    time_s: float
+
+
+@dataclass(frozen=True)
 class _AttnCore:
-    pass
+    window: int | None = None
 
 
-_Step = _Gemm | _Mem | _AttnCore
+_Step = _Gemm | _Mem | _AttnCore | _Latency
 
 
-def _attn_plan(model: ModelConfig, tokens: float, tokens_norm: float, tp: int) -> list[_Step]:
+def _attn_plan(model: ModelConfig, tokens: float, tokens_norm: float, tp: int,
+               window: int | None = None) -> list[_Step]:
     h, hd = model.hidden_size, model.head_dim
+    if model.is_mla:
+        from simulator.workload.mla import mla_gemms, mla_norm_width
+
+        return [
+            _Mem("input_norm", 2 * ACT_BYTES * tokens_norm * h),
+            *(_Gemm(name, tokens, n, k) for name, n, k in mla_gemms(model, tp)),
+            _Mem("latent_norm", 2 * ACT_BYTES * tokens * mla_norm_width(model)),
+            _AttnCore(window),
+            _Gemm("out_proj", tokens, h, model.num_attention_heads * model.v_dim / tp),
+            _Mem("attn_residual", 3 * ACT_BYTES * tokens_norm * h),
+        ]
     q_dim = model.num_attention_heads * hd
     kv_dim = max(model.num_key_value_heads, tp) * hd
     return [
         _Mem("input_norm", 2 * ACT_BYTES * tokens_norm * h),
         _Gemm("qkv_proj", tokens, (q_dim + 2 * kv_dim) / tp, h),
-        _AttnCore(),
+        _AttnCore(window),
         _Gemm("out_proj", tokens, h, q_dim / tp),
         _Mem("attn_residual", 3 * ACT_BYTES * tokens_norm * h),
     ]
 
 
 def _mlp_plan(
-    model: ModelConfig, layer: int, tokens: float, tokens_norm: float, par: ParallelConfig
+    model: ModelConfig, layer: int, tokens: float, tokens_norm: float, par: ParallelConfig,
+    moe: MoEConfig | None = None, precision: str = "bf16",
 ) -> list[_Step]:
-    """Dense MLP, or MoE: router, routed experts as grouped GEMMs, shared experts as one MLP.
-
-    MoE per GPU: an expert-TP group of etp ranks (Megatron-core expert_tensor_parallel_size,
-    default tp) takes T * etp / tp tokens (all T when etp = tp; its ranks' sequence-parallel
-    shards otherwise), and the EP group's routed token copies are spread over its ep blocks, each
-    holding E / ep experts: a rank runs T * etp / tp * topk token copies (balanced routing), with
-    expert GEMMs split by etp. Permute and unpermute each read and write the routed copies once.
-    Shared experts (DeepSeek-MoE) are one dense MLP of num_shared_experts *
-    moe_intermediate_size on all local tokens, split by tp.
-    """
+    """Dense MLP, or an MoE layer as it runs (``simulator.workload.moe.moe_steps``)."""
     h, tp, mm = model.hidden_size, par.tp, model.mlp_matrices
     plan: list[_Step] = [_Mem("post_attn_norm", 2 * ACT_BYTES * tokens_norm * h)]
     if model.is_moe_layer(layer):
-        topk, experts, ffe = model.num_experts_per_tok, model.num_experts, model.expert_intermediate_size
-        etp = par.expert_tp
-        local_experts = max(1, experts // par.ep)
-        copies = tokens * etp / tp * topk
-        per_expert = copies / local_experts
-        plan += [
-            _Gemm("router", tokens_norm, experts, h),
-            _Mem("moe_permute", 2 * ACT_BYTES * copies * h),
-            _Gemm("expert_up", per_expert, (mm - 1) * ffe / etp, h, local_experts),
-            _Mem("expert_act", mm * ACT_BYTES * copies * ffe / etp),
-            _Gemm("expert_down", per_expert, h, ffe / etp, local_experts),
-            _Mem("moe_unpermute", 2 * ACT_BYTES * copies * h),
-        ]
-        if model.num_shared_experts:
-            ffs = model.num_shared_experts * ffe
-            plan += [
-                _Gemm("shared_up", tokens, (mm - 1) * ffs / tp, h),
-                _Mem("shared_act", mm * ACT_BYTES * tokens * ffs / tp),
-                _Gemm("shared_down", tokens, h, ffs / tp),
-            ]
+        from simulator.workload.moe import moe_steps
+
+        plan += moe_steps(model, tokens, tokens_norm, par, moe or MoEConfig(), precision)
     else:
         ff = model.intermediate_size
         plan += [
@@ -360,11 +369,14 @@ def _run(
                 ops.extend(_gemm_bwd(step.name, step.m, step.n, step.k, gpu, training.precision, step.groups))
             else:
                 ops.append(_gemm(step.name, step.m, step.n, step.k, gpu, training.precision, step.groups))
+        elif isinstance(step, _Latency):
+            if not backward:
+                ops.append(Op(step.name, 0.0, 0.0, step.time_s))
         elif isinstance(step, _AttnCore):
             if training.attention == "unfused":
                 ops.extend(_attn_core_unfused(model, training, par, gpu, backward))
             else:
-                ops.extend(_attn_core(model, training, par, gpu, backward))
+                ops.extend(_attn_core(model, training, par, gpu, backward, step.window))
         elif backward:
             ops.append(_mem(f"{step.name}_bwd", 2.0 * step.nbytes, gpu))
         else:
@@ -378,7 +390,8 @@ def _local_tokens(training: TrainingConfig, par: ParallelConfig) -> tuple[float,
 
 
 def layer_cost(
-    model: ModelConfig, training: TrainingConfig, par: ParallelConfig, gpu: GPUSpec, layer: int
+    model: ModelConfig, training: TrainingConfig, par: ParallelConfig, gpu: GPUSpec, layer: int,
+    moe: MoEConfig | None = None,
 ) -> LayerCost:
     """Forward, backward and recompute cost of transformer layer ``layer`` on one GPU.
 
@@ -390,10 +403,14 @@ def layer_cost(
     if training.attention not in ATTENTION_KERNELS:
         raise ConfigError("training.attention", training.attention, f"valid: {', '.join(ATTENTION_KERNELS)}")
     tokens, tokens_norm = _local_tokens(training, par)
-    attn = _attn_plan(model, tokens, tokens_norm, par.tp)
-    mlp = _mlp_plan(model, layer, tokens, tokens_norm, par)
+    attn = _attn_plan(model, tokens, tokens_norm, par.tp, model.attention_window(layer))
+    mlp = _mlp_plan(model, layer, tokens, tokens_norm, par, moe, training.precision)
     attn_fwd = _run(attn, model, training, par, gpu, backward=False)
     mlp_fwd = _run(mlp, model, training, par, gpu, backward=False)
+    if model.is_moe_layer(layer):
+        from simulator.workload.moe import price_host_sync
+
+        mlp_fwd = price_host_sync(attn_fwd, mlp_fwd, model, par, moe or MoEConfig(), training.precision)
     if training.recompute == "full":
         attn_re, mlp_re = attn_fwd, mlp_fwd
     elif training.recompute == "selective":
@@ -510,12 +527,16 @@ def param_counts(model: ModelConfig) -> dict:
     """Weight-matrix parameter counts (biases and norm gains, < 0.1%, are left out).
 
     Keys: 'embedding', 'lm_head' (0 if tied), 'per_layer_dense', 'per_layer_moe' (all routed
-    experts), 'per_layer_moe_active' (top-k routed + shared + router), 'total', 'active'.
-    Attention: h * (nq + 2 nkv) * head_dim + nq * head_dim * h (GQA, Ainslie et al. 2023).
+    experts), 'per_layer_moe_active' (top-k routed + shared + router), 'total', 'active', and
+    'mtp' (the num_nextn_predict_layers multi-token-prediction modules, left out of 'total' and
+    'active' as DeepSeek-V3's 671B / 37B leave them out: each is one MoE layer plus its 2h x h
+    projection, sharing the embedding and head). Attention: ``mla.attention_params`` (GQA:
+    h (nq + 2 nkv) head_dim + nq head_dim h, Ainslie et al. 2023; MLA: its five projections).
     """
-    h, hd, mm = model.hidden_size, model.head_dim, model.mlp_matrices
-    nq, nkv = model.num_attention_heads, model.num_key_value_heads
-    attn = h * (nq + 2 * nkv) * hd + nq * hd * h
+    from simulator.workload.mla import attention_params
+
+    h, mm = model.hidden_size, model.mlp_matrices
+    attn = attention_params(model)
     dense = attn + mm * h * model.intermediate_size
     expert = mm * h * model.expert_intermediate_size
     shared = model.num_shared_experts * expert
@@ -534,6 +555,7 @@ def param_counts(model: ModelConfig) -> dict:
         "per_layer_moe_active": moe_active,
         "total": embedding + lm_head + n_dense * dense + n_moe * moe,
         "active": embedding + lm_head + n_dense * dense + n_moe * moe_active,
+        "mtp": model.num_nextn_predict_layers * ((moe if model.is_moe else dense) + 2 * h * h),
     }
 
 
@@ -545,28 +567,39 @@ def model_flops_per_token(model: ModelConfig, seq_length: int) -> float:
     convention of Megatron-LM (Narayanan et al. 2021, Eq. 3) and NeMo's published MFU: GPT-3
     175B at s = 2048 gives 2.20e15 FLOPs per sample, Llama-3.1-8B at s = 8192 gives 4.74e14.
     Recompute is not counted (model FLOPs, not hardware FLOPs).
+
+    Attention per layer in general: 6 * nq * (qk_head_dim + v_dim) * s * f, which is
+    12 * h_attn * s when both widths are head_dim; f = ``mla.window_fraction`` on sliding-window
+    layers, 1 otherwise. MTP modules are not counted (DeepSeek-V3 quotes 37B active without them).
     """
+    from simulator.workload.mla import window_fraction
+
     counts = param_counts(model)
     n = counts["active"] - counts["embedding"] - counts["lm_head"] + model.vocab_size * model.hidden_size
-    h_attn = model.num_attention_heads * model.head_dim
-    return 6.0 * n + 12.0 * model.num_hidden_layers * h_attn * seq_length
+    width = model.num_attention_heads * (model.qk_head_dim + model.v_dim)
+    layers = sum(window_fraction(seq_length, model.attention_window(layer)) for layer in range(model.num_hidden_layers))
+    return 6.0 * n + 6.0 * layers * width * seq_length
 
 
 def recompute_flops_per_token(model: ModelConfig, seq_length: int, recompute: str) -> float:
     """FLOPs per token that activation recompute adds, in ``model_flops_per_token``'s convention
-    (full s^2 attention, weights counted by their active parameters).
+    (full s^2 attention over the query/key and value widths, sliding windows as their share of
+    pairs, weights counted by their active parameters).
 
-    "full" re-runs every layer's forward: 2 N_layers + 4 L h_attn s per token (Megatron-LM's Eq. 3,
-    Narayanan et al. 2021, counts this fourth pass: 96 B s l h^2 (1 + s/6h + ...) = 4 x 24 B s l h^2
-    (1 + s/6h); the LM head is not recomputed). "selective" re-runs the attention core, Q K^T and
-    P V: 4 L h_attn s per token (Korthikanti et al. 2022, Sec. 5). "none" adds nothing.
+    "full" re-runs every layer's forward: 2 N_layers + 2 L_eff (qk + v) heads s per token
+    (Megatron-LM's Eq. 3, Narayanan et al. 2021, counts this fourth pass: 96 B s l h^2 (1 + s/6h +
+    ...) = 4 x 24 B s l h^2 (1 + s/6h); the LM head is not recomputed). "selective" re-runs the
+    attention core, Q K^T and P V (Korthikanti et al. 2022, Sec. 5). "none" adds nothing.
     """
     if recompute not in RECOMPUTE_MODES:
         raise ConfigError("training.recompute", recompute, f"valid: {', '.join(RECOMPUTE_MODES)}")
-    h_attn = model.num_attention_heads * model.head_dim
-    attention = 4.0 * model.num_hidden_layers * h_attn * seq_length
     if recompute == "none":
         return 0.0
+    from simulator.workload.mla import window_fraction
+
+    width = model.num_attention_heads * (model.qk_head_dim + model.v_dim)
+    layers = sum(window_fraction(seq_length, model.attention_window(layer)) for layer in range(model.num_hidden_layers))
+    attention = 2.0 * layers * width * seq_length
     if recompute == "selective":
         return attention
     counts = param_counts(model)

@@ -209,6 +209,11 @@ def _layer_params(model: ModelConfig, layer: int, tp: int, ep: int, etp: int | N
     h, d = model.hidden_size, model.head_dim
     q, kv = model.num_attention_heads * d, max(model.num_key_value_heads, tp) * d
     dense = 2 * h + (h * (q + 2 * kv) + q * h) / tp
+    if model.is_mla:  # down projections replicated over TP, the rest split (simulator.workload.mla)
+        from simulator.workload.mla import attention_params, mla_gemms
+
+        down = sum(n * k for name, n, k in mla_gemms(model, 1) if name.endswith("_down_proj"))
+        dense = 2 * h + down + (attention_params(model) - down) / tp
     mm = model.mlp_matrices
     if not model.is_moe_layer(layer):
         return dense + mm * h * model.intermediate_size / tp, 0.0
@@ -341,6 +346,9 @@ def memory_report(
     capacity = gpu_capacity_bytes / GiB
     rows = [_stage_row(st, capacity) for st in stages]
     par = s.parallelism
+    from simulator.workload.compute import param_counts
+
+    counts = param_counts(s.model)
     return {
         "stages": rows,
         "peak_gib": max(r["total_gib"] for r in rows),
@@ -366,6 +374,7 @@ def memory_report(
             "comm_buffers": "FSDP: 2 gathered units + 1 unsharded gradient unit" if par.zero_stage >= 3
                             else "one DDP bucket of max(40e6, 1e6 x dp x cp) params",
         },
+        "model_params": {"total": counts["total"], "active": counts["active"]},
     }
 
 

@@ -10,8 +10,13 @@ Built once per scenario from the compute model; the engine only walks it. Messag
   scatter/gather split of the activation over the TP ranks), activations forward, gradients back.
 - CP (ring attention, Megatron-core): cp-1 ring steps of the local K and V,
   2*b*(s/cp)*kv_heads*head_dim/tp*2 bytes, overlapped with the attention core; twice in backward.
-- EP: all-to-all dispatch and combine of b*s/cp/tp*topk*h*2 bytes per rank per MoE layer
-  (token dispatch after the sequence-parallel split), twice more in backward.
+- EP: all-to-all dispatch and combine per rank per MoE layer, twice more in backward:
+  ``moe.dispatch_bytes`` (b*s/cp*etp/tp*topk*h*2 bytes with the alltoall dispatcher, deduplicated
+  per destination with DeepEP, x imbalance for the busiest rank), divided by the dispatcher's
+  achieved link efficiency (``moe.a2a_efficiency``) so the network model's time is the measured one.
+- MTP (DeepSeek-V3): each of the num_nextn_predict_layers modules runs on the last stage after
+  the LM head: two norms, the 2h -> h projection, one transformer layer (its EP all-to-alls are
+  not simulated), and its own LM head and cross-entropy.
 - DP: gradients in buckets of max(40e6, 1e6*dp) parameters (Megatron DDP default), 4 bytes per
   gradient (Megatron-LM sets accumulate_allreduce_grads_in_fp32 for bf16); all-reduce over DP x CP (ZeRO 0), reduce-scatter (ZeRO 1/2, distributed optimizer),
   parameter all-gather at the start of the step overlapped with the forward (steady state of
@@ -24,8 +29,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from simulator.workload.compute import BlockCost, LayerCost, embedding_cost, head_cost, layer_cost, param_counts
-from simulator.config import Scenario
+from simulator.workload.compute import (BlockCost, LayerCost, embedding_cost, head_cost, joined, layer_cost,
+                                        optimizer_cost, param_counts)
+from simulator.workload import moe as moe_model
+from simulator.config import Scenario, TrainingConfig
 from simulator.physical.hardware import GPUSpec
 from simulator.step.plan import vstage_layers
 from simulator.workload.frameworks import Software, resolve
@@ -60,6 +67,7 @@ class Workload:
     cp_bytes: float
     ep_bytes: float
     software: Software | None = None  # the resolved framework profile (overlaps, host issue cost)
+    ep_payload_bytes: float = 0.0  # dispatch payload before the efficiency division
 
     def layers(self, vstage: int) -> range:
         return self.vstages[vstage]
@@ -73,7 +81,7 @@ def build_workload(s: Scenario, gpu: GPUSpec) -> Workload:
     if t.attention == "flash":  # the framework's fused kernel (frameworks/*.yaml attention.kernel)
         t = replace(t, attention=sw.attention_kernel)
     vstages = vstage_layers(m.num_hidden_layers, p, v, par.first_pipeline_num_layers, par.last_pipeline_num_layers)
-    costs: dict[bool, LayerCost] = {}
+    costs: dict[tuple, LayerCost] = {}
     layer_costs = {}
     counts = param_counts(m)
     dense_layer = counts["per_layer_dense"]
@@ -82,9 +90,10 @@ def build_workload(s: Scenario, gpu: GPUSpec) -> Workload:
     dense_params, expert_params = {}, {}
     for layer in range(m.num_hidden_layers):
         moe = m.is_moe_layer(layer)
-        if moe not in costs:
-            costs[moe] = layer_with_software(layer_cost(m, t, par, gpu, layer), m, t, par, gpu, layer, sw)
-        layer_costs[layer] = costs[moe]
+        kind = (moe, m.attention_window(layer))
+        if kind not in costs:
+            costs[kind] = layer_with_software(layer_cost(m, t, par, gpu, layer, s.moe), m, t, par, gpu, layer, sw)
+        layer_costs[layer] = costs[kind]
         if moe:
             dense_params[layer] = dense_part_of_moe / par.tp
             expert_params[layer] = (moe_layer - dense_part_of_moe) / par.expert_tp / par.ep
@@ -125,13 +134,48 @@ def build_workload(s: Scenario, gpu: GPUSpec) -> Workload:
     b, seq, h = t.micro_batch_size, t.seq_length, m.hidden_size
     act = b * seq / par.cp * h * 2
     kv = 2 * b * (seq / par.cp) * max(m.num_key_value_heads, par.tp) * m.head_dim / par.tp * 2
-    topk = max(1, m.num_experts_per_tok)
+    tokens = b * seq / par.cp
+    if m.is_moe:
+        nodes = moe_model.ep_nodes(par, s.cluster.gpus_per_node)
+        payload = moe_model.dispatch_bytes(m, tokens, par, s.moe, nodes)
+        ep_bytes = payload / moe_model.a2a_efficiency(s.moe, nodes)
+    else:
+        payload = ep_bytes = 0.0
     return Workload(
         scenario=s, vstages=vstages, layer_costs=layer_costs,
-        embedding=embedding_cost(m, t, par, gpu), head=head_with_software(head_cost(m, t, par, gpu), gpu, sw),
+        embedding=embedding_cost(m, t, par, gpu), head=head_with_software(_head_with_mtp(s, t, gpu), gpu, sw),
         optimizer=optimizer, buckets=buckets, layer_dense_params=dense_params,
         layer_expert_params=expert_params, tp_bytes=act, pp_bytes=act / par.tp, cp_bytes=kv,
-        ep_bytes=act / par.tp * topk, software=sw)
+        ep_bytes=ep_bytes, ep_payload_bytes=payload, software=sw)
+
+
+def _head_with_mtp(s: Scenario, t: TrainingConfig, gpu: GPUSpec) -> tuple[BlockCost, BlockCost]:
+    """LM head and loss, followed by the MTP modules (see the module docstring); ``t`` is the
+    training section with the framework's attention kernel resolved."""
+    from simulator.workload.compute import ACT_BYTES, Op, _gemm, _gemm_bwd, _mem
+
+    m, par = s.model, s.parallelism
+    fwd, bwd = head_cost(m, t, par, gpu)
+    if not m.num_nextn_predict_layers:
+        return fwd, bwd
+    tokens = t.micro_batch_size * t.seq_length / par.cp
+    h = m.hidden_size
+    last = m.num_hidden_layers - 1
+    layer = layer_cost(m, t, par, gpu, last, s.moe)
+    for _ in range(m.num_nextn_predict_layers):
+        norms = 2 * 2 * ACT_BYTES * tokens * h
+        proj_f = BlockCost((_mem("mtp_norms", norms, gpu), _gemm("mtp_proj", tokens, h / par.tp, 2 * h, gpu, t.precision)))
+        proj_b = BlockCost((*_gemm_bwd("mtp_proj", tokens, h / par.tp, 2 * h, gpu, t.precision),
+                            _mem("mtp_norms_bwd", 2 * norms, gpu)))
+        layer_f = BlockCost(tuple(Op(f"mtp_{op.name}", op.flops, op.bytes, op.time_s)
+                                  for op in layer.attn_fwd.ops + layer.mlp_fwd.ops))
+        layer_b = BlockCost(tuple(Op(f"mtp_{op.name}", op.flops, op.bytes, op.time_s)
+                                  for blk in (layer.mlp_recompute, layer.attn_recompute, layer.mlp_bwd, layer.attn_bwd)
+                                  for op in blk.ops))
+        head_f, head_b = head_cost(m, t, par, gpu)
+        fwd = joined(joined(joined(fwd, proj_f), layer_f), head_f)
+        bwd = joined(joined(joined(head_b, layer_b), proj_b), bwd)
+    return fwd, bwd
 
 
 def _moe_dense_part(m, counts) -> float:

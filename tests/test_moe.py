@@ -1,0 +1,226 @@
+"""MoE and catalog models: published parameter counts, MLA dimensions, the MoE layer's kernels,
+all-to-all payloads, load imbalance, and bad input (issue 13)."""
+
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from simulator.config import MoEConfig, ParallelConfig, TrainingConfig
+from simulator.errors import ConfigError
+from simulator.physical.hardware import get_gpu
+from simulator.scenario import scenario_from_dict, validate_plan
+from simulator.studies.validate import _uneven, case_to_scenario_dict
+from simulator.workload import moe
+from simulator.workload.compute import layer_cost, model_flops_per_token, param_counts
+from simulator.workload.mla import attention_params, kv_cache_elements_per_token, window_fraction
+
+ROOT = Path(__file__).resolve().parents[1]
+H100 = get_gpu("H100-SXM5-80GB")
+
+
+def model(hf_id):
+    return scenario_from_dict({"model": hf_id}).model
+
+
+# Published counts: simulator/workload/catalog/README.md (model cards and the DeepSeek-V3 README).
+@pytest.mark.parametrize("hf_id, total_b, active_b, tol", [
+    ("deepseek-ai/DeepSeek-V3", 671, 37, 0.02),
+    ("Qwen/Qwen3-235B-A22B", 235, 22, 0.02),
+    ("mistralai/Mixtral-8x7B-v0.1", 46.7, 12.9, 0.02),
+    ("meta-llama/Llama-4-Maverick-17B-128E", 400, 17, 0.02),
+    ("openai/gpt-oss-120b", 117, None, 0.02),
+    ("xai-org/grok-1", 314, None, 0.02),
+    ("meta-llama/Llama-3.1-405B", 405, 405, 0.02),
+])
+def test_parameter_counts_match_the_published_ones(hf_id, total_b, active_b, tol):
+    counts = param_counts(model(hf_id))
+    assert counts["total"] / 1e9 == pytest.approx(total_b, rel=tol)
+    if active_b is not None:
+        assert counts["active"] / 1e9 == pytest.approx(active_b, rel=tol)
+
+
+def test_deepseek_v3_mtp_module_is_counted_apart():
+    """The HF repository's 685B = 671B + the 14B MTP module (DeepSeek-V3 README)."""
+    counts = param_counts(model("deepseek-ai/DeepSeek-V3"))
+    assert (counts["total"] + counts["mtp"]) / 1e9 == pytest.approx(685, rel=0.02)
+
+
+def test_mla_dimensions_follow_the_deepseek_papers():
+    """DeepSeek-V2 Table 1: MLA caches (d_c + d_h^R) = 4.5 d_h = 576 elements per token and layer,
+    against 2 n_h d_h = 32768 for MHA; attention runs with 192-wide queries/keys and 128-wide values."""
+    m = model("deepseek-ai/DeepSeek-V3")
+    assert m.is_mla and (m.qk_head_dim, m.v_dim) == (192, 128)
+    assert kv_cache_elements_per_token(m) == 576 == 4.5 * 128
+    assert kv_cache_elements_per_token(replace(m, kv_lora_rank=None, kv_channels=128)) == 2 * 128 * 128 == 32768
+    h = 7168
+    assert attention_params(m) == h * 1536 + 1536 * 128 * 192 + h * 576 + 512 * 128 * 256 + 128 * 128 * h
+    # model FLOPs per token: 6 x non-embedding active params (+ head) + 6 L s nq (qk + v)
+    counts = param_counts(m)
+    n = counts["active"] - counts["embedding"]
+    assert model_flops_per_token(m, 4096) == pytest.approx(6 * n + 6 * 61 * 4096 * 128 * (192 + 128))
+
+
+def test_mla_attention_core_uses_its_head_widths():
+    m = model("deepseek-ai/DeepSeek-V3")
+    t = TrainingConfig(seq_length=4096)
+    core = next(op for op in layer_cost(m, t, ParallelConfig(), H100, 0).attn_fwd.ops if op.name == "attn_core")
+    assert core.flops == pytest.approx(2 * 4096 ** 2 * 128 * (192 + 128) / 2)
+
+
+def test_head_dim_is_honoured():
+    """Qwen3-30B-A3B: hidden 2048 / 32 heads = 64, but its head_dim is 128."""
+    m = model("Qwen/Qwen3-30B-A3B")
+    assert m.head_dim == 128
+    qkv = next(op for op in layer_cost(m, TrainingConfig(), ParallelConfig(ep=8), H100, 0).attn_fwd.ops
+               if op.name == "qkv_proj")
+    assert qkv.flops == 2 * 2048 * (32 + 8) * 128 * 2048
+
+
+def test_gpt_oss_sliding_layers_compute_only_their_window():
+    m = model("openai/gpt-oss-120b")
+    assert m.attention_window(0) == 128 and m.attention_window(1) is None
+    t = TrainingConfig(seq_length=4096)
+
+    def core(layer):
+        return next(op for op in layer_cost(m, t, ParallelConfig(ep=8), H100, layer).attn_fwd.ops
+                    if op.name == "attn_core").flops
+    assert core(0) / core(1) == pytest.approx(window_fraction(4096, 128))
+    assert window_fraction(4096, 128) == pytest.approx((2 * 128 * 4096 - 128 ** 2) / 4096 ** 2)
+
+
+def test_llama4_maverick_interleaves_moe_layers_with_a_shared_expert():
+    m = model("meta-llama/Llama-4-Maverick-17B-128E")
+    assert [m.is_moe_layer(i) for i in range(4)] == [False, True, False, True]
+    assert (m.num_shared_experts, m.intermediate_size, m.expert_intermediate_size) == (1, 16384, 8192)
+
+
+def expert_flops(cost):
+    return sum(op.flops for op in cost.mlp_fwd.ops if op.name.startswith("expert_"))
+
+
+def test_imbalance_two_doubles_the_busiest_ranks_expert_compute():
+    m = model("Qwen/Qwen3-30B-A3B")
+    t, par = TrainingConfig(seq_length=4096), ParallelConfig(ep=8)
+    one = layer_cost(m, t, par, H100, 0, MoEConfig(imbalance=1.0))
+    two = layer_cost(m, t, par, H100, 0, MoEConfig(imbalance=2.0))
+    assert expert_flops(two) == pytest.approx(2 * expert_flops(one))
+    up = lambda c: next(op for op in c.mlp_fwd.ops if op.name == "expert_up")  # noqa: E731
+    assert up(two).time_s > 1.5 * up(one).time_s
+    # the router and the shared parts do not change
+    router = lambda c: next(op for op in c.mlp_fwd.ops if op.name == "router")  # noqa: E731
+    assert router(two) == router(one)
+
+
+def test_dispatch_bytes_are_tokens_times_topk_times_hidden_times_bytes():
+    m = model("Qwen/Qwen3-30B-A3B")
+    tokens = 2 * 4096
+    par = ParallelConfig(ep=8)
+    assert moe.dispatch_bytes(m, tokens, par, MoEConfig(), 1) == tokens * 8 * 2048 * 2
+    assert moe.dispatch_bytes(m, tokens, par, MoEConfig(imbalance=1.5), 1) == 1.5 * tokens * 8 * 2048 * 2
+    # DeepEP sends a token once per destination rank: fewer bytes than top-k copies
+    assert moe.dispatch_bytes(m, tokens, par, MoEConfig(token_dispatcher="flex"), 1) < tokens * 8 * 2048 * 2
+
+
+def test_node_limited_routing_cuts_deepep_inter_node_bytes():
+    m = model("deepseek-ai/DeepSeek-V3")
+    par = ParallelConfig(pp=16, ep=64)
+    free = moe.dispatch_bytes(m, 4096, par, MoEConfig(token_dispatcher="flex"), 8)
+    limited = moe.dispatch_bytes(m, 4096, par, MoEConfig(token_dispatcher="flex", max_nodes_per_token=4), 8)
+    assert limited < free <= 4096 * 8 * 7168 * 2
+    assert limited == pytest.approx(4096 * 7168 * 2 * moe.expected_destinations(4, 8))
+
+
+def test_each_moe_cost_is_its_own_op_and_dropless_syncs_the_host():
+    m = model("Qwen/Qwen3-30B-A3B")
+    t, par = TrainingConfig(seq_length=4096, precision="fp8"), ParallelConfig(ep=8)
+    names = [op.name for op in layer_cost(m, t, par, H100, 0, MoEConfig()).mlp_fwd.ops]
+    for name in ("router", "router_topk", "moe_permute", "moe_host_sync", "moe_sort_chunks", "expert_fp8_cast",
+                 "expert_up", "expert_act", "expert_down", "moe_unsort_chunks", "moe_unpermute"):
+        assert name in names
+    sync = next(op for op in layer_cost(m, t, par, H100, 0, MoEConfig()).mlp_fwd.ops if op.name == "moe_host_sync")
+    assert sync.time_s >= moe.HOST_SYNC_S
+    dropping = [op.name for op in layer_cost(m, t, par, H100, 0, MoEConfig(capacity_factor=1.0)).mlp_fwd.ops]
+    assert "moe_host_sync" not in dropping
+    backward = [op.name for op in layer_cost(m, t, par, H100, 0, MoEConfig()).mlp_bwd.ops]
+    assert "moe_host_sync" not in backward and "moe_host_sync_bwd" not in backward
+
+
+def test_split_moe_block_puts_the_experts_between_the_all_to_alls():
+    m = model("Qwen/Qwen3-30B-A3B")
+    cost = layer_cost(m, TrainingConfig(), ParallelConfig(ep=8), H100, 0)
+    for block in (cost.mlp_fwd, cost.mlp_bwd):
+        before, experts, after = moe.split_moe_block(block)
+        assert before.ops and experts.ops and after.ops
+        assert all(moe.is_expert_op(op.name.removesuffix("_bwd").removesuffix("_dgrad").removesuffix("_wgrad"))
+                   for op in experts.ops)
+        assert before.ops + experts.ops + after.ops == block.ops
+
+
+def test_model_params_in_the_run_and_memory_json():
+    from simulator.reports.report import step_report
+    from simulator.step.engine import simulate
+    from simulator.workload.memory import memory_report
+
+    s = scenario_from_dict({"model": {"hf_id": "Qwen/Qwen3-30B-A3B", "num_hidden_layers": 2,
+                                      "num_experts": 8, "vocab_size": 1024},
+                            "cluster": {"num_nodes": 1}, "training": {"seq_length": 512, "global_batch_size": 8},
+                            "parallelism": {"ep": 8}})
+    counts = param_counts(s.model)
+    expected = {"total": counts["total"], "active": counts["active"]}
+    assert step_report(simulate(s))["model_params"] == expected
+    assert memory_report(s)["model_params"] == expected
+
+
+@pytest.mark.parametrize("sets, field", [
+    (["model.num_experts_per_tok=300"], "model.num_experts_per_tok"),
+    (["parallelism.ep=6"], "parallelism.ep"),
+    (["model.hf_id=deepseek-ai/DeepSeek-V4"], "model"),
+])
+def test_bad_moe_input_is_one_line_exit_2(sets, field, tmp_path):
+    args = [sys.executable, "-m", "simulator", "run", "scenarios/qwen3-30b-a3b-16xh100.yaml"]
+    for item in sets:
+        args += ["--set", item]
+    proc = subprocess.run(args, capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and f" {field}: got " in f" {lines[0]}" and "Traceback" not in proc.stderr
+
+
+def test_unknown_hf_id_names_close_ids():
+    with pytest.raises(ConfigError) as err:
+        scenario_from_dict({"model": "deepseek-ai/DeepSeek-V4"})
+    assert "deepseek-ai/DeepSeek-V3" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_validate_splits_61_layers_unevenly_and_ignores_vp_at_pp1():
+    assert _uneven(61, 16) == (3, 2) and _uneven(61, 8) == (7, 6)
+    case = {"id": "x", "model": {"hf_id": "deepseek-ai/DeepSeek-V3", "layers": 61, "hidden": 7168, "heads": 128,
+                                 "ffn_hidden": 18432, "vocab": 129280, "seq_len": 4096, "experts": 256, "topk": 8},
+            "hardware": {"gpu": "H800", "count": 2048},
+            "parallelism": {"tp": 1, "pp": 16, "dp": 2, "ep": 64, "gbs": 15360, "vp": None},
+            "framework_options": {"moe_token_dispatcher": "flex (deepep)"}}
+    notes = []
+    d = case_to_scenario_dict(case, notes)
+    assert d["parallelism"]["dp"] == 128 and any("leaves out expert ranks" in n for n in notes)
+    assert (d["parallelism"]["first_pipeline_num_layers"], d["parallelism"]["last_pipeline_num_layers"]) == (3, 2)
+    assert d["moe"]["max_nodes_per_token"] == 4  # 4 of 8 expert groups, EP64 over 8 nodes
+    validate_plan(scenario_from_dict(d))
+    one = dict(case, parallelism={"tp": 1, "pp": 1, "dp": 8, "ep": 8, "gbs": 64, "vp": 4},
+               hardware={"gpu": "H100", "count": 8}, model=dict(case["model"], hf_id="Qwen/Qwen3-30B-A3B", layers=48))
+    notes = []
+    assert case_to_scenario_dict(one, notes)["parallelism"]["vp"] == 1 and any("vp 4 ignored" in n for n in notes)
+
+
+def test_whatif_has_an_moe_imbalance_row():
+    from simulator.studies.whatif import whatif
+
+    moe_sets = ["model.num_experts=8", "model.num_experts_per_tok=2", "parallelism.ep=2", "moe.imbalance=1.5"]
+    result = whatif(str(ROOT / "scenarios" / "tiny.yaml"), sets=moe_sets, workers=1)
+    row = next(r for r in result["rows"] if r["target"] == "moe_imbalance")
+    assert row["present"]
+    assert row["faster_step_time_s"] < result["baseline_step_time_s"] < row["slower_step_time_s"]
+    dense = whatif(str(ROOT / "scenarios" / "tiny.yaml"), workers=1)
+    assert not next(r for r in dense["rows"] if r["target"] == "moe_imbalance")["present"]
