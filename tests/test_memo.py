@@ -198,7 +198,7 @@ def no_simulation(monkeypatch):
 @pytest.mark.parametrize("flag", ["--out", "--md"])
 def test_report_unwritable_output_is_one_line_exit_2(tmp_path, capsys, no_simulation, flag):
     good = str(tmp_path / "memo.html")
-    bad = str(tmp_path / "missing-folder" / "memo.x")
+    bad = str(tmp_path / "missing-folder" / ("memo.html" if flag == "--out" else "memo.md"))
     args = ["report", SCENARIO, "--out", bad if flag == "--out" else good]
     if flag == "--md":
         args += ["--md", bad]
@@ -210,7 +210,7 @@ def test_report_unwritable_output_is_one_line_exit_2(tmp_path, capsys, no_simula
 def test_report_output_that_is_a_folder_is_rejected(tmp_path, capsys, no_simulation):
     assert main(["report", SCENARIO, "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "is a folder" in err[0]
+    assert len(err) == 1 and "is a directory" in err[0]
 
 
 def test_report_bad_factor_is_rejected_before_simulating(tmp_path, capsys, no_simulation):
