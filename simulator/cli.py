@@ -303,7 +303,7 @@ def version() -> str:
 def _bench(args) -> int:
     from simulator.studies.bench import run
 
-    run(quick=args.quick, only="plan" if args.plan else None)
+    run(quick=args.quick, only="plan" if args.plan else "scale" if args.scale else None)
     return 0
 
 
@@ -405,6 +405,8 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="wall time, peak memory and events of fixed simulations (not a test)")
     b.add_argument("--quick", action="store_true", help="only the small cases")
     b.add_argument("--plan", action="store_true", help="only the planner cases (stepsim plan against one run)")
+    b.add_argument("--scale", action="store_true",
+                   help="only the GB200 NVL72 rack-scale cases, including 1,792 racks (129,024 GPUs; slow today)")
     b.set_defaults(func=_bench)
 
     for name, func, text in (("sweep", _sweep, "simulate the cartesian product of varied scenario keys, in parallel"),
