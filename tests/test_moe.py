@@ -224,3 +224,18 @@ def test_whatif_has_an_moe_imbalance_row():
     assert row["faster_step_time_s"] < result["baseline_step_time_s"] < row["slower_step_time_s"]
     dense = whatif(str(ROOT / "scenarios" / "tiny.yaml"), workers=1)
     assert not next(r for r in dense["rows"] if r["target"] == "moe_imbalance")["present"]
+
+
+def test_no_published_moe_layout_is_refused():
+    """Every case of tests/data/moe-runs.yaml becomes a scenario that validate_plan accepts
+    (derived dp, uneven pipeline splits, vp ignored at pp 1); the simulation itself is left to
+    ``stepsim validate`` (minutes)."""
+    import yaml
+
+    path = ROOT / "tests" / "data" / "moe-runs.yaml"
+    if not path.is_file():
+        pytest.skip("tests/data/moe-runs.yaml not present")
+    cases = yaml.safe_load(path.read_text())["cases"]
+    assert len(cases) >= 20
+    for case in cases:
+        validate_plan(scenario_from_dict(case_to_scenario_dict(case)))
