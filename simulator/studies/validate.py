@@ -47,7 +47,8 @@ only, so predictions are the same with them removed. Documented defaults for unk
   stack of the calibration runs). An unknown name makes that case an error row naming the valid ones.
 - framework_options (each absent key takes the profile's default): ``compile``, ``cuda_graphs``
   and ``fp8_recipe`` (delayed, tensorwise, rowwise, blockwise, mxfp8) go to the scenario's
-  ``framework_options``; ``async_tp`` and the ``overlap:`` mapping (tp_comm, grad_reduce,
+  ``framework_options`` (a ``cuda_graphs`` scope written out: "full iteration" is true, a list of
+  captured modules leaves the profile's default); ``async_tp`` and the ``overlap:`` mapping (tp_comm, grad_reduce,
   param_gather, param_prefetch_depth, async_tp, cp_comm) to its ``overlap`` section;
   ``activation_checkpointing`` (none, selective, full) sets recompute in place of the
   parallelism block's recompute text; ``pp_schedule`` and ``context_parallel_rotate`` as below.
@@ -174,8 +175,14 @@ def _framework_keys(case: dict) -> dict:
     overlap = {k: v for k, v in (opts.get("overlap") or {}).items() if k in OVERLAP_OPTIONS}
     if "async_tp" in opts:
         overlap["async_tp"] = opts["async_tp"]
-    out = {"framework": case.get("framework") or "megatron-core",
-           "framework_options": {k: opts[k] for k in FRAMEWORK_OPTIONS if k in opts}}
+    options = {k: opts[k] for k in FRAMEWORK_OPTIONS if k in opts}
+    graphs = options.get("cuda_graphs")
+    if isinstance(graphs, str):  # tables describe the capture scope: a whole iteration, or some modules
+        if "full" in graphs.lower():
+            options["cuda_graphs"] = True
+        else:
+            del options["cuda_graphs"]  # partial capture: the profile's default host cost stands
+    out = {"framework": case.get("framework") or "megatron-core", "framework_options": options}
     if overlap:
         out["overlap"] = overlap
     return out
