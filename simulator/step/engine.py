@@ -291,8 +291,8 @@ class StepEngine:
         'Overlap communication with dependent computation via decomposition')."""
         w = self.work
         mb, chunk, layer = at["microbatch"], at["chunk"], at["layer"]
-        before, head, rest = split_forward(block, first)
-        middle, tail, after = split_forward(rest, last)
+        before, head, rest = split_around(block, (first,))
+        middle, tail, after = split_around(rest, (last,))
         yield from self.compute(rank, kind, before, label, mb, chunk, layer)
         gather = self.launch(rank, "tp", "all_gather", w.tp_bytes, "tp")
         yield from self.compute(rank, kind, head, label, mb, chunk, layer)
@@ -661,15 +661,6 @@ class StepEngine:
 
 
 @functools.lru_cache(maxsize=64)
-def split_forward(block: BlockCost, gemm: str) -> tuple[BlockCost, BlockCost, BlockCost]:
-    """A forward block as (before, ``gemm``, after); a block without it is all ``before``."""
-    names = [op.name for op in block.ops]
-    if gemm not in names:
-        return block, BlockCost(), BlockCost()
-    i = names.index(gemm)
-    return BlockCost(block.ops[:i]), BlockCost(block.ops[i:i + 1]), BlockCost(block.ops[i + 1:])
-
-
 def scenario_cluster(s: Scenario) -> Cluster:
     """The cluster a scenario runs on: its topology scaled to its nodes, with its link overrides."""
     c = s.cluster
