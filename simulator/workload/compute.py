@@ -194,7 +194,6 @@ def _attn_core(
     heads = model.num_attention_heads / tp
     kv_heads = max(model.num_key_value_heads, tp) / tp
     width = model.qk_head_dim + model.v_dim
-    q_dim = heads * width / 2  # per-token query width of one GEMM pass (head_dim without MLA)
     nbytes = ACT_BYTES * (tokens * heads * width + b * s * kv_heads * width) * (2.0 if backward else 1.0)
     backend = attention.resolve_backend(training.attention, gpu.name)
     direction = "bwd" if backward else "fwd"
