@@ -213,7 +213,8 @@ def _plan(args) -> int:
     result = plan(args.scenario, sets=args.set or [], space=args.space or [], top=args.top,
                   objective=args.objective, max_memory_fraction=args.max_memory_fraction, out=args.out,
                   pareto=args.pareto == "exact",
-                  workers=args.workers, executor=args.executor, address=args.address)
+                  workers=args.workers, executor=args.executor, address=args.address,
+                  progress=None if args.quiet else sys.stderr, force_progress=args.progress)
     if args.emit:
         emit_scenario(result, args.scenario, args.emit, sets=args.set or [])
     print(json.dumps(result, indent=2) if args.json else format_plan(result))
@@ -236,7 +237,9 @@ def _report(args) -> int:
         raise ConfigError("--factor", args.factor, "must be a number > 1 (2 means 2x faster and 2x slower)")
     _load(args)
     t0 = time.perf_counter()
-    data = gather(args.scenario, args.set or [], factor=args.factor, workers=args.workers)
+    with progress_from_args(args, "report") as bar:
+        bar.phase("simulating the step, its what-ifs, the fallback layout and the batch sizes")
+        data = gather(args.scenario, args.set or [], factor=args.factor, workers=args.workers)
     atomic_write_text(args.out, memo_html(data))
     written = [args.out]
     if args.md:
@@ -380,6 +383,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "layouts the top N needed (faster)")
     pl.add_argument("--validate", action="store_true",
                     help="SCENARIO is a public-runs file: plan every run and compare with its published layout")
+    add_progress_flags(pl)
     pl.set_defaults(func=_plan)
 
     m = _scenario_parser(sub, "report", "a design memo (one self-contained HTML page) answering the design worksheet")
@@ -387,6 +391,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--md", metavar="FILE", help="also write the memo as Markdown (figures as FILE-stem-*.png)")
     m.add_argument("--factor", type=float, default=2.0, help="what-if factor for the bottleneck (default 2)")
     m.add_argument("--workers", type=int, default=None, help="simulations in parallel (default: CPU count)")
+    add_progress_flags(m)
     m.set_defaults(func=_report)
 
     a = _scenario_parser(sub, "audit", "hold a plan's claims: section against a simulation of the plan")

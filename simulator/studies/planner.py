@@ -169,9 +169,9 @@ class _Runner:
 class _Progress:
     """One status line on stderr when it is a terminal; silent otherwise (logs, notebooks, CI)."""
 
-    def __init__(self, stream):
+    def __init__(self, stream, force: bool = False):
         self.stream = stream
-        self.on = stream is not None and hasattr(stream, "isatty") and stream.isatty()
+        self.on = stream is not None and (force or (hasattr(stream, "isatty") and stream.isatty()))
         self.start = time.monotonic()
 
     def show(self, text: str, end: bool = False) -> None:
@@ -208,8 +208,9 @@ class _Front:
 def plan(scenario: str | Path | Scenario | dict, *, sets: Sequence[str] = (), space: Sequence[str] = (),
          top: int = 5, objective: str = "step_time", max_memory_fraction: float = 1.0, pareto: bool = True,
          out: str | Path | None = None, workers: int | None = None, executor: str = "process",
-         address: str | None = None, progress=sys.stderr) -> dict:
-    """Plan a scenario (module docstring); returns the result in the ``--json`` shape."""
+         address: str | None = None, progress=sys.stderr, force_progress: bool = False) -> dict:
+    """Plan a scenario (module docstring); returns the result in the ``--json`` shape. Progress goes
+    to ``progress`` when it is a terminal or ``force_progress`` (``--progress``); None is silent."""
     if objective not in OBJECTIVES:
         raise ConfigError("--objective", objective, f"valid: {', '.join(OBJECTIVES)}")
     if executor not in EXECUTORS:
@@ -224,7 +225,7 @@ def plan(scenario: str | Path | Scenario | dict, *, sets: Sequence[str] = (), sp
     raw, base_dir, name = base_of(scenario, sets)
     s = scenario_from_dict(raw, base_dir=base_dir, default_name=name)
     given = layout_of(s)
-    bar = _Progress(progress)
+    bar = _Progress(progress, force_progress)
 
     enum = enumerate_layouts(s, parse_space(space, s))
     if not enum.valid:
