@@ -408,9 +408,10 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(func=_diff)
 
     b = sub.add_parser("bench", help="wall time, peak memory and events of fixed simulations (not a test)")
-    b.add_argument("--quick", action="store_true", help="only the small cases")
-    b.add_argument("--plan", action="store_true", help="only the planner cases (stepsim plan against one run)")
-    b.add_argument("--scale", action="store_true",
+    which = b.add_mutually_exclusive_group()
+    which.add_argument("--quick", action="store_true", help="only the small cases")
+    which.add_argument("--plan", action="store_true", help="only the planner cases (stepsim plan against one run)")
+    which.add_argument("--scale", action="store_true",
                    help="only the GB200 NVL72 rack-scale cases, including 1,792 racks (129,024 GPUs; slow today)")
     b.set_defaults(func=_bench)
 
