@@ -16,7 +16,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from simulator.step.engine import SimResult
+from simulator.step.trace import SimResult
 from simulator.reports.linkuse import LINK_CLASSES
 
 KINDS = ("tp", "sp", "pp", "dp", "fsdp", "ep", "cp")

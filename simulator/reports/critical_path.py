@@ -23,7 +23,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections import defaultdict
 
-from simulator.step.engine import Row, SimResult
+from simulator.step.trace import Row, SimResult
 
 CATEGORIES = ("compute", "tp", "pp", "dp", "fsdp", "ep", "cp", "waiting")
 COMPUTE_KINDS = ("F", "B", "R", "embed", "head", "opt")

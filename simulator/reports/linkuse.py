@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from simulator.step.engine import SimResult
+from simulator.step.trace import SimResult
 
 LINK_CLASSES = ("nvlink", "pcie", "nic", "leaf-spine", "spine-core")
 

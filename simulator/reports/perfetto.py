@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 
 from simulator.reports.critical_path import category, op_name
-from simulator.step.engine import Row, SimResult
+from simulator.step.trace import Row, SimResult
 from simulator.files import atomic_write
 
 THREADS = ("schedule", "compute", "dp")

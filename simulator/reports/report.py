@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from simulator.workload.compute import hardware_flops_per_token, model_flops_per_token
-from simulator.step.engine import SimResult
+from simulator.step.trace import SimResult
 from simulator.physical.hardware import gpu_of, peak
 
 AXES = ("tp", "pp", "dp", "fsdp", "cp", "ep")

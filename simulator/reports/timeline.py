@@ -15,7 +15,7 @@ from bisect import bisect_right
 from dataclasses import dataclass, replace
 
 from simulator.errors import ConfigError
-from simulator.step.engine import SimResult
+from simulator.step.trace import SimResult
 from simulator.reports.report import step_report
 
 CATEGORIES = ("forward", "backward", "recompute", "optimizer", "tp", "pp", "dp", "fsdp", "ep", "cp", "idle")

@@ -441,6 +441,17 @@ def split_at_gemm(block: BlockCost, gemm: str) -> tuple[BlockCost, BlockCost, Bl
             BlockCost(tuple(op for i, op in enumerate(ops) if i > d and i != g)))
 
 
+@functools.lru_cache(maxsize=256)
+def split_weight_grad(block: BlockCost) -> tuple[BlockCost, BlockCost]:
+    """A backward block as (everything but the weight-gradient GEMMs, those GEMMs): the B and W
+    passes of zero-bubble pipeline schedules (Qi et al. 2024, Sec. 2: dW = X^T dY needs only the
+    saved input and the output gradient, so it can run later than dX)."""
+    wgrad = tuple(op for op in block.ops if op.name.endswith("_wgrad"))
+    if not wgrad:
+        return block, BlockCost()
+    return BlockCost(tuple(op for op in block.ops if not op.name.endswith("_wgrad"))), BlockCost(wgrad)
+
+
 CP_CORE_OPS = ("attn_core", "attn_core_cp", "attn_cp_merge", "attn_core_bwd", "attn_core_cp_bwd", "attn_cp_merge_bwd")
 CP_LOCAL_OPS = ("attn_core", "attn_core_bwd")
 

@@ -1,0 +1,54 @@
+"""What the engine is given, built in one direction from the scenario: the cluster, the GPU, the
+rank grid, the workload and every stage's program. Nothing here runs simpy."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, replace
+
+from simulator.config import Scenario
+from simulator.physical.hardware import GPUSpec, gpu_of
+from simulator.physical.topology import Cluster, build_cluster, load_topology
+from simulator.step.plan import Plan
+from simulator.step.program import Op, build_program
+from simulator.step.trace import SimOptions
+from simulator.workload.workload import Workload, build_workload
+
+
+@dataclass(frozen=True, eq=False)
+class StepInputs:
+    scenario: Scenario
+    options: SimOptions
+    gpu: GPUSpec
+    cluster: Cluster
+    plan: Plan
+    workload: Workload
+    programs: dict[int, tuple[Op, ...]]  # by pipeline stage
+
+
+def step_inputs(s: Scenario, options: SimOptions = SimOptions(), cluster: Cluster | None = None) -> StepInputs:
+    par = s.parallelism
+    gpu = gpu_of(s.cluster, s.training.precision)
+    if options.compute_scale != 1.0:
+        gpu = scaled_gpu(gpu, options.compute_scale)
+    work = build_workload(s, gpu)
+    return StepInputs(
+        scenario=s, options=options, gpu=gpu, cluster=cluster or scenario_cluster(s),
+        plan=Plan.build(par.tp, par.pp, s.dp, par.cp, par.ep, par.expert_tp), workload=work,
+        programs={st: build_program(s, work, st, options.extras) for st in range(par.pp)})
+
+
+@functools.lru_cache(maxsize=64)
+def scenario_cluster(s: Scenario) -> Cluster:
+    """The cluster a scenario runs on: its topology scaled to its nodes, with its link overrides."""
+    c = s.cluster
+    return build_cluster(load_topology(c.topology), c.num_nodes, gpus_per_node=c.gpus_per_node,
+                         nvlink_bandwidth_GBps=c.nvlink_bandwidth_GBps,
+                         network_bandwidth_Gbps=c.network_bandwidth_Gbps, oversubscription=c.oversubscription,
+                         gpu=c.gpu)
+
+
+def scaled_gpu(gpu: GPUSpec, factor: float) -> GPUSpec:
+    """``gpu`` with every peak FLOP/s and the HBM bandwidth multiplied by ``factor`` (compute what-if)."""
+    return replace(gpu, peak_flops={k: v * factor for k, v in gpu.peak_flops.items()},
+                   hbm_bandwidth_Bps=gpu.hbm_bandwidth_Bps * factor)

@@ -1,0 +1,532 @@
+"""Per-rank programs as data: what one pipeline stage does in a step, as an ordered tuple of ops.
+
+``build_program`` is a pure function of the scenario, its workload and a stage: it expands the
+stage's pipeline schedule (``schedules``) into compute blocks, collective launches and waits,
+pipeline sends and receives, and the data-parallel stream's collectives. The engine
+(``engine.py``) only walks these tuples with simpy; it decides nothing. Every rank of a stage
+runs the same program (its groups differ), so a program is built once per stage.
+
+What the ops express, and where each choice comes from:
+- Tensor parallelism (Shoeybi et al. 2019; sequence parallelism, Korthikanti et al. 2022): the
+  all-reduce, or all-gather + reduce-scatter, around attention and the MLP; in backward the
+  input-gradient collective overlaps the weight-gradient GEMM (Megatron-LM's
+  ``LinearWithGradAccumulationAndAsyncCommunication``) unless ``overlap.tp_comm`` is off; async TP
+  (torchtitan, TE userbuffers) hides the gather under the first GEMM and the scatter under the last.
+- Context parallelism: the K/V exchange overlaps the attention core (Megatron-core/TE ring
+  ``p2p``) or only the local causal call (``all_gather``, Llama 3 Sec. 3.3.2).
+- Expert parallelism: dispatch and combine all-to-alls around the local experts, optionally
+  overlapped (``moe.overlap_a2a``).
+- Data parallelism: gradient buckets reduced on their own stream as the last backward of a chunk
+  produces them (Megatron DDP ``overlap_grad_reduce``), parameter all-gathers for ZeRO-1/2
+  (``overlap_param_gather``), and for ZeRO-3/FSDP a per-layer gather prefetched
+  ``param_prefetch_depth`` layers ahead and a per-layer reduce-scatter after each backward.
+- Zero-bubble schedules split a backward into B (input gradient) and W (weight gradient: the
+  ``*_wgrad`` GEMMs; Qi et al. 2024, Sec. 2): a split B leaves them out and its W step runs them,
+  and a chunk's gradients are reduced after its last W instead of its last B.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from simulator.config import Scenario
+from simulator.step.schedules import SCHEDULES, Step
+from simulator.workload.compute import (CP_CORE_OPS, CP_LOCAL_OPS, BlockCost, joined, split_around,
+                                        split_at_gemm, split_weight_grad)
+from simulator.workload.moe import split_moe_block
+from simulator.workload.workload import GRAD_BYTES, PARAM_BYTES, Workload
+
+
+# The ops. ``group`` names a process group of the rank: tp, cp, dpcp, ep, edp, etp. ``axis`` is the
+# parallelism the trace charges the communication to. ``handle`` numbers a launch within a program.
+
+@dataclass(frozen=True, slots=True)
+class Compute:
+    kind: str  # F, B, W, R (recompute), embed, head, opt
+    block: BlockCost
+    label: str
+    microbatch: int = -1
+    chunk: int = -1
+    layer: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class Launch:
+    """Start the rank's part of a collective; it runs while the rank goes on."""
+    handle: int
+    group: str
+    op: str
+    nbytes: float
+    axis: str
+    stamp: bool = False  # remember when it completes (it is later waited for among others)
+
+
+@dataclass(frozen=True, slots=True)
+class Enqueue:
+    """Queue a collective on the rank's data-parallel stream, which runs them one after another."""
+    handle: int
+    group: str
+    op: str
+    nbytes: float
+    axis: str
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    """Block the compute stream until every handle is done (a ``wait`` row when it blocks)."""
+    handles: tuple[int, ...]
+    axis: str
+    label: str = ""
+    microbatch: int = -1
+    chunk: int = -1
+    layer: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """Post activations (kind F) or gradients (B) of ``vstage`` for micro-batch ``microbatch``."""
+    dst_stage: int
+    vstage: int
+    microbatch: int
+    kind: str
+
+
+@dataclass(frozen=True, slots=True)
+class Recv:
+    vstage: int
+    microbatch: int
+    kind: str
+    chunk: int
+
+
+@dataclass(frozen=True, slots=True)
+class StepBegin:
+    """A schedule step starts (after its receive)."""
+
+
+@dataclass(frozen=True, slots=True)
+class StepEnd:
+    kind: str
+    microbatch: int
+    chunk: int
+
+
+@dataclass(frozen=True, slots=True)
+class HostStart:
+    """Where the host's kernel-issue clock starts, relative to the step (0 or earlier)."""
+    time_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class CloseStream:
+    """No more collectives for the data-parallel stream; the rank waits for it to drain."""
+
+
+@dataclass(frozen=True, slots=True)
+class JoinStream:
+    pass
+
+
+Op = Compute | Launch | Enqueue | Wait | Send | Recv | StepBegin | StepEnd | HostStart | CloseStream | JoinStream
+
+
+def schedule_steps(s: Scenario, stage: int) -> tuple[Step, ...]:
+    par = s.parallelism
+    return SCHEDULES[s.pipeline_schedule](stage, par.pp, s.num_microbatches, par.vp)
+
+
+def build_program(s: Scenario, work: Workload, stage: int, extras: bool = True) -> tuple[Op, ...]:
+    """The ordered ops of every rank of pipeline stage ``stage`` (pure)."""
+    return _Builder(s, work, stage, extras).build()
+
+
+class _Builder:
+    def __init__(self, s: Scenario, work: Workload, stage: int, extras: bool):
+        self.s, self.w, self.stage, self.extras = s, work, stage, extras
+        self.sw = work.software
+        par = s.parallelism
+        self.sp = par.sequence_parallel and par.tp > 1
+        self.ops: list = []
+        self.next_handle = 0
+
+    # emitting --------------------------------------------------------------------------------
+
+    def compute(self, kind, block, label, microbatch=-1, chunk=-1, layer=-1):
+        if block.time_s > 0:
+            self.ops.append(Compute(kind, block, label, microbatch, chunk, layer))
+
+    def launch(self, group, op, nbytes, axis, stamp=False) -> int:
+        h = self.next_handle
+        self.next_handle += 1
+        self.ops.append(Launch(h, group, op, nbytes, axis, stamp))
+        return h
+
+    def enqueue(self, group, op, nbytes, axis) -> int:
+        h = self.next_handle
+        self.next_handle += 1
+        self.ops.append(Enqueue(h, group, op, nbytes, axis))
+        return h
+
+    def wait(self, handles, axis, label="", microbatch=-1, chunk=-1, layer=-1):
+        self.ops.append(Wait(tuple(handles), axis, label, microbatch, chunk, layer))
+
+    def collective(self, group, op, nbytes, axis, **at):
+        self.wait((self.launch(group, op, nbytes, axis),), axis, op, **at)
+
+    # one layer -------------------------------------------------------------------------------
+
+    def layer_forward(self, layer, mb, chunk, kind="F"):
+        s, w = self.s, self.w
+        cost = w.layer_costs[layer]
+        cp = s.parallelism.cp
+        at = dict(microbatch=mb, chunk=chunk, layer=layer)
+        if self.sp and self.sw.async_tp:
+            cp_ev = self.launch("cp", "all_gather", w.cp_bytes * cp, "cp")
+            self.async_tp_forward(kind, cost.attn_fwd, "qkv_proj", "out_proj", "attention", at)
+            self.wait((cp_ev,), "cp", **at)
+            if not s.model.is_moe_layer(layer):
+                self.async_tp_forward(kind, cost.mlp_fwd, "mlp_up", "mlp_down", "mlp", at)
+                return
+            self.mlp_forward(layer, kind, at)
+            return
+        if self.sp:
+            self.collective("tp", "all_gather", w.tp_bytes, "tp", **at)
+        if cp > 1:
+            self.context_parallel_attention(kind, cost.attn_fwd, w.cp_bytes, at)
+        else:
+            cp_ev = self.launch("cp", "all_gather", w.cp_bytes * cp, "cp")
+            self.compute(kind, cost.attn_fwd, "attention", **at)
+            self.wait((cp_ev,), "cp", **at)
+        self.collective("tp", "reduce_scatter" if self.sp else "all_reduce", w.tp_bytes, "tp", **at)
+        self.mlp_forward(layer, kind, at)
+
+    def async_tp_forward(self, kind, block, first, last, label, at):
+        """Async TP (torch micro-pipelined collective matmuls, TE userbuffers): the input
+        all-gather runs under the first GEMM and the output reduce-scatter under the last
+        (torchtitan async-TP post; Wang et al. 2022, 'Overlap communication with dependent
+        computation via decomposition')."""
+        w = self.w
+        before, head, rest = split_around(block, (first,))
+        middle, tail, after = split_around(rest, (last,))
+        self.compute(kind, before, label, **at)
+        gather = self.launch("tp", "all_gather", w.tp_bytes, "tp")
+        self.compute(kind, head, label, **at)
+        self.wait((gather,), "tp", "all_gather", **at)
+        self.compute(kind, middle, label, **at)
+        scatter = self.launch("tp", "reduce_scatter", w.tp_bytes, "tp")
+        self.compute(kind, tail, label, **at)
+        self.wait((scatter,), "tp", "reduce_scatter", **at)
+        self.compute(kind, after, label, **at)
+
+    def mlp_forward(self, layer, kind, at):
+        cost = self.w.layer_costs[layer]
+        moe = self.s.model.is_moe_layer(layer)
+        if self.sp:
+            self.mlp_tp_collective(moe, "all_gather", at)
+        if moe:
+            self.moe_block(kind, cost.mlp_fwd, at)
+        else:
+            self.compute(kind, cost.mlp_fwd, "mlp", **at)
+        self.mlp_tp_collective(moe, "reduce_scatter" if self.sp else "all_reduce", at)
+
+    def moe_block(self, kind, block, at):
+        """Router and permutation, dispatch all-to-all, local experts, combine all-to-all,
+        unpermutation and shared experts (``moe.split_moe_block``); reversed in backward. With
+        ``moe.overlap_a2a`` the all-to-alls run under the rank's other work and are waited for at
+        the end of the block."""
+        w = self.w
+        before, experts, after = split_moe_block(block)
+        overlap = self.s.moe.overlap_a2a
+        self.compute(kind, before, "moe", **at)
+        if overlap:
+            first = self.launch("ep", "all_to_all", w.ep_bytes, "ep")
+        else:
+            self.collective("ep", "all_to_all", w.ep_bytes, "ep", **at)
+        self.compute(kind, experts, "moe", **at)
+        if overlap:
+            second = self.launch("ep", "all_to_all", w.ep_bytes, "ep")
+        else:
+            self.collective("ep", "all_to_all", w.ep_bytes, "ep", **at)
+        self.compute(kind, after, "moe", **at)
+        if overlap:
+            self.wait((first,), "ep", "all_to_all", **at)
+            self.wait((second,), "ep", "all_to_all", **at)
+
+    def mlp_tp_collective(self, moe, op, at):
+        """The TP collective around an MLP. An MoE layer with expert TP (etp) below tp gathers and
+        scatters over its etp group only, etp / tp of the bytes; with etp = 1 there is none."""
+        par, w = self.s.parallelism, self.w
+        if moe and par.expert_tp < par.tp:
+            if par.expert_tp > 1:
+                self.collective("etp", op, w.tp_bytes * par.expert_tp / par.tp, "tp", **at)
+            return
+        self.collective("tp", op, w.tp_bytes, "tp", **at)
+
+    def layer_backward(self, layer, mb, chunk, split=False):
+        """The layer's backward; ``split`` leaves its weight-gradient GEMMs to a later W step."""
+        s, w = self.s, self.w
+        cost = w.layer_costs[layer]
+        attn_bwd, mlp_bwd = cost.attn_bwd, cost.mlp_bwd
+        if split:
+            attn_bwd, mlp_bwd = split_weight_grad(attn_bwd)[0], split_weight_grad(mlp_bwd)[0]
+        at = dict(microbatch=mb, chunk=chunk, layer=layer)
+        if s.training.recompute == "full":
+            self.layer_forward(layer, mb, chunk, kind="R")
+        moe = s.model.is_moe_layer(layer)
+        if self.sp:
+            self.mlp_tp_collective(moe, "all_gather", at)
+        if moe:
+            self.moe_block("B", mlp_bwd, at)
+            self.mlp_tp_collective(moe, "reduce_scatter" if self.sp else "all_reduce", at)
+        else:
+            self.column_parallel_backward(mlp_bwd, "mlp_up", "mlp", at)
+        if self.sp:
+            self.collective("tp", "all_gather", w.tp_bytes, "tp", **at)
+        if s.training.recompute == "selective":
+            self.compute("R", cost.attn_recompute, "attention", **at)
+        if s.parallelism.cp > 1:
+            rest = self.context_parallel_attention("B", attn_bwd, 2 * w.cp_bytes, at)
+            self.column_parallel_backward(rest, "qkv_proj", "attention", at)
+        else:
+            cp_ev = self.launch("cp", "all_gather", 2 * w.cp_bytes * s.parallelism.cp, "cp")
+            self.column_parallel_backward(attn_bwd, "qkv_proj", "attention", at, cp_ev)
+
+    def layer_weight_grad(self, layer, mb, chunk):
+        """The W step of a layer: the weight-gradient GEMMs a split backward left out."""
+        cost = self.w.layer_costs[layer]
+        at = dict(microbatch=mb, chunk=chunk, layer=layer)
+        self.compute("W", split_weight_grad(cost.mlp_bwd)[1], "mlp", **at)
+        self.compute("W", split_weight_grad(cost.attn_bwd)[1], "attention", **at)
+
+    def context_parallel_attention(self, kind, block, chunk_bytes, at):
+        """Attention under context parallelism. The ops before the core compute first; the
+        exchange of the other ranks' K and V (backward: also dK and dV) starts with the core.
+        ``cp_comm_type: p2p`` (Megatron-core / TE ``AttnFuncWithCPAndKVP2P``): its cp - 1 ring
+        steps overlap the whole core; ``all_gather`` (Llama 3, Sec. 3.3.2; PyTorch's
+        context_parallel ``allgather`` rotater): K and V are gathered while only the local causal
+        call computes, and the calls on the other ranks' keys wait for it. With
+        ``overlap.cp_comm: false`` the whole exchange is exposed. Forward, the rest of the block
+        computes here; backward, it is returned for the column-parallel backward."""
+        before, core, after = split_around(block, CP_CORE_OPS)
+        self.compute(kind, before, "attention", **at)
+        cp_ev = self.launch("cp", "all_gather", chunk_bytes * self.s.parallelism.cp, "cp")
+        if not self.sw.cp_comm:
+            self.wait((cp_ev,), "cp", **at)
+            self.compute(kind, core, "attention", **at)
+        elif self.sw.cp_comm_type == "all_gather":
+            _, local, remote = split_around(core, CP_LOCAL_OPS)
+            self.compute(kind, local, "attention", **at)
+            self.wait((cp_ev,), "cp", **at)
+            self.compute(kind, remote, "attention", **at)
+        else:
+            self.compute(kind, core, "attention", **at)
+            self.wait((cp_ev,), "cp", **at)
+        if kind == "B":
+            return after
+        self.compute(kind, after, "attention", **at)
+        return None
+
+    def column_parallel_backward(self, block, gemm, label, at, cp_ev=None):
+        """Backward of a block ending in a column-parallel GEMM. With Megatron-LM's TP overlap
+        (``LinearWithGradAccumulationAndAsyncCommunication``, TE's Linear) the input-gradient
+        all-reduce (reduce-scatter with SP) runs under the weight-gradient GEMM and the saved
+        sequence-sharded input is re-gathered under the input-gradient GEMM; without it
+        (``overlap.tp_comm: false``, e.g. DTensor TP in eager PyTorch) both are exposed."""
+        w = self.w
+        before, dgrad, wgrad, after = split_at_gemm(block, gemm)
+        reduce = "reduce_scatter" if self.sp else "all_reduce"
+        if not (self.sw.tp_comm or (self.sp and self.sw.async_tp)):
+            self.compute("B", before, label, **at)
+            if self.sp:
+                self.collective("tp", "all_gather", w.tp_bytes, "tp", **at)
+            self.compute("B", joined(dgrad, wgrad), label, **at)
+            if cp_ev is not None:
+                self.wait((cp_ev,), "cp", **at)
+            self.collective("tp", reduce, w.tp_bytes, "tp", **at)
+            self.compute("B", after, label, **at)
+            return
+        if self.sp:
+            self.compute("B", before, label, **at)
+            gather = self.launch("tp", "all_gather", w.tp_bytes, "tp")
+            self.compute("B", dgrad, label, **at)
+            self.wait((gather,), "tp", "all_gather", **at)
+        else:
+            self.compute("B", joined(before, dgrad), label, **at)
+        if cp_ev is not None:
+            self.wait((cp_ev,), "cp", **at)
+        grad = self.launch("tp", reduce, w.tp_bytes, "tp")
+        self.compute("B", wgrad, label, **at)
+        self.wait((grad,), "tp", reduce, **at)
+        self.compute("B", after, label, **at)
+
+    # data parallelism -------------------------------------------------------------------------
+
+    @staticmethod
+    def grad_ops(bucket, zero):
+        op = "all_reduce" if zero == 0 else "reduce_scatter"
+        out = []
+        if bucket.dense_params:
+            out.append(("dpcp", op, bucket.dense_params * GRAD_BYTES))
+        if bucket.expert_params:
+            out.append(("edp", op, bucket.expert_params * GRAD_BYTES))
+        return out
+
+    @staticmethod
+    def param_ops(bucket):
+        out = []
+        if bucket.dense_params:
+            out.append(("dpcp", "all_gather", bucket.dense_params * PARAM_BYTES))
+        if bucket.expert_params:
+            out.append(("edp", "all_gather", bucket.expert_params * PARAM_BYTES))
+        return out
+
+    # the whole stage ---------------------------------------------------------------------------
+
+    def build(self) -> tuple:
+        s, w, stage = self.s, self.w, self.stage
+        par = s.parallelism
+        p, v = par.pp, par.vp
+        nvs = p * v
+        zero = par.zero_stage
+        sw = self.sw
+        steps = schedule_steps(s, stage)
+        last_grad = {}  # chunk -> index of the step that finishes its weight gradients
+        for i, st in enumerate(steps):
+            if st.kind == "W" or (st.kind == "B" and not getattr(st, "split", False)):
+                last_grad[st.chunk] = i
+        pending: list[int] = []  # handles the rank waits for before its optimizer step
+        deferred: list[tuple] = []  # gradient collectives held until the backward ends
+
+        def grads(kind, op, size, axis):
+            if sw.grad_reduce:
+                pending.append(self.enqueue(kind, op, size, axis))
+            else:
+                deferred.append((kind, op, size, axis))
+
+        if sw.host_issue_s and self.extras:
+            # The host issued this step's first kernels while the previous step's optimizer ran on
+            # the GPU (it synchronised for the gradient norm before issuing the optimizer's kernels).
+            opt = w.optimizer[stage]
+            self.ops.append(HostStart(min(0.0, opt.kernels * sw.host_issue_s - opt.time_s)))
+        param_ready: dict[int, int] = {}
+        if zero in (1, 2):
+            for chunk in range(v):
+                for bucket in reversed(w.buckets[chunk * p + stage]):
+                    h = None
+                    for kind, op, size in self.param_ops(bucket):
+                        h = self.enqueue(kind, op, size, "dp")
+                        pending.append(h)
+                    for layer in bucket.layers:
+                        if h is not None:
+                            param_ready[layer] = h
+        if param_ready and not sw.param_gather:
+            # No overlap (DeepSpeed ZeRO-1/2 gathers right after the optimizer step): every
+            # parameter all-gather is exposed before the first forward.
+            self.wait(tuple(dict.fromkeys(param_ready.values())), "dp")
+            param_ready.clear()
+        depth = sw.param_prefetch_depth if sw.param_gather else 0
+        fsdp_ready: dict = {}
+
+        def fsdp_gather(layer, key):
+            if zero == 3 and key not in fsdp_ready:
+                fsdp_ready[key] = self.launch("dpcp", "all_gather", w.layer_dense_params[layer] * PARAM_BYTES, "fsdp")
+
+        for i, st in enumerate(steps):
+            vs = st.chunk * p + stage
+            layers = w.layers(vs)
+            mb, chunk = st.microbatch, st.chunk
+            at = dict(microbatch=mb, chunk=chunk)
+            final = last_grad[chunk] == i
+            grads_of = {layer: b for b in w.buckets[vs] for layer in b.layers}
+            if st.kind == "F":
+                if vs > 0:
+                    self.ops.append(Recv(vs, mb, "F", chunk))
+                self.ops.append(StepBegin())
+                if vs == 0 and self.extras:
+                    self.compute("embed", w.embedding[0], "embedding", **at)
+                for layer in layers:
+                    if layer in param_ready:
+                        self.wait((param_ready.pop(layer),), "dp", layer=layer, **at)
+                    fsdp_gather(layer, ("F", mb, layer))
+                    for ahead in range(layer + 1, layer + 1 + depth):
+                        if ahead in layers:
+                            fsdp_gather(ahead, ("F", mb, ahead))
+                    if zero == 3:
+                        self.wait((fsdp_ready.pop(("F", mb, layer)),), "fsdp", layer=layer, **at)
+                    self.layer_forward(layer, mb, chunk)
+                if vs == nvs - 1 and self.extras:
+                    self.compute("head", w.head[0], "lm_head+loss", **at)
+                self.ops.append(StepEnd("F", mb, chunk))
+                if vs < nvs - 1:
+                    self.ops.append(Send((stage + 1) % p, vs + 1, mb, "F"))
+            elif st.kind == "B":
+                split = getattr(st, "split", False)
+                if vs < nvs - 1:
+                    self.ops.append(Recv(vs, mb, "B", chunk))
+                self.ops.append(StepBegin())
+                if vs == nvs - 1 and self.extras:
+                    self.compute("head", w.head[1], "lm_head+loss", **at)
+                for layer in reversed(layers):
+                    if zero == 3:
+                        fsdp_gather(layer, ("B", mb, layer))
+                        for ahead in range(layer - 1, layer - 1 - depth, -1):
+                            if ahead in layers:
+                                fsdp_gather(ahead, ("B", mb, ahead))
+                        self.wait((fsdp_ready.pop(("B", mb, layer)),), "fsdp", layer=layer, **at)
+                    self.layer_backward(layer, mb, chunk, split)
+                    if not split:
+                        self.layer_grads_ready(layer, final, grads_of, grads, pending, deferred)
+                if vs == 0 and self.extras:
+                    self.compute("embed", w.embedding[1], "embedding", **at)
+                if final:
+                    self.unlayered_grads(vs, grads)
+                self.ops.append(StepEnd("B", mb, chunk))
+                if vs > 0:
+                    self.ops.append(Send((stage - 1) % p, vs - 1, mb, "B"))
+            else:  # W: the weight gradients a split B left
+                self.ops.append(StepBegin())
+                for layer in reversed(layers):
+                    self.layer_weight_grad(layer, mb, chunk)
+                    self.layer_grads_ready(layer, final, grads_of, grads, pending, deferred)
+                if final:
+                    self.unlayered_grads(vs, grads)
+                self.ops.append(StepEnd("W", mb, chunk))
+        for item in deferred:
+            pending.append(self.enqueue(*item))
+        self.ops.append(CloseStream())
+        if pending:
+            self.wait(tuple(pending), "fsdp" if zero == 3 else "dp")
+        self.ops.append(JoinStream())
+        if self.extras:
+            self.compute("opt", w.optimizer[stage], "optimizer")
+        return self._stamped(tuple(self.ops))
+
+    def layer_grads_ready(self, layer, final, grads_of, grads, pending, deferred):
+        """A layer's weight gradients exist: FSDP reduce-scatters them now; with DDP a bucket is
+        reduced when its last layer's gradients of the chunk's last micro-batch are ready."""
+        w, zero = self.w, self.s.parallelism.zero_stage
+        size = w.layer_dense_params[layer] * GRAD_BYTES
+        if zero == 3 and not self.sw.grad_reduce:
+            deferred.append(("dpcp", "reduce_scatter", size, "fsdp"))
+        elif zero == 3:
+            pending.append(self.launch("dpcp", "reduce_scatter", size, "fsdp"))
+        elif final and grads_of[layer].layers[-1] == layer:
+            for kind, op, nbytes in self.grad_ops(grads_of[layer], zero):
+                grads(kind, op, nbytes, "dp")
+
+    def unlayered_grads(self, vs, grads):
+        """Buckets holding no layer (embedding, LM head) are reduced after the chunk's last backward."""
+        zero = self.s.parallelism.zero_stage
+        if zero == 3:
+            return
+        for bucket in self.w.buckets[vs]:
+            if not bucket.layers:
+                for kind, op, size in self.grad_ops(bucket, zero):
+                    grads(kind, op, size, "dp")
+
+    @staticmethod
+    def _stamped(ops: tuple) -> tuple:
+        """Mark the launches that a multi-handle wait reads, so the engine records when they end."""
+        multi = {h for op in ops if isinstance(op, Wait) and len(op.handles) > 1 for h in op.handles}
+        return tuple(Launch(op.handle, op.group, op.op, op.nbytes, op.axis, True)
+                     if isinstance(op, Launch) and op.handle in multi else op for op in ops)

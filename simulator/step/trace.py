@@ -1,0 +1,73 @@
+"""What a simulated step produces: the options it ran with, the rows of its trace, the result.
+
+These are plain records, so the reports, the critical path, the comm map and the Perfetto export
+read them without importing the simpy engine that fills them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from simulator.config import Scenario
+from simulator.physical.topology import Cluster
+from simulator.step.plan import Plan
+from simulator.workload.workload import Workload
+
+
+@dataclass(frozen=True)
+class SimOptions:
+    communication: bool = True  # False: every transfer takes no time (for closed-form checks)
+    extras: bool = True  # embedding, LM head, loss and optimizer step
+    fold: bool = True
+    merge: bool = True
+    algorithm: str = "auto"
+    record_flows: bool = False  # keep every transfer's rate history (for link use and the comm map)
+    compute_scale: float = 1.0  # what-if: GPU peak FLOP/s and HBM bandwidth multiplied by this
+
+
+@dataclass(frozen=True)
+class Row:
+    """One interval on one rank's stream. ``kind``: F, B, R (recompute), embed, head, opt, wait,
+    idle (waiting on a pipeline dependency), comm. ``axis``: tp, pp, dp, cp, ep, fsdp or ''."""
+
+    rank: int
+    stage: int
+    stream: str
+    kind: str
+    axis: str
+    start: float
+    end: float
+    microbatch: int = -1
+    chunk: int = -1
+    layer: int = -1
+    label: str = ""
+    nbytes: float = 0.0
+    flops: float = 0.0
+    dep: tuple | None = None  # (rank, stream, time) whose end released this row, if not its predecessor
+
+
+@dataclass
+class Trace:
+    rows: list[Row] = field(default_factory=list)
+
+    def add(self, row: Row) -> None:
+        if row.end > row.start or row.kind in ("F", "B"):
+            self.rows.append(row)
+
+
+@dataclass(frozen=True)
+class SimResult:
+    scenario: Scenario
+    options: SimOptions
+    plan: Plan
+    cluster: Cluster
+    workload: Workload
+    trace: tuple[Row, ...]
+    step_time_s: float
+    stage_end_s: tuple[float, ...]
+    simulated_ranks: tuple[int, ...]
+    events: int
+    link_bytes: object
+    transfers: int
+    flows: tuple = ()  # network.FlowRecord per transfer, when SimOptions.record_flows
+    comm_calls: tuple = ()  # (rank, axis, op, calls, bytes, seconds from launch to done), sorted
