@@ -278,7 +278,7 @@ def _check_workers(args) -> None:
 
 
 def _diff(args) -> int:
-    from simulator.reports.diff import diff_files, format_diff
+    from simulator.studies.diff import diff_files, format_diff
 
     with progress_from_args(args, "diff") as bar:
         result = diff_files(args.a, args.b, progress=bar)

@@ -26,8 +26,8 @@ from collections import defaultdict
 from simulator.step.trace import Row, SimResult
 
 CATEGORIES = ("compute", "tp", "pp", "dp", "fsdp", "ep", "cp", "waiting")
-COMPUTE_KINDS = ("F", "B", "R", "embed", "head", "opt")
-PASS_NAMES = {"F": "forward", "B": "backward", "R": "recompute"}
+COMPUTE_KINDS = ("F", "B", "W", "R", "embed", "head", "opt")
+PASS_NAMES = {"F": "forward", "B": "backward", "W": "weight-gradient", "R": "recompute"}
 DEFAULT_OPS = {"tp": "all_reduce", "pp": "send_recv", "dp": "all_reduce", "fsdp": "all_gather",
                "ep": "all_to_all", "cp": "all_gather"}
 STREAMS = ("compute", "dp")

@@ -28,7 +28,7 @@ AXES = ("tp", "pp", "dp", "fsdp", "cp", "ep")
 FLOPS_CONVENTION = ("model FLOPs 6N + 12 L h s per token (PaLM App. B; Megatron-LM): attention counted over the "
                     "full s x s scores, not halved for causal masking; hfu adds activation-recompute FLOPs in the "
                     "same convention")
-COMPUTE_KINDS = ("F", "B", "R", "embed", "head", "opt")
+COMPUTE_KINDS = ("F", "B", "W", "R", "embed", "head", "opt")
 
 
 def stage_breakdown(result: SimResult) -> list[dict]:

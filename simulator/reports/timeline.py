@@ -18,7 +18,7 @@ from simulator.errors import ConfigError
 from simulator.step.trace import SimResult
 from simulator.reports.report import step_report
 
-CATEGORIES = ("forward", "backward", "recompute", "optimizer", "tp", "pp", "dp", "fsdp", "ep", "cp", "idle")
+CATEGORIES = ("forward", "backward", "weight_grad", "recompute", "optimizer", "tp", "pp", "dp", "fsdp", "ep", "cp", "idle")
 
 
 @dataclass(frozen=True)
@@ -158,6 +158,8 @@ def _category(row, srows, starts) -> str:
         return "forward"
     if row.kind == "B":
         return "backward"
+    if row.kind == "W":
+        return "weight_grad"
     if row.kind == "R":
         return "recompute"
     if row.kind == "opt":

@@ -27,7 +27,7 @@ class SimOptions:
 
 @dataclass(frozen=True)
 class Row:
-    """One interval on one rank's stream. ``kind``: F, B, R (recompute), embed, head, opt, wait,
+    """One interval on one rank's stream. ``kind``: F, B, W (weight gradient of a split backward), R (recompute), embed, head, opt, wait,
     idle (waiting on a pipeline dependency), comm. ``axis``: tp, pp, dp, cp, ep, fsdp or ''."""
 
     rank: int
@@ -51,7 +51,7 @@ class Trace:
     rows: list[Row] = field(default_factory=list)
 
     def add(self, row: Row) -> None:
-        if row.end > row.start or row.kind in ("F", "B"):
+        if row.end > row.start or row.kind in ("F", "B", "W"):
             self.rows.append(row)
 
 
