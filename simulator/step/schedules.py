@@ -13,6 +13,13 @@ The engine enforces these dependencies between steps, ``L`` being the last virtu
 
 Each rank keeps the order it is given, so a schedule is correct when every rank can always
 make progress; ``tests/test_schedules.py`` checks this and the closed-form bubbles.
+
+Zero-bubble and DualPipe schedules add ``W`` steps (split backwards) and other chunk layouts:
+``placement(name, stages, chunks)`` says where each chunk sits and ``depends_on`` gives each
+step's dependency. Bubble, as the papers count it: idle time between a rank's first and last
+step on the worst rank (each rank's optimizer step runs when it is done); bubble fraction =
+that idle time / that rank's span. For gpipe, 1f1b and interleaved this equals the idle time
+of stage 0 over the whole step.
 """
 
 from __future__ import annotations
