@@ -154,7 +154,7 @@ def peak_in_flight(steps):
     """Walk a schedule: most chunk activations held at once (forwards minus backwards)."""
     held = peak = 0
     for step in steps:
-        held += 1 if step.kind == "F" else -1
+        held += 1 if step.kind == "F" else -1 if step.kind == "W" or not step.split else 0
         peak = max(peak, held)
     return peak
 
@@ -172,7 +172,10 @@ def test_in_flight_closed_forms():
 @pytest.mark.parametrize("name", sorted(SCHEDULES))
 @pytest.mark.parametrize("stages, microbatches", [(1, 1), (2, 4), (4, 4), (4, 8), (8, 16), (3, 9)])
 def test_in_flight_matches_schedule_walk(name, stages, microbatches):
-    for chunks in ((1, 2, 3) if name == "interleaved" else (1,)):
+    if name == "dualpipe" and stages % 2 or name.startswith("dualpipe") and microbatches < 2 * stages:
+        return
+    chunks_of = {"interleaved": (1, 2, 3), "zb-v": (2,), "dualpipev": (2,)}
+    for chunks in chunks_of.get(name, (1,)):
         for stage in range(stages):
             steps = SCHEDULES[name](stage, stages, microbatches, chunks)
             expected = peak_in_flight(steps)
@@ -184,6 +187,18 @@ def test_first_stage_of_1f1b_holds_most_activations():
     acts = [r["activations_gib"] for r in stages]
     assert acts[0] == max(acts)
     assert acts == sorted(acts, reverse=True)
+
+
+def test_dualpipe_doubles_model_states_only():
+    """DualPipe holds a second model copy: 2x weights, gradients and optimizer states."""
+    base = tiny_scenario(pp=4, gbs=16)
+    one = memory_report(base, 80 * GiB)["stages"]
+    dual = memory_report(dataclasses.replace(base, schedule="dualpipe"), 80 * GiB)["stages"]
+    for o, d in zip(one, dual):
+        for part in ("weights_gib", "gradients_gib", "optimizer_gib"):
+            assert d[part] == pytest.approx(2 * o[part], abs=2e-4)
+    zb = memory_report(dataclasses.replace(base, schedule="zb-h1"), 80 * GiB)["stages"]
+    assert [r["weights_gib"] for r in zb] == [r["weights_gib"] for r in one]
 
 
 def test_gpipe_holds_more_than_1f1b():

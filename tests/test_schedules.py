@@ -15,12 +15,21 @@ from hypothesis import strategies as st
 from simulator.errors import ConfigError
 from simulator.step.schedules import (
     SCHEDULES,
+    Placement,
     Step,
     check_schedule_args,
+    depends_on,
+    dualpipe,
+    dualpipev,
     gpipe,
     interleaved_1f1b,
     one_f_one_b,
+    peak_in_flight,
+    placement,
     virtual_stage,
+    zb_h1,
+    zb_h2,
+    zb_v,
 )
 
 STAGES = [1, 2, 3, 4, 8]
@@ -124,7 +133,9 @@ def test_virtual_stage_follows_megatron_layer_assignment():
 
 
 def test_registry_names():
-    assert SCHEDULES == {"gpipe": gpipe, "1f1b": one_f_one_b, "interleaved": interleaved_1f1b}
+    assert SCHEDULES == {"gpipe": gpipe, "1f1b": one_f_one_b, "interleaved": interleaved_1f1b,
+                         "zb-h1": zb_h1, "zb-h2": zb_h2, "zb-v": zb_v, "dualpipe": dualpipe,
+                         "dualpipev": dualpipev}
 
 
 @pytest.mark.parametrize("name, p, m, v", GRID)
@@ -167,7 +178,7 @@ def test_interleaved_step_time_and_bubble_closed_form(p, m, v, f, b):
 
 
 @given(
-    name=st.sampled_from(sorted(SCHEDULES)),
+    name=st.sampled_from(["gpipe", "1f1b", "interleaved"]),
     p=st.integers(1, 8),
     groups=st.integers(1, 6),
     v=st.integers(1, 4),
@@ -217,7 +228,7 @@ def test_check_schedule_args_errors(args, field):
 
 
 def test_check_schedule_args_messages():
-    with pytest.raises(ConfigError, match="choose one of gpipe, 1f1b, interleaved"):
+    with pytest.raises(ConfigError, match="choose one of gpipe, 1f1b, interleaved, zb-h1"):
         check_schedule_args("pipedream", 4, 8, 1)
     with pytest.raises(ConfigError, match=r"6 micro-batches.*multiple of pp \(4\)"):
         check_schedule_args("interleaved", 4, 6, 2)
@@ -238,3 +249,231 @@ def test_schedule_functions_validate():
         interleaved_1f1b(0, 4, 6, 2)
     with pytest.raises(ValueError, match="outside"):
         gpipe(4, 4, 8)
+
+
+# --- zero bubble and DualPipe: F/B/W steps on placements -----------------------------------------
+
+# (name, vp) as a scenario would set them.
+NEW = [("zb-h1", 1), ("zb-h2", 1), ("zb-v", 2), ("dualpipe", 1), ("dualpipev", 2)]
+
+
+def run(name, p, m, v, f=1, b=1, w=1):
+    """Walk every rank's program with F = f, split B = b (input gradient), W = w, unsplit B = b + w.
+
+    Returns (step time, per rank: first start, last end, busy time). Asserts no deadlock.
+    """
+    place = placement(name, p, v)
+    progs = [SCHEDULES[name](s, p, m, v) for s in range(p)]
+    f, b, w = Fraction(f), Fraction(b), Fraction(w)
+    finish, free, nxt = {}, [Fraction(0)] * p, [0] * p
+    first = [None] * p
+    progressed = True
+    while progressed:
+        progressed = False
+        for rank, prog in enumerate(progs):
+            while nxt[rank] < len(prog):
+                step = prog[nxt[rank]]
+                dep = depends_on(place, rank, step)
+                if dep is not None and dep not in finish:
+                    break
+                start = max(free[rank], finish[dep]) if dep is not None else free[rank]
+                first[rank] = start if first[rank] is None else first[rank]
+                duration = {"F": f, "W": w}.get(step.kind, b if step.split else b + w)
+                free[rank] = start + duration
+                finish[(step.kind, step.microbatch, place.vstage(rank, step.chunk))] = free[rank]
+                nxt[rank] += 1
+                progressed = True
+    stuck = {r: progs[r][nxt[r]] for r in range(p) if nxt[r] < len(progs[r])}
+    assert not stuck, f"deadlock, next steps per rank: {stuck}"
+    busy = [sum({"F": f, "W": w}.get(s.kind, b if s.split else b + w) for s in prog) for prog in progs]
+    return max(free), list(zip(first, free, busy))
+
+
+def bubble(ranks):
+    """The papers' bubble: idle between a rank's first and last step, on the worst rank, and
+    that as a fraction of the rank's span (each rank's optimizer step runs when it is done)."""
+    worst = max(ranks, key=lambda r: r[1] - r[0] - r[2])
+    idle = worst[1] - worst[0] - worst[2]
+    return idle, idle / (worst[1] - worst[0])
+
+
+def new_grid():
+    for name, v in NEW:
+        for p in (1, 2, 3, 4, 8):
+            if name == "dualpipe" and p % 2:
+                continue
+            for m in (1, 2, 4, 5, 8, 16, 17, 32):
+                if name.startswith("dualpipe") and (m < 2 * p or (name == "dualpipe" and m % 2)):
+                    continue
+                yield name, p, m, v
+
+
+NEW_GRID = list(new_grid())
+PM = [(p, m) for p in (2, 4, 8) for m in (8, 16, 32)]
+
+
+@pytest.mark.parametrize("name, p, m, v", NEW_GRID)
+def test_new_schedules_each_step_once_and_in_order(name, p, m, v):
+    """One F and one B per (micro-batch, chunk), a W iff the B is split, F < B < W on the rank."""
+    place = placement(name, p, v)
+    expected = Counter()
+    for mb in range(m):
+        for c in range(place.chunks):
+            if place.layout != "dual" or place.copy_of(mb, m) == c:
+                expected[(mb, c)] = 1
+    for rank in range(p):
+        prog = SCHEDULES[name](rank, p, m, v)
+        at = {(s.kind, s.microbatch, s.chunk): i for i, s in enumerate(prog)}
+        assert len(at) == len(prog)
+        for kind in "FB":
+            assert Counter((s.microbatch, s.chunk) for s in prog if s.kind == kind) == expected
+        split = {(s.microbatch, s.chunk) for s in prog if s.kind == "B" and s.split}
+        assert {(s.microbatch, s.chunk) for s in prog if s.kind == "W"} == split
+        for mb, c in expected:
+            assert at[("F", mb, c)] < at[("B", mb, c)] < at.get(("W", mb, c), len(prog))
+
+
+@pytest.mark.parametrize("name, p, m, v", NEW_GRID)
+def test_new_schedules_no_deadlock(name, p, m, v):
+    for f, b, w in ((1, 1, 1), (1, 2, 1), (3, 1, 2)):
+        run(name, p, m, v, f, b, w)
+
+
+@given(
+    name_v=st.sampled_from(NEW),
+    p=st.sampled_from([1, 2, 3, 4, 6, 8]),
+    m=st.integers(1, 40),
+    times=st.tuples(st.integers(1, 5), st.integers(1, 5), st.integers(1, 5)),
+)
+def test_new_schedules_property(name_v, p, m, times):
+    name, v = name_v
+    if name == "dualpipe":
+        p, m = p + p % 2, m + m % 2
+    if name.startswith("dualpipe"):
+        m = max(m, 2 * p)
+    step, ranks = run(name, p, m, v, *times)
+    work = sum(times) * m * (1 if name == "zb-h1" or name == "zb-h2" else 2) / (1 if name != "dualpipe" else 2)
+    assert all(r[2] == work for r in ranks)
+    assert step >= work
+
+
+@pytest.mark.parametrize("p, m", PM)
+def test_zb_h1_bubble(p, m):
+    """(p - 1)(F + B - W) at F = B = W: a third of 1F1B's (p - 1)(F + B + W) (Qi et al. 3.1)."""
+    idle, frac = bubble(run("zb-h1", p, m, 1)[1])
+    assert idle == p - 1
+    assert abs(frac - Fraction(p - 1, 3 * m + p - 1)) <= Fraction(1, 50)
+    _, ranks = run("1f1b", p, m, 1, 1, 2, 0)  # 1F1B: unsplit B of 2 units
+    assert bubble(ranks)[0] == 3 * (p - 1)
+
+
+@pytest.mark.parametrize("p, m", PM)
+def test_zb_h2_bubble(p, m):
+    """(p - 1)(F + B - 2W) = 0 at F = B = W once m >= 2p - 1 (Qi et al. 3.1)."""
+    idle, _ = bubble(run("zb-h2", p, m, 1)[1])
+    assert idle == (0 if m >= 2 * p - 1 else p - 1)
+
+
+@pytest.mark.parametrize("p, m", PM)
+def test_zb_v_bubble(p, m):
+    """Measured: (p - 1) F at the tail (the paper's scheduler reaches 0); 1F1B's memory."""
+    idle, frac = bubble(run("zb-v", p, m, 2)[1])
+    assert idle == p - 1
+    assert frac <= Fraction(p - 1, 6 * m + p - 1)
+
+
+def dual_closed_form(p_stages, f=1, b=1, w=1):
+    """DualPipe README: (PP/2 - 1)(F&B + B - 3W), B the full backward, F&B = F + B here."""
+    full = b + w
+    return (Fraction(p_stages, 2) - 1) * (f + full + full - 3 * w)
+
+
+@pytest.mark.parametrize("p, m", [(p, m) for p, m in PM if m >= 2 * p] + [(2, 4), (4, 8), (6, 12), (6, 24)])
+def test_dualpipe_bubble(p, m):
+    """Measured (PP/2 - 1) F at F = B = W: at most the README's (PP/2 - 1)(F&B + B - 3W) with
+    F&B = F + B_full (2 (PP/2 - 1) here); it equals the README's form with F&B = F + B - W."""
+    idle, frac = bubble(run("dualpipe", p, m, 1)[1])
+    assert idle == Fraction(p, 2) - 1
+    assert idle == dual_closed_form(p) / 2 <= dual_closed_form(p)
+
+
+@pytest.mark.parametrize("p, m", [(p, m) for p, m in PM if m >= 2 * p] + [(2, 4), (3, 6), (4, 8)])
+def test_dualpipev_bubble(p, m):
+    """As DualPipe with PP = 2p virtual stages: (p - 1) F measured, README's form halved."""
+    idle, frac = bubble(run("dualpipev", p, m, 2)[1])
+    assert idle == p - 1 == dual_closed_form(2 * p) / 2
+
+
+@pytest.mark.parametrize("p, m", PM)
+def test_peak_in_flight_per_schedule(p, m):
+    """1F1B p on stage 0; ZB-H1 p; ZB-H2 2p - 1; ZB-V 2p half-stage chunks (= p stages);
+    DualPipe PP + 1 stages; DualPipeV 2p + 1 half-stage chunks (README: PP + 1, PP = 2p)."""
+    peaks = {name: [peak_in_flight(SCHEDULES[name](s, p, m, v)) for s in range(p)]
+             for name, v in NEW if m >= 2 * p or not name.startswith("dualpipe")}
+    assert peak_in_flight(one_f_one_b(0, p, m)) == p
+    assert max(peaks["zb-h1"]) == p
+    assert max(peaks["zb-h2"]) == min(2 * p - 1, m)
+    assert max(peaks["zb-v"]) == 2 * p
+    if m >= 2 * p:
+        assert max(peaks["dualpipe"]) == p + 1
+        assert max(peaks["dualpipev"]) == 2 * p + 1
+
+
+def test_peak_in_flight_split_and_unsplit():
+    assert peak_in_flight(steps("F00 F10 B00 B10")) == 2
+    split = (Step("F", 0, 0), Step("B", 0, 0, True), Step("F", 1, 0), Step("W", 0, 0))
+    assert peak_in_flight(split) == 2
+
+
+def test_placements():
+    inter = placement("interleaved", 4, 2)
+    assert [inter.vstage(1, c) for c in (0, 1)] == [1, 5] and inter.locate(5) == (1, 1)
+    v = placement("zb-v", 4, 2)
+    assert (v.virtual_stages, v.copies) == (8, 1)
+    assert [v.vstage(0, c) for c in (0, 1)] == [0, 7] and v.locate(7) == (0, 1) and v.locate(4) == (3, 1)
+    dual = placement("dualpipe", 4, 1)
+    assert (dual.virtual_stages, dual.copies, dual.chunks) == (4, 2, 2)
+    assert dual.vstage(0, 1) == 3 and dual.locate(3, 1) == (0, 1) and dual.locate(3, 0) == (3, 0)
+    assert [dual.copy_of(mb, 8) for mb in (0, 3, 4, 7)] == [0, 0, 1, 1]
+    assert placement("1f1b", 4) == Placement("interleaved", 4, 1)
+    for place in (inter, v, dual):
+        for copy in range(place.copies):
+            for vs in range(place.virtual_stages):
+                stage, chunk = place.locate(vs, copy)
+                assert place.vstage(stage, chunk) == vs
+
+
+def test_dualpipe_follows_the_reference_steps():
+    """p = 2, m = 4: rank 0 runs copy 0 (micro-batches 0, 1) forwards, copy 1 (2, 3) backwards."""
+    assert [(s.kind, s.microbatch, s.chunk, s.split) for s in dualpipe(0, 2, 4)] == [
+        ("F", 0, 0, False), ("F", 2, 1, False),
+        ("F", 1, 0, False), ("B", 2, 1, False), ("F", 3, 1, False), ("B", 0, 0, False),
+        ("B", 3, 1, False), ("B", 1, 0, True), ("W", 1, 0, False),
+    ]
+
+
+@pytest.mark.parametrize(
+    "args, field",
+    [
+        (("zb-v", 4, 8, 1), "parallelism.vp"),
+        (("dualpipev", 4, 8, 3), "parallelism.vp"),
+        (("dualpipe", 4, 8, 2), "parallelism.vp"),
+        (("zb-h1", 4, 8, 2), "parallelism.vp"),
+        (("dualpipe", 3, 8, 1), "parallelism.pp"),
+        (("dualpipe", 4, 6, 1), "training.global_batch_size"),
+        (("dualpipe", 4, 9, 1), "training.global_batch_size"),
+        (("dualpipev", 4, 7, 2), "training.global_batch_size"),
+    ],
+)
+def test_new_schedule_args_errors(args, field):
+    with pytest.raises(ConfigError) as err:
+        check_schedule_args(*args)
+    assert err.value.field == field
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "args", [("zb-h1", 4, 3, 1), ("zb-h2", 8, 1, 1), ("zb-v", 4, 2, 2), ("dualpipe", 4, 8, 1), ("dualpipev", 3, 6, 2)]
+)
+def test_new_schedule_args_accept_valid(args):
+    check_schedule_args(*args)

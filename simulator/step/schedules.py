@@ -13,10 +13,19 @@ The engine enforces these dependencies between steps, ``L`` being the last virtu
 
 Each rank keeps the order it is given, so a schedule is correct when every rank can always
 make progress; ``tests/test_schedules.py`` checks this and the closed-form bubbles.
+
+Zero-bubble and DualPipe schedules add ``W`` steps (split backwards) and other chunk layouts:
+``placement(name, stages, chunks)`` says where each chunk sits and ``depends_on`` gives each
+step's dependency. Bubble, as the papers count it: idle time between a rank's first and last
+step on the worst rank (each rank's optimizer step runs when it is done); bubble fraction =
+that idle time / that rank's span. For gpipe, 1f1b and interleaved this equals the idle time
+of stage 0 over the whole step.
 """
 
 from __future__ import annotations
 
+import functools
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -25,11 +34,18 @@ from simulator.errors import ConfigError
 
 @dataclass(frozen=True)
 class Step:
-    """One forward (``"F"``) or backward (``"B"``) pass of a micro-batch through a model chunk."""
+    """One pass of a micro-batch through a model chunk on this rank.
+
+    ``kind`` is ``"F"`` (forward), ``"B"`` (backward) or ``"W"`` (weight gradient). A ``"B"``
+    with ``split=False`` computes the input and the weight gradients; with ``split=True`` only
+    the input gradient, and a later ``Step("W", mb, chunk)`` on the same rank computes that
+    (micro-batch, chunk)'s weight gradient (Qi et al. 2024, Section 2).
+    """
 
     kind: str
     microbatch: int
     chunk: int
+    split: bool = False
 
 
 def virtual_stage(stage: int, stages: int, chunk: int) -> int:
@@ -116,6 +132,366 @@ def _interleaved_microbatch(k: int, stages: int, chunks: int) -> int:
     return (k // (stages * chunks)) * stages + k % stages
 
 
+# --- placements ----------------------------------------------------------------------------------
+
+LAYOUTS = ("interleaved", "v", "dual")
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where each model chunk sits: ``chunks`` chunks on each of ``stages`` ranks.
+
+    ``layout`` is one of:
+
+    - ``"interleaved"`` (gpipe, 1f1b, interleaved, zb-h1, zb-h2): chunk c on rank s is virtual
+      stage ``c * stages + s`` (Megatron-LM); with one chunk, virtual stage = rank.
+    - ``"v"`` (zb-v, dualpipev): two chunks per rank, chunk 0 on rank s is virtual stage s and
+      chunk 1 is ``2 p - 1 - s``, so the last virtual stage (the loss) is on rank 0.
+    - ``"dual"`` (dualpipe): two model copies of p virtual stages each; chunk c on a rank holds
+      copy c; copy 0 puts virtual stage s on rank s, copy 1 puts it on rank p - 1 - s. Micro-batches
+      ``0 .. m/2 - 1`` run through copy 0, ``m/2 .. m - 1`` through copy 1 (global ids).
+
+    Dependencies (``depends_on``): F(mb, vs) needs F(mb, vs - 1) of the same copy; B(mb, vs) needs
+    B(mb, vs + 1), and on the last virtual stage F(mb, last) (the loss); W(mb, vs) needs
+    B(mb, vs) on the same rank.
+    """
+
+    layout: str
+    stages: int
+    chunks: int
+
+    @property
+    def virtual_stages(self) -> int:
+        """Virtual stages of one model copy."""
+        if self.layout == "dual":
+            return self.stages
+        return self.stages * self.chunks
+
+    @property
+    def copies(self) -> int:
+        """Model copies held across the pipeline: 2 for DualPipe (2x parameters), else 1."""
+        return 2 if self.layout == "dual" else 1
+
+    def vstage(self, stage: int, chunk: int) -> int:
+        """Virtual stage (within its copy) of ``chunk`` on rank ``stage``."""
+        p = self.stages
+        if self.layout == "v":
+            return stage if chunk == 0 else 2 * p - 1 - stage
+        if self.layout == "dual":
+            return stage if chunk == 0 else p - 1 - stage
+        return chunk * p + stage
+
+    def locate(self, vstage: int, copy: int = 0) -> tuple[int, int]:
+        """(rank, chunk) holding virtual stage ``vstage`` of model copy ``copy``."""
+        p = self.stages
+        if not 0 <= vstage < self.virtual_stages or not 0 <= copy < self.copies:
+            raise ValueError(f"no virtual stage {vstage} of copy {copy} in {self}")
+        if self.layout == "v":
+            return (vstage, 0) if vstage < p else (2 * p - 1 - vstage, 1)
+        if self.layout == "dual":
+            return (vstage, 0) if copy == 0 else (p - 1 - vstage, 1)
+        return vstage % p, vstage // p
+
+    def copy_of(self, microbatch: int, microbatches: int) -> int:
+        """Model copy micro-batch ``microbatch`` of ``microbatches`` runs through."""
+        if self.layout == "dual":
+            return 0 if microbatch < microbatches // 2 else 1
+        return 0
+
+
+def placement(name: str, stages: int, chunks: int = 1) -> Placement:
+    """The placement schedule ``name`` runs with ``stages`` ranks and ``chunks`` = parallelism.vp."""
+    check_schedule_args(name, stages, 1 << 30, chunks, _microbatches_checked=False)
+    if name in ("zb-v", "dualpipev"):
+        return Placement("v", stages, 2)
+    if name == "dualpipe":
+        return Placement("dual", stages, 2)
+    return Placement("interleaved", stages, chunks)
+
+
+def depends_on(place: Placement, stage: int, step: Step) -> tuple[str, int, int] | None:
+    """The step ``step`` on rank ``stage`` waits for, as (kind, microbatch, virtual stage).
+
+    The micro-batch id fixes the model copy, so the key is unique; None for a first forward.
+    """
+    vs = place.vstage(stage, step.chunk)
+    if step.kind == "F":
+        return ("F", step.microbatch, vs - 1) if vs > 0 else None
+    if step.kind == "B":
+        if vs == place.virtual_stages - 1:
+            return ("F", step.microbatch, vs)
+        return ("B", step.microbatch, vs + 1)
+    return ("B", step.microbatch, vs)
+
+
+def peak_in_flight(steps: tuple[Step, ...] | list[Step]) -> int:
+    """Most (micro-batch, chunk) activations alive at once on a rank running ``steps``.
+
+    An activation is alive from its F until its W, or until its B when the B is not split
+    (Qi et al. 2024, Section 2: W still needs the stored inputs).
+    """
+    live = peak = 0
+    for step in steps:
+        if step.kind == "F":
+            live += 1
+            peak = max(peak, live)
+        elif step.kind == "W" or not step.split:
+            live -= 1
+    return peak
+
+
+# --- zero bubble (Qi et al.) -----------------------------------------------------------------------
+
+
+def zb_h1(stage: int, stages: int, microbatches: int, chunks: int = 1) -> tuple[Step, ...]:
+    """ZB-H1 (Qi et al., ICLR 2024, "Zero Bubble Pipeline Parallelism", Section 3.1, Figure 3).
+
+    B is split into B (input gradient) and W (weight gradient). Each rank keeps 1F1B's order of
+    F and B (warm-up ``p - s - 1`` forwards), and a W runs whenever the next F or B cannot start:
+    it waits for its input, or an F would exceed p activations alive (1F1B's peak). The W's are
+    placed by walking the pipeline at unit F = B = W times (``_fill_weights``).
+
+    Bubble (idle between a rank's first and last step, on the worst rank) with times F, B, W:
+    ``(p - 1)(F + B - W)``, a third of 1F1B's ``(p - 1)(F + B + W)`` at equal times, for m >= p.
+    Memory: at most p micro-batches' activations on every rank (1F1B's stage-0 peak).
+    """
+    check_schedule_args("zb-h1", stages, microbatches, chunks)
+    _check_stage(stage, stages)
+    return _zb_line(stages, microbatches, stages, 1)[stage]
+
+
+def zb_h2(stage: int, stages: int, microbatches: int, chunks: int = 1) -> tuple[Step, ...]:
+    """ZB-H2 (Qi et al., ICLR 2024, Section 3.1, Figure 3 bottom).
+
+    As ZB-H1 with ``2 (p - s - 1)`` warm-up forwards and room for ``2p - 1`` activations: the
+    extra forwards fill the warm-up bubble and the trailing W's fill the cool-down, turning the
+    trapezoid into a parallelogram. Bubble ``(p - 1)(F + B - 2W)``: zero at equal times for
+    m >= 2p - 1, measured between each rank's first and last step (the paper drops the
+    optimizer's synchronisation with its post-validation, Section 4). Memory: 2p - 1 activations.
+    """
+    check_schedule_args("zb-h2", stages, microbatches, chunks)
+    _check_stage(stage, stages)
+    return _zb_line(stages, microbatches, 2 * stages - 1, 2)[stage]
+
+
+def zb_v(stage: int, stages: int, microbatches: int, chunks: int = 2) -> tuple[Step, ...]:
+    """ZB-V (Qi et al., arXiv 2401.10241v2 Section 6 and "Pipeline Parallelism with Controllable
+    Memory", 2024): two chunks per rank in a V (``Placement`` layout ``"v"``).
+
+    Built like the papers' heuristic scheduler at unit F = B = W times: each rank starts a ready
+    B first (chunk 0 before chunk 1), else a ready F (chunk 1 first) while fewer than 2p chunk
+    activations are alive, else its oldest pending W. Memory: 2p chunk activations of half a
+    stage each, 1F1B's peak. Bubble: the paper reports zero at equal times; this greedy order
+    leaves ``(p - 1) F`` at the tail (measured, ``tests/test_schedules.py``), about a third of
+    ZB-H1's and vanishing as m grows.
+    """
+    check_schedule_args("zb-v", stages, microbatches, chunks)
+    _check_stage(stage, stages)
+    return _zb_v(stages, microbatches)[stage]
+
+
+def _line_order(stage: int, stages: int, microbatches: int, warmup: int) -> list[Step]:
+    w = min(warmup, microbatches)
+    order = [Step("F", mb, 0) for mb in range(w)]
+    for k in range(microbatches - w):
+        order += [Step("F", w + k, 0), Step("B", k, 0, True)]
+    return order + [Step("B", k, 0, True) for k in range(microbatches - w, microbatches)]
+
+
+@functools.lru_cache(maxsize=256)
+def _zb_line(stages: int, microbatches: int, cap: int, warmup_factor: int) -> tuple[tuple[Step, ...], ...]:
+    orders = [_line_order(s, stages, microbatches, warmup_factor * (stages - s - 1)) for s in range(stages)]
+    return _fill_weights(Placement("interleaved", stages, 1), orders, cap)
+
+
+def _fill_weights(place: Placement, orders: list[list[Step]], cap: int) -> tuple[tuple[Step, ...], ...]:
+    """Insert each split B's W into fixed F/B orders, walking the pipeline at unit step times.
+
+    At each time unit a rank starts its next F or B if its dependency has finished and an F
+    would keep at most ``cap`` activations alive; otherwise it runs its oldest pending W. The
+    remaining W's run after the last B.
+    """
+    stages = place.stages
+    done: dict = {}
+    progs: list[list[Step]] = [[] for _ in range(stages)]
+    nxt = [0] * stages
+    pending: list[deque] = [deque() for _ in range(stages)]
+    alive = [0] * stages
+    t = 0
+    while any(nxt[r] < len(orders[r]) for r in range(stages)):
+        finished = {}
+        for r in range(stages):
+            if nxt[r] < len(orders[r]):
+                step = orders[r][nxt[r]]
+                dep = depends_on(place, r, step)
+                if (dep is None or done.get(dep, t + 1) <= t) and not (step.kind == "F" and alive[r] >= cap):
+                    progs[r].append(step)
+                    finished[(step.kind, step.microbatch, place.vstage(r, step.chunk))] = t + 1
+                    nxt[r] += 1
+                    if step.kind == "F":
+                        alive[r] += 1
+                    else:
+                        pending[r].append(step)
+                    continue
+            if pending[r]:
+                b = pending[r].popleft()
+                progs[r].append(Step("W", b.microbatch, b.chunk))
+                alive[r] -= 1
+        done.update(finished)
+        t += 1
+    for r in range(stages):
+        progs[r] += [Step("W", b.microbatch, b.chunk) for b in pending[r]]
+    return tuple(tuple(p) for p in progs)
+
+
+@functools.lru_cache(maxsize=256)
+def _zb_v(stages: int, microbatches: int) -> tuple[tuple[Step, ...], ...]:
+    place = Placement("v", stages, 2)
+    cap = 2 * stages
+    done: dict = {}
+    progs: list[list[Step]] = [[] for _ in range(stages)]
+    next_f = [[0, 0] for _ in range(stages)]
+    next_b = [[0, 0] for _ in range(stages)]
+    pending: list[deque] = [deque() for _ in range(stages)]
+    alive = [0] * stages
+    left = 6 * stages * microbatches
+    t = 0
+    while left:
+        finished = {}
+        for r in range(stages):
+            ready_b = [Step("B", next_b[r][c], c, True) for c in (0, 1) if next_b[r][c] < microbatches]
+            ready_b = [s for s in ready_b if done.get(depends_on(place, r, s), t + 1) <= t]
+            ready_f = [Step("F", next_f[r][c], c) for c in (1, 0) if next_f[r][c] < microbatches]
+            ready_f = [s for s in ready_f
+                       if (d := depends_on(place, r, s)) is None or done.get(d, t + 1) <= t]
+            if ready_b:
+                step = ready_b[0]
+                next_b[r][step.chunk] += 1
+                pending[r].append(step)
+            elif ready_f and alive[r] < cap:
+                step = ready_f[0]
+                next_f[r][step.chunk] += 1
+                alive[r] += 1
+            elif pending[r]:
+                b = pending[r].popleft()
+                step = Step("W", b.microbatch, b.chunk)
+                alive[r] -= 1
+            else:
+                continue
+            progs[r].append(step)
+            if step.kind != "W":
+                finished[(step.kind, step.microbatch, place.vstage(r, step.chunk))] = t + 1
+            left -= 1
+        done.update(finished)
+        t += 1
+    return tuple(tuple(p) for p in progs)
+
+
+# --- DualPipe (DeepSeek-AI) -------------------------------------------------------------------------
+
+
+def dualpipe(stage: int, stages: int, microbatches: int, chunks: int = 1) -> tuple[Step, ...]:
+    """DualPipe (DeepSeek-V3 technical report, Section 3.2.1; deepseek-ai/DualPipe
+    ``dualpipe/dualpipe.py``, ``DualPipe.step``): bidirectional, two model copies.
+
+    Every rank holds stage s of copy 0 (chunk 0) and stage p - 1 - s of copy 1 (chunk 1);
+    micro-batches 0..m/2-1 enter at rank 0, m/2..m-1 at rank p - 1. The rank runs the file's
+    eight steps with h = min(s, p - 1 - s), n = p / 2, and its own direction as phase 0:
+    ``2(n-h-1)`` F0; ``h+1`` x (F0 F1); ``n-h-1`` x (B1 W1 F1) split; ``m/2 - p + h + 1`` x
+    (F0 B1 F1 B0); ``n-h-1`` x (B1 F1 B0); ``h+1`` x (B1 B0), the later half split; ``n-h-1`` x
+    (W B0) split; ``h+1`` x W. Paired "F&B" steps run back to back here (the engine may overlap
+    their communication). Needs even p, even m >= 2p.
+
+    README table, with PP = p stages, B the full backward and F&B a forward-backward pair:
+    bubble ``(PP/2 - 1)(F&B + B - 3W)``; parameters 2x; activations PP + 1 (full stages).
+    """
+    check_schedule_args("dualpipe", stages, microbatches, chunks)
+    _check_stage(stage, stages)
+    half = stages // 2
+    second = stage >= half
+    h = min(stage, stages - 1 - stage)
+    per_copy = microbatches // 2
+
+    def target(phase: int, count: int) -> tuple[int, int]:
+        chunk = phase ^ second
+        return chunk * per_copy + count, chunk
+
+    return _dual_steps(half, h, per_copy, target)
+
+
+def dualpipev(stage: int, stages: int, microbatches: int, chunks: int = 2) -> tuple[Step, ...]:
+    """DualPipeV (deepseek-ai/DualPipe ``dualpipe/dualpipev.py``, "cut-in-half" of DualPipe by
+    Sea AI Lab): DualPipe's eight steps on a V (``Placement`` layout ``"v"``), one model copy.
+
+    Rank s runs steps 1-8 of ``dualpipe`` with n = p, h = s and all m micro-batches through both
+    of its chunks (chunk 0 = virtual stage s, chunk 1 = 2p - 1 - s). Needs m >= 2p.
+
+    README table (PP = 2p virtual stages, on PP/2 devices): bubble ``(PP/2 - 1)(F&B + B - 3W)``
+    = ``(p - 1)(F&B + B - 3W)``; activations PP + 1 chunk activations (half-stage chunks) per
+    device; the table's 2x parameters compares with 1F1B over PP devices, per device it holds
+    two chunks of a 2p-way split (vp = 2).
+    """
+    check_schedule_args("dualpipev", stages, microbatches, chunks)
+    _check_stage(stage, stages)
+    return _dual_steps(stages, stage, microbatches, lambda phase, count: (count, phase))
+
+
+def _dual_steps(n: int, h: int, per_phase: int, target: Callable[[int, int], tuple[int, int]]) -> tuple[Step, ...]:
+    """DualPipe's eight steps (``DualPipe.step``): F/B counters per phase, W's first-in first-out."""
+    steps: list[Step] = []
+    forwards, backwards = [0, 0], [0, 0]
+    weights: deque = deque()
+
+    def f(phase: int) -> None:
+        mb, chunk = target(phase, forwards[phase])
+        forwards[phase] += 1
+        steps.append(Step("F", mb, chunk))
+
+    def b(phase: int, split: bool = False) -> None:
+        mb, chunk = target(phase, backwards[phase])
+        backwards[phase] += 1
+        steps.append(Step("B", mb, chunk, split))
+        if split:
+            weights.append((mb, chunk))
+
+    def w() -> None:
+        steps.append(Step("W", *weights.popleft()))
+
+    for _ in range(2 * (n - h - 1)):  # 1: nF0
+        f(0)
+    for _ in range(h + 1):  # 2: nF0F1
+        f(0)
+        f(1)
+    for _ in range(n - h - 1):  # 3: nB1W1F1, zero bubble
+        b(1, True)
+        w()
+        f(1)
+    for _ in range(per_phase - 2 * n + h + 1):  # 4: nF0B1F1B0, the main step
+        f(0)
+        b(1)
+        f(1)
+        b(0)
+    for _ in range(n - h - 1):  # 5: nB1F1B0
+        b(1)
+        f(1)
+        b(0)
+    split = False
+    for i in range(h + 1):  # 6: nB1B0, the second half split
+        if i == (h + 1) // 2 and h % 2 == 1:
+            split = True
+        b(1, split)
+        if i == (h + 1) // 2 and h % 2 == 0:
+            split = True
+        b(0, split)
+    for _ in range(n - h - 1):  # 7: nWB0, zero bubble
+        w()
+        b(0, True)
+    while weights:  # 8: nW
+        w()
+    return tuple(steps)
+
+
+
 def _check_stage(stage: int, stages: int) -> None:
     if not 0 <= stage < stages:
         raise ValueError(f"stage {stage} is outside a {stages}-stage pipeline")
@@ -125,14 +501,30 @@ SCHEDULES: dict[str, Callable[..., tuple[Step, ...]]] = {
     "gpipe": gpipe,
     "1f1b": one_f_one_b,
     "interleaved": interleaved_1f1b,
+    "zb-h1": zb_h1,
+    "zb-h2": zb_h2,
+    "zb-v": zb_v,
+    "dualpipe": dualpipe,
+    "dualpipev": dualpipev,
 }
 
+# Schedules that place their own two chunks per rank (vp must be 2) and DualPipe (vp must be 1).
+V_SHAPED = ("zb-v", "dualpipev")
 
-def check_schedule_args(name: str, stages: int, microbatches: int, chunks: int) -> None:
+
+def check_schedule_args(
+    name: str, stages: int, microbatches: int, chunks: int, _microbatches_checked: bool = True
+) -> None:
     """Raise ``ConfigError`` naming the scenario field to fix if the schedule cannot run.
 
     ``microbatches`` is derived (global_batch_size / (micro_batch_size x dp)), so its errors
     point at ``training.global_batch_size`` and carry the derived count as the value.
+
+    Chunk rules: interleaved takes any vp; zb-v and dualpipev need vp = 2 (they split the model
+    into 2p virtual stages and put two on each rank, in a V); dualpipe needs vp = 1 (p stages,
+    each rank also holding the mirrored stage of a second model copy) and an even pp; the other
+    schedules run one chunk per rank. DualPipe and DualPipeV need m >= 2p (``DualPipe.step``
+    asserts ``num_chunks >= num_ranks * 2``), DualPipe also an even m.
     """
     if name not in SCHEDULES:
         raise ConfigError("schedule", name, f"choose one of {', '.join(SCHEDULES)}")
@@ -146,16 +538,40 @@ def check_schedule_args(name: str, stages: int, microbatches: int, chunks: int) 
             f"{microbatches} micro-batches per pipeline",
             "needs at least one: make it at least micro_batch_size * dp",
         )
-    if chunks > 1 and name != "interleaved":
+    if name in V_SHAPED and chunks != 2:
+        raise ConfigError(
+            "parallelism.vp",
+            chunks,
+            f"the {name} schedule puts two model chunks on each rank in a V: set vp to 2",
+        )
+    if name == "dualpipe" and stages % 2:
+        raise ConfigError("parallelism.pp", stages, "dualpipe needs an even pp (two directions meet in the middle)")
+    if chunks > 1 and name not in ("interleaved", *V_SHAPED):
         raise ConfigError(
             "parallelism.vp",
             chunks,
             f"the {name} schedule runs one model chunk per rank: set vp to 1 or use interleaved",
         )
+    if not _microbatches_checked:
+        return
     if name == "interleaved" and chunks > 1 and microbatches % stages:
         raise ConfigError(
             "training.global_batch_size",
             f"{microbatches} micro-batches per pipeline",
             f"the interleaved schedule needs a multiple of pp ({stages}): "
             "make global_batch_size a multiple of micro_batch_size * dp * pp",
+        )
+    if name in ("dualpipe", "dualpipev") and microbatches < 2 * stages:
+        raise ConfigError(
+            "training.global_batch_size",
+            f"{microbatches} micro-batches per pipeline",
+            f"the {name} schedule needs at least 2 x pp ({2 * stages}): "
+            "make global_batch_size at least micro_batch_size * dp * 2 * pp",
+        )
+    if name == "dualpipe" and microbatches % 2:
+        raise ConfigError(
+            "training.global_batch_size",
+            f"{microbatches} micro-batches per pipeline",
+            "the dualpipe schedule splits them over two directions: "
+            "make global_batch_size a multiple of micro_batch_size * dp * 2",
         )

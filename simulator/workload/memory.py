@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from simulator.config import ModelConfig, Scenario
 from simulator.errors import ConfigError
 from simulator.step.plan import vstage_layers
-from simulator.step.schedules import check_schedule_args
+from simulator.step.schedules import SCHEDULES, check_schedule_args, peak_in_flight, placement
 from simulator.units import GiB
 
 RECOMPUTE_MODES = ("none", "selective", "full")
@@ -162,16 +162,13 @@ def microbatches_in_flight(
 ) -> int:
     """Chunk activations stage ``stage`` holds at its peak (one chunk = 1/chunks of its layers).
 
-    1F1B: min(p - s, m) (Narayanan et al. 2021); GPipe: m; interleaved (Megatron-LM):
-    min(2 (p - s - 1) + (v - 1) p + 1, m v), its warm-up forwards plus one; with one chunk
-    Megatron runs plain 1F1B, and so does ``schedules.interleaved_1f1b``.
+    Read from the schedule's program (``schedules.peak_in_flight``: alive from F until its W, or
+    its B when not split). 1F1B: min(p - s, m) (Narayanan et al. 2021); GPipe: m; interleaved
+    (Megatron-LM): min(2 (p - s - 1) + (v - 1) p + 1, m v); ZB-H1 p, ZB-H2 2p - 1; ZB-V and
+    DualPipeV count half-stage chunks (vp = 2); DualPipe counts stages of either model copy.
     """
     check_schedule_args(schedule, stages, microbatches, chunks)
-    if schedule == "gpipe":
-        return microbatches
-    if schedule == "interleaved" and chunks > 1:
-        return min(2 * (stages - stage - 1) + (chunks - 1) * stages + 1, microbatches * chunks)
-    return min(stages - stage, microbatches)
+    return peak_in_flight(SCHEDULES[schedule](stage, stages, microbatches, chunks))
 
 
 @dataclass(frozen=True)
@@ -294,6 +291,9 @@ def stage_memory(
     dense_states = _state_components(params.dense, dense_group, zero, weight_bytes, grad_bytes, optimizer_bytes)
     expert_states = _state_components(params.expert, expert_group, zero, weight_bytes, grad_bytes, optimizer_bytes)
     weights, grads, optim = (d + e for d, e in zip(dense_states, expert_states))
+    # DualPipe keeps a second model copy: every rank also holds the mirrored stage (2x states).
+    copies = placement(s.pipeline_schedule, pp, vp).copies
+    weights, grads, optim = weights * copies, grads * copies, optim * copies
 
     seq, b, sp, rc = tr.seq_length / par.cp, tr.micro_batch_size, par.sequence_parallel, tr.recompute
     layers = stage_layers(m, stage, pp, vp, par.first_pipeline_num_layers, par.last_pipeline_num_layers)
