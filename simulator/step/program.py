@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from simulator.config import Scenario
-from simulator.step.schedules import SCHEDULES, Step
+from simulator.step.schedules import SCHEDULES, Placement, Step, placement
 from simulator.workload.compute import (CP_CORE_OPS, CP_LOCAL_OPS, BlockCost, joined, split_around,
                                         split_at_gemm, split_weight_grad)
 from simulator.workload.moe import split_moe_block
@@ -133,6 +133,11 @@ Op = Compute | Launch | Enqueue | Wait | Send | Recv | StepBegin | StepEnd | Hos
 def schedule_steps(s: Scenario, stage: int) -> tuple[Step, ...]:
     par = s.parallelism
     return SCHEDULES[s.pipeline_schedule](stage, par.pp, s.num_microbatches, par.vp)
+
+
+def stage_placement(s: Scenario) -> Placement:
+    """Where the scenario's schedule puts each model chunk (``schedules.Placement``)."""
+    return placement(s.pipeline_schedule, s.parallelism.pp, s.parallelism.vp)
 
 
 def build_program(s: Scenario, work: Workload, stage: int, extras: bool = True) -> tuple[Op, ...]:
@@ -385,8 +390,8 @@ class _Builder:
     def build(self) -> tuple:
         s, w, stage = self.s, self.w, self.stage
         par = s.parallelism
-        p, v = par.pp, par.vp
-        nvs = p * v
+        place = stage_placement(s)
+        nvs, m = place.virtual_stages, s.num_microbatches
         zero = par.zero_stage
         sw = self.sw
         steps = schedule_steps(s, stage)
@@ -410,8 +415,8 @@ class _Builder:
             self.ops.append(HostStart(min(0.0, opt.kernels * sw.host_issue_s - opt.time_s)))
         param_ready: dict[int, int] = {}
         if zero in (1, 2):
-            for chunk in range(v):
-                for bucket in reversed(w.buckets[chunk * p + stage]):
+            for chunk in range(place.chunks):
+                for bucket in reversed(w.buckets[place.vstage(stage, chunk)]):
                     h = None
                     for kind, op, size in self.param_ops(bucket):
                         h = self.enqueue(kind, op, size, "dp")
@@ -432,9 +437,10 @@ class _Builder:
                 fsdp_ready[key] = self.launch("dpcp", "all_gather", w.layer_dense_params[layer] * PARAM_BYTES, "fsdp")
 
         for i, st in enumerate(steps):
-            vs = st.chunk * p + stage
+            vs = place.vstage(stage, st.chunk)
             layers = w.layers(vs)
             mb, chunk = st.microbatch, st.chunk
+            copy = place.copy_of(mb, m)
             at = dict(microbatch=mb, chunk=chunk)
             final = last_grad[chunk] == i
             grads_of = {layer: b for b in w.buckets[vs] for layer in b.layers}
@@ -458,7 +464,7 @@ class _Builder:
                     self.compute("head", w.head[0], "lm_head+loss", **at)
                 self.ops.append(StepEnd("F", mb, chunk))
                 if vs < nvs - 1:
-                    self.ops.append(Send((stage + 1) % p, vs + 1, mb, "F"))
+                    self.ops.append(Send(place.locate(vs + 1, copy)[0], vs + 1, mb, "F"))
             elif st.kind == "B":
                 split = getattr(st, "split", False)
                 if vs < nvs - 1:
@@ -482,7 +488,7 @@ class _Builder:
                     self.unlayered_grads(vs, grads)
                 self.ops.append(StepEnd("B", mb, chunk))
                 if vs > 0:
-                    self.ops.append(Send((stage - 1) % p, vs - 1, mb, "B"))
+                    self.ops.append(Send(place.locate(vs - 1, copy)[0], vs - 1, mb, "B"))
             else:  # W: the weight gradients a split B left
                 self.ops.append(StepBegin())
                 for layer in reversed(layers):

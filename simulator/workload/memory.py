@@ -220,27 +220,43 @@ def _layer_params(model: ModelConfig, layer: int, tp: int, ep: int, etp: int | N
 
 
 def stage_layers(model: ModelConfig, stage: int, pp: int, vp: int = 1, first: int | None = None,
-                 last: int | None = None) -> list[int]:
-    """Layer indices on ``stage``: chunk c holds virtual stage c * pp + stage (Megatron-LM)."""
+                 last: int | None = None, schedule: str = "interleaved") -> list[int]:
+    """Layer indices on ``stage``, every chunk the schedule places there (``schedules.Placement``):
+    chunk c holds virtual stage c * pp + stage (Megatron-LM), stage s and 2 pp - 1 - s for the
+    V-shaped schedules, and stage s of one model copy and pp - 1 - s of the other for DualPipe."""
     vstages = vstage_layers(model.num_hidden_layers, pp, vp, first, last)
-    return [layer for c in range(vp) for layer in vstages[c * pp + stage]]
+    place = placement(schedule, pp, vp)
+    return [layer for c in range(place.chunks) for layer in vstages[place.vstage(stage, c)]]
+
+
+def _ends(s: Scenario, stage: int) -> tuple[int, int]:
+    """How many model copies have their first virtual stage (embedding) and their last (LM head)
+    on ``stage``."""
+    par = s.parallelism
+    place = placement(s.pipeline_schedule, par.pp, par.vp)
+    last = place.virtual_stages - 1
+    return (sum(place.locate(0, c)[0] == stage for c in range(place.copies)),
+            sum(place.locate(last, c)[0] == stage for c in range(place.copies)))
 
 
 def _stage_params(s: Scenario, stage: int) -> _Params:
     m, par = s.model, s.parallelism
     tp, pp = par.tp, par.pp
-    units = [_layer_params(m, layer, tp, par.ep, par.expert_tp) for layer in stage_layers(m, stage, pp, par.vp, par.first_pipeline_num_layers, par.last_pipeline_num_layers)]
+    layers = stage_layers(m, stage, pp, par.vp, par.first_pipeline_num_layers, par.last_pipeline_num_layers,
+                          s.pipeline_schedule)
+    units = [_layer_params(m, layer, tp, par.ep, par.expert_tp) for layer in layers]
     dense = sum(u[0] for u in units)
     expert = sum(u[1] for u in units)
     largest = max((u[0] + u[1] for u in units), default=0.0)
     table = m.vocab_size * m.hidden_size / tp
-    if stage == 0:
-        dense += table
+    embeds, heads = _ends(s, stage)
+    if embeds:
+        dense += table * embeds
         largest = max(largest, table)
-    if stage == pp - 1:
-        dense += m.hidden_size
+    if heads:
+        dense += m.hidden_size * heads
         if not m.tie_word_embeddings or pp > 1:
-            dense += table
+            dense += table * heads
             largest = max(largest, table)
     return _Params(dense, expert, largest)
 
@@ -291,26 +307,28 @@ def stage_memory(
     dense_states = _state_components(params.dense, dense_group, zero, weight_bytes, grad_bytes, optimizer_bytes)
     expert_states = _state_components(params.expert, expert_group, zero, weight_bytes, grad_bytes, optimizer_bytes)
     weights, grads, optim = (d + e for d, e in zip(dense_states, expert_states))
-    # DualPipe keeps a second model copy: every rank also holds the mirrored stage (2x states).
-    copies = placement(s.pipeline_schedule, pp, vp).copies
-    weights, grads, optim = weights * copies, grads * copies, optim * copies
+    # DualPipe keeps a second model copy: every rank also holds the mirrored stage, whose layers
+    # ``stage_layers`` already counts (2x states in total).
+    place = placement(s.pipeline_schedule, pp, vp)
 
     seq, b, sp, rc = tr.seq_length / par.cp, tr.micro_batch_size, par.sequence_parallel, tr.recompute
-    layers = stage_layers(m, stage, pp, vp, par.first_pipeline_num_layers, par.last_pipeline_num_layers)
+    layers = stage_layers(m, stage, pp, vp, par.first_pipeline_num_layers, par.last_pipeline_num_layers,
+                          s.pipeline_schedule)
     kernels = {"flash_attention": tr.attention != "unfused", "dropout": tr.attention == "unfused", "etp": par.expert_tp}
     per_mb = [layer_activation_bytes(m, layer, seq, b, tp, sp, rc, **kernels) for layer in layers]
     in_flight = microbatches_in_flight(s.pipeline_schedule, stage, pp, s.num_microbatches, vp)
-    activations = sum(per_mb) / vp * in_flight
+    activations = sum(per_mb) / place.chunks * in_flight
     working_set = [layer_activation_bytes(m, layer, seq, b, tp, sp, "none", **kernels) - a
                    for layer, a in zip(layers, per_mb)]
     activations += max(working_set, default=0.0)
     rep = 1 / tp if sp else 1.0
-    if stage == 0:
+    embeds, heads = _ends(s, stage)
+    if embeds:
         activations += MASK_BYTES * seq * b * m.hidden_size * rep * min(in_flight, s.num_microbatches)
-    if stage == pp - 1:
+    if heads:
         head_in_flight = s.num_microbatches if s.pipeline_schedule == "gpipe" else 1
         head = 2 * ACT_BYTES * seq * b * m.hidden_size * rep + LOGIT_BYTES * seq * b * m.vocab_size / tp
-        activations += head * head_in_flight
+        activations += head * head_in_flight * heads
 
     stage_params = params.dense + params.expert
     if zero >= 3:

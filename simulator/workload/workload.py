@@ -35,6 +35,7 @@ from simulator.workload import moe as moe_model
 from simulator.config import Scenario, TrainingConfig
 from simulator.physical.hardware import GPUSpec
 from simulator.step.plan import vstage_layers
+from simulator.step.schedules import placement
 from simulator.workload.frameworks import Software, resolve
 from simulator.workload.software import head_with_software, layer_with_software, optimizer_block
 
@@ -80,6 +81,7 @@ def build_workload(s: Scenario, gpu: GPUSpec) -> Workload:
     sw = resolve(s)
     if t.attention == "flash":  # the framework's fused kernel (frameworks/*.yaml attention.kernel)
         t = replace(t, attention=sw.attention_kernel)
+    place = placement(s.pipeline_schedule, p, v)
     vstages = vstage_layers(m.num_hidden_layers, p, v, par.first_pipeline_num_layers, par.last_pipeline_num_layers)
     costs: dict[tuple, LayerCost] = {}
     layer_costs = {}
@@ -122,7 +124,7 @@ def build_workload(s: Scenario, gpu: GPUSpec) -> Workload:
 
     optimizer = {}
     for stage in range(p):
-        mine = [c * p + stage for c in range(v)]
+        mine = [place.vstage(stage, c) for c in range(place.chunks)]
         dense = sum(b.dense_params for vs in mine for b in buckets[vs])
         expert = sum(b.expert_params for vs in mine for b in buckets[vs])
         if par.zero_stage >= 1:
