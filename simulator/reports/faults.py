@@ -100,7 +100,7 @@ def format_faults(report: dict) -> list[str]:
     slow = report["stragglers"]
     if slow:
         by = sorted({x["compute_slowdown"] for x in slow})
-        lines.append(f"    stragglers       {len(slow)} ranks ({_ranks([x['rank'] for x in slow])}) at "
+        lines.append(f"    stragglers       {len(slow)} rank{'s' if len(slow) != 1 else ''} ({_ranks([x['rank'] for x in slow])}) at "
                      + ", ".join(f"{b:g}x" for b in by) + " compute time")
     for x in report["links"]:
         which = "all" if x["index"] is None else f"index {x['index']}"
