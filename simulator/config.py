@@ -177,6 +177,44 @@ class FrameworkOptions:
 
 
 @dataclass(frozen=True)
+class Straggler:
+    """A slow GPU (``rank``) or every GPU of a node (``node``): its kernels take
+    ``compute_slowdown`` times as long (1.25: a GPU held at 80% clock by a thermal or power cap)."""
+
+    compute_slowdown: float
+    rank: int | None = None
+    node: int | None = None
+
+
+@dataclass(frozen=True)
+class LinkFault:
+    """Links of one class belonging to node ``node`` carry ``bandwidth_fraction`` of their rate
+    (0: failed, routes avoid them). ``index`` picks one of them; which links a node owns, and in
+    what order, is in :mod:`simulator.physical.faults`."""
+
+    node: int
+    link_class: str
+    bandwidth_fraction: float
+    index: int | None = None
+
+
+@dataclass(frozen=True)
+class Faults:
+    """What is broken or noisy in the step: slow GPUs, degraded or failed links, and per-kernel
+    time jitter (coefficient of variation, drawn from ``seed``). Tuples, so a Scenario hashes."""
+
+    stragglers: tuple[Straggler, ...] = ()
+    links: tuple[LinkFault, ...] = ()
+    compute_jitter_cv: float = 0.0
+    seed: int = 0
+
+    @property
+    def active(self) -> bool:
+        """Whether anything is faulted (a seed alone changes nothing)."""
+        return bool(self.stragglers or self.links or self.compute_jitter_cv > 0)
+
+
+@dataclass(frozen=True)
 class Scenario:
     name: str
     model: ModelConfig
@@ -188,6 +226,7 @@ class Scenario:
     overlap: OverlapConfig = field(default_factory=OverlapConfig)
     framework_options: FrameworkOptions = field(default_factory=FrameworkOptions)
     moe: MoEConfig = field(default_factory=MoEConfig)
+    faults: Faults = field(default_factory=Faults)
 
     @property
     def pipeline_schedule(self) -> str:

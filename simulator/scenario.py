@@ -30,14 +30,15 @@ from pathlib import Path
 
 import yaml
 
-from simulator.config import (TOKEN_DISPATCHERS, ClusterConfig, FrameworkOptions, ModelConfig, MoEConfig,
-                              OverlapConfig, ParallelConfig, Scenario, TrainingConfig)
+from simulator.config import (TOKEN_DISPATCHERS, ClusterConfig, Faults, FrameworkOptions, LinkFault, ModelConfig,
+                              MoEConfig, OverlapConfig, ParallelConfig, Scenario, Straggler, TrainingConfig)
 from simulator import limits
 from simulator.errors import ConfigError
 from simulator.yamlfile import load_yaml_file
 from simulator.step.plan import vstage_layers
 from simulator.step.schedules import SCHEDULES, check_schedule_args
-from simulator.physical.topology import load_topology
+from simulator.physical.faults import effective_spec, node_links
+from simulator.physical.topology import LINK_CLASSES, load_topology
 from simulator.workload.frameworks import FP8_RECIPES, framework_names
 
 HIDDEN_ACTS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "silu", "swiglu")
@@ -70,6 +71,12 @@ TOP_LEVEL_SCALARS = ("name", "schedule", "framework")
 # Sections a scenario file may carry for other commands; the scenario itself ignores them
 # (``claims:`` is read by ``stepsim audit``, see simulator/studies/audit.py).
 ANNOTATIONS = ("claims",)
+FAULTS = "faults"
+FAULT_KEYS = ("stragglers", "links", "compute_jitter_cv", "seed")
+STRAGGLER_KEYS = ("rank", "node", "compute_slowdown")
+LINK_FAULT_KEYS = ("node", "link_class", "bandwidth_fraction", "index")
+MAX_SLOWDOWN = 100.0  # a GPU 100x slower than its peers is down, not straggling
+MAX_JITTER_CV = 1.0  # measured kernel-time noise is a few percent; cv 1 is already a wild spread
 
 
 # --- field checkers: (dotted field, value) -> value, or ConfigError ---------------------------
@@ -305,8 +312,18 @@ def apply_overrides(d: dict, overrides: Iterable[str]) -> dict:
                 raise ConfigError(key, value, f"{head} is a single value: use --set {head}=...")
             out[head] = value
             continue
+        if head == FAULTS:
+            if len(parts) != 2 or parts[1] not in FAULT_KEYS:
+                raise _unknown(key, value, [f"{FAULTS}.{k}" for k in FAULT_KEYS])
+            section = out.get(FAULTS)
+            if section is None:
+                section = out[FAULTS] = {}
+            if not isinstance(section, dict):
+                raise ConfigError(FAULTS, section, "must be a mapping of keys")
+            section[parts[1]] = value
+            continue
         if head not in SECTIONS:
-            raise _unknown(key, value, [*TOP_LEVEL_SCALARS, *(f"{s}.<key>" for s in SECTIONS)])
+            raise _unknown(key, value, [*TOP_LEVEL_SCALARS, *(f"{s}.<key>" for s in (*SECTIONS, FAULTS))])
         if len(parts) != 2:
             raise ConfigError(key, value, f"expected {head}.<key>; valid keys: {', '.join(valid_keys(head))}")
         name = parts[1]
@@ -338,7 +355,7 @@ def scenario_from_dict(d: dict, overrides: Iterable[str] = (), *, base_dir: str 
         raise ConfigError("scenario", type(d).__name__, "must be a mapping of name, model, cluster, "
                           "training, parallelism and schedule")
     d = apply_overrides(d, overrides)
-    known = (*TOP_LEVEL_SCALARS, *SECTIONS, *ANNOTATIONS)
+    known = (*TOP_LEVEL_SCALARS, *SECTIONS, FAULTS, *ANNOTATIONS)
     for key in d:
         if key not in known:
             raise _unknown(str(key), d[key], known)
@@ -356,10 +373,11 @@ def scenario_from_dict(d: dict, overrides: Iterable[str] = (), *, base_dir: str 
     if "model" not in d:
         raise ConfigError("model", None, "required: Hugging Face config.json fields, hf_config: path, "
                           "or a Hugging Face id such as deepseek-ai/DeepSeek-V3")
+    cluster = _cluster(sections["cluster"], base)
     return Scenario(
         name=_text("name", d.get("name", default_name)),
         model=_model(sections["model"], base),
-        cluster=_cluster(sections["cluster"], base),
+        cluster=cluster,
         training=_section("training", sections["training"], TrainingConfig),
         parallelism=_section("parallelism", sections["parallelism"], ParallelConfig),
         schedule=_choice("schedule", d.get("schedule", "1f1b"), tuple(SCHEDULES)),
@@ -367,6 +385,7 @@ def scenario_from_dict(d: dict, overrides: Iterable[str] = (), *, base_dir: str 
         overlap=_section("overlap", sections["overlap"], OverlapConfig),
         framework_options=_section("framework_options", sections["framework_options"], FrameworkOptions),
         moe=_section("moe", sections["moe"], MoEConfig),
+        faults=_faults(d.get(FAULTS), cluster),
     )
 
 
@@ -521,6 +540,102 @@ def _cluster(raw: dict, base: Path) -> ClusterConfig:
     return cluster
 
 
+def _number(field: str, value: object, low: float, high: float, what: str) -> float:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or not low <= value <= high:
+        raise ConfigError(field, value, what)
+    return float(value)
+
+
+def _entries(field: str, value: object, shape: str) -> list:
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+        raise ConfigError(field, value, f"must be a list of mappings {shape}")
+    return value
+
+
+def _keys(field: str, entry: dict, valid: tuple[str, ...]) -> None:
+    for key in entry:
+        if key not in valid:
+            raise _unknown(f"{field}.{key}", entry[key], valid)
+
+
+def _faults(raw: object, cluster: ClusterConfig) -> Faults:
+    """The ``faults:`` section: stragglers, degraded links and compute jitter (see ``config.Faults``
+    and ``simulator.physical.faults`` for which links a node owns)."""
+    if raw is None:
+        return Faults()
+    if not isinstance(raw, dict):
+        raise ConfigError(FAULTS, raw, f"must be a mapping; valid keys: {', '.join(FAULT_KEYS)}")
+    _keys(FAULTS, raw, FAULT_KEYS)
+    gpus, nodes = cluster.num_gpus, cluster.num_nodes
+    stragglers = []
+    for i, entry in enumerate(_entries("faults.stragglers", raw.get("stragglers"),
+                                       "{rank: R} or {node: N}, each with compute_slowdown")):
+        f = f"faults.stragglers[{i}]"
+        _keys(f, entry, STRAGGLER_KEYS)
+        if ("rank" in entry) == ("node" in entry):
+            raise ConfigError(f, entry, "give exactly one of rank or node")
+        rank = node = None
+        if "rank" in entry:
+            rank = _whole(f"{f}.rank", entry["rank"], 0)
+            if rank >= gpus:
+                raise ConfigError(f"{f}.rank", rank, f"must be a rank from 0 to {gpus - 1} (the cluster has {gpus} GPUs)")
+        else:
+            node = _whole(f"{f}.node", entry["node"], 0)
+            if node >= nodes:
+                raise ConfigError(f"{f}.node", node, f"must be a node from 0 to {nodes - 1} (the cluster has {_nodes(nodes)})")
+        slowdown = _number(f"{f}.compute_slowdown", entry.get("compute_slowdown"), 1.0, MAX_SLOWDOWN,
+                           f"must be a compute-time multiplier from 1 to {MAX_SLOWDOWN:g} (1.25: 25% slower)")
+        stragglers.append(Straggler(compute_slowdown=slowdown, rank=rank, node=node))
+    links = []
+    raw_links = _entries("faults.links", raw.get("links"),
+                         "{node: N, link_class: C, bandwidth_fraction: f} (optional index)")
+    spec = effective_spec(load_topology(cluster.topology), cluster.gpus_per_node, cluster.oversubscription) \
+        if raw_links else None
+    for i, entry in enumerate(raw_links):
+        f = f"faults.links[{i}]"
+        _keys(f, entry, LINK_FAULT_KEYS)
+        for key in ("node", "link_class", "bandwidth_fraction"):
+            if key not in entry:
+                raise ConfigError(f"{f}.{key}", None, "required")
+        node = _whole(f"{f}.node", entry["node"], 0)
+        if node >= nodes:
+            raise ConfigError(f"{f}.node", node, f"must be a node from 0 to {nodes - 1} (the cluster has {_nodes(nodes)})")
+        cls = _choice(f"{f}.link_class", entry["link_class"], LINK_CLASSES)
+        owned = node_links(spec, nodes, node, cls)
+        if not owned:
+            present = [c for c in LINK_CLASSES if node_links(spec, nodes, node, c)]
+            raise ConfigError(f"{f}.link_class", cls, f"this cluster ({spec.name}, {_nodes(nodes)}) has no {cls} "
+                              f"links; valid here: {', '.join(present)}")
+        index = entry.get("index")
+        if index is not None:
+            index = _whole(f"{f}.index", index, 0)
+            if index >= len(owned):
+                raise ConfigError(f"{f}.index", index, f"node {node} has {len(owned)} {cls} links: "
+                                  f"give 0 to {len(owned) - 1}, or leave index out for all of them")
+        fraction = _number(f"{f}.bandwidth_fraction", entry["bandwidth_fraction"], 0.0, 1.0,
+                           "must be a number from 0 (failed) to 1 (healthy)")
+        links.append(LinkFault(node=node, link_class=cls, bandwidth_fraction=fraction, index=index))
+    cv = _number("faults.compute_jitter_cv", raw.get("compute_jitter_cv", 0.0), 0.0, MAX_JITTER_CV,
+                 f"must be a coefficient of variation from 0 to {MAX_JITTER_CV:g} (kernel-time noise is a few percent)")
+    seed = _whole("faults.seed", raw.get("seed", 0), 0)
+    if seed >= 2**64:
+        raise ConfigError("faults.seed", seed, "must be a whole number from 0 to 2**64 - 1")
+    return Faults(stragglers=tuple(stragglers), links=tuple(links), compute_jitter_cv=cv, seed=seed)
+
+
+def faults_to_dict(f: Faults) -> dict:
+    """``f`` as the YAML mapping it was read from (left-out keys stay out)."""
+    return {
+        "stragglers": [{k: v for k, v in asdict(x).items() if v is not None} for x in f.stragglers],
+        "links": [{k: v for k, v in asdict(x).items() if v is not None} for x in f.links],
+        "compute_jitter_cv": f.compute_jitter_cv,
+        "seed": f.seed,
+    }
+
+
 def scenario_to_dict(s: Scenario) -> dict:
     """Every field of ``s`` as plain data; ``scenario_from_dict`` of it gives ``s`` back."""
     out: dict = {"name": s.name}
@@ -528,6 +643,8 @@ def scenario_to_dict(s: Scenario) -> dict:
         out[name] = asdict(getattr(s, name))
     out["schedule"] = s.schedule
     out["framework"] = s.framework
+    if s.faults != Faults():
+        out[FAULTS] = faults_to_dict(s.faults)
     return out
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 import networkx as nx
@@ -145,6 +145,7 @@ class Cluster:
     _edge_id: dict
     _route_cache: dict
     nvlink_generation: int = 0  # of the GPU the cluster was built for (NVLS needs 4+)
+    down: dict = field(default_factory=dict)  # failed link id -> the fault that failed it; routes avoid them
 
     @property
     def num_gpus(self) -> int:
@@ -173,6 +174,8 @@ class Cluster:
         hit = self._route_cache.get(key)
         if hit is None:
             names = path_nodes(self, src, dst)
+            if self.down and any(self._edge_id[e] in self.down for e in zip(names, names[1:])):
+                names = detour_nodes(self, src, dst, names)
             hit = np.fromiter((self._edge_id[(a, b)] for a, b in zip(names, names[1:])),
                               dtype=np.int64, count=len(names) - 1)
             self._route_cache[key] = hit
@@ -272,6 +275,82 @@ def path_nodes(cluster: Cluster, src: int, dst: int) -> list[str]:
         proxy = cluster.node_of(src) * spec.gpus_per_node + cluster.nic_of(dst) * (spec.gpus_per_node // spec.nics_per_node)
         return route_nodes(cluster, src, proxy) + route_nodes(cluster, proxy, dst)[1:]
     return route_nodes(cluster, src, dst)
+
+
+def detour_nodes(cluster: Cluster, src: int, dst: int, default: list[str]) -> list[str]:
+    """The route from ``src`` to ``dst`` when the default one crosses a failed link (``cluster.down``).
+
+    Between nodes, the first path without a failed link among: the default rail with the next
+    spines (D-mod-K's spine + 1, + 2, ... mod U) and, inside each, the next cores; then the next
+    rails (NIC j + 1, ... mod the NICs; on a rail-optimized fabric both ends move to that rail,
+    crossing NVLink to the GPU that owns its NIC, as PXN does). This is what a subnet manager's
+    re-route or adaptive routing does: the flows of a failed link move to the neighbouring link,
+    the others keep their paths. If none exists, and always inside one node, the shortest path
+    that forwards through no third node's GPUs, switches and NICs being free to use. No path: a
+    ConfigError naming the fault entries on the default route.
+    """
+    down = cluster.down
+    ids = cluster._edge_id
+
+    def clear(names: list[str]) -> bool:
+        return all(ids.get(e, -1) not in down and e in ids for e in zip(names, names[1:]))
+
+    if cluster.node_of(src) != cluster.node_of(dst):
+        for names in _alternatives(cluster, src, dst):
+            if clear(names):
+                return names
+    ends = {cluster.node_of(src), cluster.node_of(dst)}
+
+    def allowed(name: str) -> bool:
+        return not name.startswith("n") or int(name[1:name.index(".")]) in ends
+
+    view = nx.subgraph_view(cluster.graph, filter_node=allowed,
+                            filter_edge=lambda a, b: ids[(a, b)] not in down)
+    try:
+        return nx.shortest_path(view, cluster.gpu_name(src), cluster.gpu_name(dst))
+    except nx.NetworkXNoPath:
+        causes = sorted({down[ids[e]] for e in zip(default, default[1:]) if ids[e] in down})
+        raise ConfigError(", ".join(causes), f"{cluster.gpu_name(src)} -> {cluster.gpu_name(dst)}",
+                          "leaves these GPUs no route: fail fewer links or give bandwidth_fraction > 0") from None
+
+
+def _alternatives(cluster: Cluster, src: int, dst: int):
+    """Node paths between GPUs of two nodes, over every rail (or NIC pair), spine and core,
+    the default choices first (see :func:`detour_nodes`)."""
+    spec = cluster.spec
+    per_nic = spec.gpus_per_node // spec.nics_per_node
+    nics = spec.nics_per_node
+    s_node, d_node = cluster.node_of(src), cluster.node_of(dst)
+    if spec.rail_optimized:
+        first = cluster.nic_of(dst)
+        nic_pairs = [((first + r) % nics,) * 2 for r in range(nics)]
+    else:
+        a0, b0 = cluster.nic_of(src), cluster.nic_of(dst)
+        nic_pairs = [((a0 + a) % nics, (b0 + b) % nics) for a in range(nics) for b in range(nics)]
+    _, _, uplinks, _, _, cores = _pod_geometry(spec, cluster.num_nodes)
+    for a, b in nic_pairs:
+        via_s, via_d = s_node * spec.gpus_per_node + a * per_nic, d_node * spec.gpus_per_node + b * per_nic
+        head = [cluster.gpu_name(src)]
+        if cluster.nic_of(src) != a:
+            head += [f"n{s_node}.nvs", cluster.gpu_name(via_s)]
+        tail = [cluster.gpu_name(dst)]
+        if cluster.nic_of(dst) != b:
+            tail = [cluster.gpu_name(via_d), f"n{d_node}.nvs"] + tail
+        (s_pod, s_leaf), (d_pod, d_leaf) = leaf_of(cluster, via_s), leaf_of(cluster, via_d)
+        head += [f"n{s_node}.nic{a}", f"pod{s_pod}.leaf{s_leaf}"]
+        tail = [f"pod{d_pod}.leaf{d_leaf}", f"n{d_node}.nic{b}"] + tail
+        if (s_pod, s_leaf) == (d_pod, d_leaf):
+            yield head + tail[1:]
+            continue
+        spine0 = leaf_position(cluster, via_d) % uplinks
+        for k in range(uplinks):
+            spine = (spine0 + k) % uplinks
+            if s_pod == d_pod:
+                yield head + [f"pod{s_pod}.spine{spine}"] + tail
+                continue
+            for m in range(cores):
+                core = f"core{spine}.{(d_leaf + m) % cores}"
+                yield head + [f"pod{s_pod}.spine{spine}", core, f"pod{d_pod}.spine{spine}"] + tail
 
 
 def _nvlink_efficiency(gpu: str) -> float:

@@ -108,6 +108,10 @@ def step_report(result: SimResult, wall_s: float | None = None) -> dict:
         "simulated_ranks": len(result.simulated_ranks),
         "model_params": model_params(s.model),
     }
+    if s.faults.active:
+        from simulator.reports.faults import fault_report
+
+        report["faults"] = fault_report(s, result.plan, result.cluster)
     if wall_s is not None:
         report["sim_wall_s"] = wall_s
     return report
@@ -137,6 +141,10 @@ def format_summary(report: dict) -> str:
     mem = report.get("memory_gib_per_gpu")
     if mem:
         lines.append(f"  memory peak        {mem['peak_gib']:.1f} GiB per GPU ({'fits' if mem['fits'] else 'DOES NOT FIT'})")
+    if "faults" in report:
+        from simulator.reports.faults import format_faults
+
+        lines += format_faults(report["faults"])
     if "sim_wall_s" in report:
         lines.append(f"  simulated in       {report['sim_wall_s']:.2f} s wall, {report['events']:,} events")
     return "\n".join(lines)

@@ -7,6 +7,7 @@ import functools
 from dataclasses import dataclass, replace
 
 from simulator.config import Scenario
+from simulator.physical.faults import apply_link_faults
 from simulator.physical.hardware import GPUSpec, gpu_of
 from simulator.physical.topology import Cluster, build_cluster, load_topology
 from simulator.step.plan import Plan
@@ -40,12 +41,13 @@ def step_inputs(s: Scenario, options: SimOptions = SimOptions(), cluster: Cluste
 
 @functools.lru_cache(maxsize=64)
 def scenario_cluster(s: Scenario) -> Cluster:
-    """The cluster a scenario runs on: its topology scaled to its nodes, with its link overrides."""
+    """The cluster a scenario runs on: its topology scaled to its nodes, with its link overrides
+    and its link faults (``simulator.physical.faults``)."""
     c = s.cluster
-    return build_cluster(load_topology(c.topology), c.num_nodes, gpus_per_node=c.gpus_per_node,
-                         nvlink_bandwidth_GBps=c.nvlink_bandwidth_GBps,
-                         network_bandwidth_Gbps=c.network_bandwidth_Gbps, oversubscription=c.oversubscription,
-                         gpu=c.gpu)
+    return apply_link_faults(build_cluster(load_topology(c.topology), c.num_nodes, gpus_per_node=c.gpus_per_node,
+                                           nvlink_bandwidth_GBps=c.nvlink_bandwidth_GBps,
+                                           network_bandwidth_Gbps=c.network_bandwidth_Gbps,
+                                           oversubscription=c.oversubscription, gpu=c.gpu), s.faults)
 
 
 def scaled_gpu(gpu: GPUSpec, factor: float) -> GPUSpec:

@@ -8,6 +8,19 @@ the scenario's cluster (no spine-core tier in one pod, no leaf-spine links under
 reported as absent rather than simulated. All runs go through ``sweep.run_tasks``, so they run
 in parallel on any executor.
 
+Two fault rows (``fault_rows`` in the result; not in ``rows``, the tornado or the CSV, which
+stay "x faster / x slower") change only the scenario's ``faults:`` section, added to any faults
+it already has, and give one step time each:
+- "one straggler node": every GPU of node 0 at compute_slowdown 1.25, a GPU held at 80% of its
+  clock by a power or thermal cap (Llama 3's report, Dubey et al. 2024 section 3.3.4, hunts such
+  slow stragglers and ties a diurnal 1-2% throughput swing to GPU clock scaling under heat).
+  Node 0 holds pipeline stage 0, which every micro-batch goes through.
+- "one degraded leaf-spine link": the uplink from node 0's first leaf to spine 0 at a quarter of
+  its bandwidth (``{node: 0, link_class: leaf-spine, index: 0}``, see
+  ``simulator.physical.faults``), the link D-mod-K routing uses to bring traffic from other
+  leaves down to node 0's first rail (a flapping optic that renegotiated to a lower rate).
+  Skipped, with the reason, when the cluster has no leaf-spine links (one node, or one leaf).
+
 The ``moe_imbalance`` row (MoE models only) sets ``moe.imbalance``, the busiest expert rank's
 tokens over the mean: ``factor`` times the scenario's value for "slower", divided by ``factor``
 (at least 1, perfectly balanced) for "faster".
@@ -24,6 +37,14 @@ from simulator.studies.sweep import Task, base_of, run_tasks
 from simulator.physical.topology import LINK_CLASSES
 
 TARGETS = (*LINK_CLASSES, "compute", "moe_imbalance")
+STRAGGLER_SLOWDOWN = 1.25  # a GPU at 80% clock: compute takes 1 / 0.8 as long
+DEGRADED_FRACTION = 0.25
+FAULT_ROWS = {
+    "one straggler node": ("stragglers", {"node": 0, "compute_slowdown": STRAGGLER_SLOWDOWN}),
+    "one degraded leaf-spine link": ("links", {"node": 0, "link_class": "leaf-spine", "index": 0,
+                                               "bandwidth_fraction": DEGRADED_FRACTION}),
+}
+FAULT_TARGETS = tuple(FAULT_ROWS)
 MAX_FACTOR = 1000.0  # 1000x any link or GPU is far outside any hardware generation; beyond, times underflow
 
 
@@ -32,7 +53,7 @@ def whatif(scenario, *, sets: Sequence[str] = (), factor: float = 2.0, executor:
            targets: Sequence[str] | None = None, progress=None) -> dict:
     """Baseline and per-target step times at ``factor`` x faster and slower, as plain data.
 
-    ``targets`` limits the rows to some of ``TARGETS`` (default: all of them);
+    ``targets`` limits the rows to some of ``TARGETS`` and ``FAULT_TARGETS`` (default: all of them);
     ``progress.advance(task_id, total)`` is called as each simulation finishes."""
     from simulator.step.engine import scenario_cluster
     from simulator.scenario import scenario_from_dict, validate_plan
@@ -44,9 +65,10 @@ def whatif(scenario, *, sets: Sequence[str] = (), factor: float = 2.0, executor:
     s = scenario_from_dict(raw, base_dir=base_dir, default_name=name)
     validate_plan(s)
     chosen = TARGETS if targets is None else tuple(t for t in TARGETS if t in targets)
+    chosen_faults = FAULT_TARGETS if targets is None else tuple(t for t in FAULT_TARGETS if t in targets)
     for t in targets or ():
-        if t not in TARGETS:
-            raise ConfigError("what-if target", t, f"valid: {', '.join(TARGETS)}")
+        if t not in (*TARGETS, *FAULT_TARGETS):
+            raise ConfigError("what-if target", t, f"valid: {', '.join((*TARGETS, *FAULT_TARGETS))}")
     cluster = scenario_cluster(s)
     present = ({cls: len(cluster.links_of_class(cls)) > 0 for cls in LINK_CLASSES} | {"compute": True}
                | {"moe_imbalance": s.model.is_moe})
@@ -64,6 +86,16 @@ def whatif(scenario, *, sets: Sequence[str] = (), factor: float = 2.0, executor:
             else:
                 task = Task(raw, base_dir, name, link_scale=((target, scale),))
             tasks.append((f"{target}:{tag}", task))
+    skipped = {}
+    for target in chosen_faults:
+        key, entry = FAULT_ROWS[target]
+        if key == "links" and not present["leaf-spine"]:
+            skipped[target] = (f"no leaf-spine links in this cluster ({s.cluster.num_nodes} node"
+                               f"{'s' if s.cluster.num_nodes > 1 else ''} under one leaf)")
+            continue
+        section = dict(raw.get("faults") or {})
+        section[key] = [*(section.get(key) or []), entry]
+        tasks.append((f"fault:{target}", Task({**raw, "faults": section}, base_dir, name)))
     results = {}
     for task_id, row in run_tasks(tasks, executor, workers, address):
         results[task_id] = row
@@ -82,8 +114,20 @@ def whatif(scenario, *, sets: Sequence[str] = (), factor: float = 2.0, executor:
         rows.append({"target": target, "present": present[target], "faster_step_time_s": faster,
                      "slower_step_time_s": slower, "faster_change": faster / baseline - 1,
                      "slower_change": slower / baseline - 1})
+    fault_rows = []
+    for target in chosen_faults:
+        key, entry = FAULT_ROWS[target]
+        row = {"target": target, "present": target not in skipped, "fault": {key: [entry]}}
+        if target in skipped:
+            row.update(step_time_s=baseline, change=0.0, skipped=skipped[target])
+        else:
+            r = results[f"fault:{target}"]
+            if r["error"]:
+                raise ConfigError("scenario", name, r["error"])
+            row.update(step_time_s=r["step_time_s"], change=r["step_time_s"] / baseline - 1)
+        fault_rows.append(row)
     return {"name": s.name, "factor": float(factor), "baseline_step_time_s": baseline,
-            "fits": results["baseline"]["fits"], "rows": rows}
+            "fits": results["baseline"]["fits"], "rows": rows, "fault_rows": fault_rows}
 
 
 def format_whatif(result: dict) -> str:
@@ -98,6 +142,14 @@ def format_whatif(result: dict) -> str:
             continue
         lines.append(f"{r['target']:<12} {r['faster_step_time_s']:>10.4f} {r['faster_change']:>+8.1%} "
                      f"{r['slower_step_time_s']:>10.4f} {r['slower_change']:>+8.1%}")
+    faults = result.get("fault_rows") or []
+    if faults:
+        lines.append(f"{'fault (scenario change)':<30} {'step_s':>10} {'change':>8}")
+    for r in faults:
+        if not r["present"]:
+            lines.append(f"{r['target']:<30} (skipped: {r['skipped']})")
+            continue
+        lines.append(f"{r['target']:<30} {r['step_time_s']:>10.4f} {r['change']:>+8.1%}")
     return "\n".join(lines)
 
 
