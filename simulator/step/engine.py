@@ -26,6 +26,7 @@ from simulator.physical.topology import Cluster
 from simulator.step import program as P
 from simulator.step.inputs import StepInputs, scaled_gpu, scenario_cluster, step_inputs
 from simulator.step.trace import Row, SimOptions, SimResult, Trace
+from simulator.step.variability import StepVariability
 
 __all__ = ["SimOptions", "SimResult", "Row", "Trace", "StepEngine", "simulate", "scenario_cluster", "scaled_gpu"]
 
@@ -39,6 +40,8 @@ class StepEngine:
         self.net = Network(self.env, self.cluster.link_bw, record=self.opt.record_flows)
         self.coll = Collectives(self.env, self.net, self.cluster, self.opt.algorithm)
         self.trace = Trace()
+        self.var = StepVariability(self.s, self.plan, self.opt.fold)
+        self.varies = self.var.active
         self.host_issue_s = self.work.software.host_issue_s
         self._mail: dict = {}
         self._rendezvous: dict = {}
@@ -127,6 +130,7 @@ class StepEngine:
         box = self._mailbox((self.plan.pp_peer(rank, op.dst_stage), op.vstage, op.microbatch, op.kind))
         box[1] = self.env.now
         box[0].origin = (rank, "compute", self.env.now)
+        box[0].drift = self.var.drift_of(rank) if self.varies else None
         key = (rank, op.dst_stage)
         if key not in self._pairs:
             sources = self.plan.stage_ranks(self.plan.stage_of(rank)) if self.opt.fold else [rank]
@@ -147,6 +151,8 @@ class StepEngine:
         stage = self.plan.stage_of(rank)
         split = min(max(posted, start), self.env.now)
         origin = getattr(box[0], "origin", None)
+        if self.env.now > start and self.varies:
+            self.var.inherit(rank, box[0].drift)
         label = f"recv {op.kind}"
         self.trace.add(Row(rank, stage, "compute", "idle", "", start, split, op.microbatch, op.chunk, label=label,
                            dep=origin))
@@ -163,6 +169,9 @@ class StepEngine:
                 return
             group, op, size, axis, done = item
             start = self.env.now
+            lag = self.var.replica_lag(rank) if self.varies and group in ("dpcp", "edp") else 0.0
+            if lag > 0:  # the slowest data-parallel replica arrives later (jitter, folded)
+                yield self.env.timeout(lag)
             here = free if free is not None and free[2] == start and done.queued[2] < start else done.queued
             ev = self.launch(rank, group, op, size, axis, here)
             yield ev
@@ -174,22 +183,24 @@ class StepEngine:
 
     # compute -----------------------------------------------------------------------------------
 
-    def compute(self, rank: int, host: list, op: P.Compute) -> Generator:
+    def compute(self, rank: int, host: list, op: P.Compute, index: int) -> Generator:
         """Run a block on the rank's compute stream. The host issues its kernels one after another
         (``host_issue_s`` each, from the framework profile) and runs ahead of the GPU until it is
         the slower of the two (a queue: the block cannot end before its last kernel is issued);
-        the GPU time lost to it is a row labelled ``host_dispatch``."""
+        the GPU time lost to it is a row labelled ``host_dispatch``. Stragglers and jitter change
+        the GPU time (``variability.StepVariability``)."""
         block, stage = op.block, self.plan.stage_of(rank)
+        gpu_s = self.var.block_time(rank, op, index) if self.varies else block.time_s
         if self.host_issue_s:
             host[0] += block.kernels * self.host_issue_s
-            stall = host[0] - (self.env.now + block.time_s)
+            stall = host[0] - (self.env.now + gpu_s)
             if stall > 0:
                 start = self.env.now
                 yield self.env.timeout(stall)
                 self.trace.add(Row(rank, stage, "compute", op.kind, "", start, self.env.now, op.microbatch,
                                    op.chunk, op.layer, "host_dispatch"))
         start = self.env.now
-        yield self.env.timeout(block.time_s)
+        yield self.env.timeout(gpu_s)
         self.trace.add(Row(rank, stage, "compute", op.kind, "", start, self.env.now, op.microbatch, op.chunk,
                            op.layer, op.label, flops=block.flops))
 
@@ -203,9 +214,9 @@ class StepEngine:
         events: dict[int, simpy.Event] = {}
         host = [0.0]  # when the rank's CPU has issued every kernel so far
         sender, begun = None, 0.0
-        for op in self.programs[stage]:
+        for index, op in enumerate(self.programs[stage]):
             if isinstance(op, P.Compute):
-                yield from self.compute(rank, host, op)
+                yield from self.compute(rank, host, op, index)
             elif isinstance(op, P.Launch):
                 ev = self.launch(rank, op.group, op.op, op.nbytes, op.axis)
                 events[op.handle] = self._stamp(ev) if op.stamp else ev
