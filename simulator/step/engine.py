@@ -1,15 +1,14 @@
 """The engine: walks each rank's program (``program.py``) with simpy, against the network model.
 
-It decides nothing about the training step; the programs say what runs in which order. The
-engine gives each op its time: compute blocks from the workload's costs (through the host's
-kernel-issue clock), collectives and pipeline transfers from the network, and records a trace.
+It decides nothing: the programs say what runs in which order; the engine gives each op its time
+(compute from the workload's costs through the host's kernel-issue clock, collectives and pipeline
+transfers from the network) and records a trace.
 
-Folding (``SimOptions.fold``): in a regular layout all ranks of one pipeline stage run the same
-program on the same link loads (every TP rank, DP replica, CP rank and EP rank of the stage). The
-folded engine runs one process per stage and, at each communication, starts the flows of *every*
-group of the stage, so link loads are exactly those of the full run; with ``merge`` the identical
-groups of one collective become one coupled transfer. Tests compare folded, merged and unfolded
-runs on small clusters.
+Folding (``SimOptions.fold``): all ranks of a pipeline stage run the same program on the same link
+loads, so the folded engine runs one process per stage and, at each communication, starts the
+flows of *every* group of the stage (link loads exactly those of the full run; with ``merge`` the
+identical groups of one collective become one coupled transfer). Tests compare folded, merged and
+unfolded runs on small clusters.
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ from simulator.physical.network import Network
 from simulator.physical.topology import Cluster
 from simulator.step import program as P
 from simulator.step.inputs import StepInputs, scaled_gpu, scenario_cluster, step_inputs
-from simulator.step.trace import Row, SimOptions, SimResult, Trace
+from simulator.step.trace import CommCalls, Row, SimOptions, SimResult, Trace
 from simulator.step.variability import StepVariability
 
 __all__ = ["SimOptions", "SimResult", "Row", "Trace", "StepEngine", "simulate", "scenario_cluster", "scaled_gpu"]
@@ -43,26 +42,12 @@ class StepEngine:
         self.var = StepVariability(self.s, self.plan, self.opt.fold)
         self.varies = self.var.active
         self.host_issue_s = self.work.software.host_issue_s
-        self._mail: dict = {}
-        self._rendezvous: dict = {}
+        self._mail, self._rendezvous, self._groups = {}, {}, {}
         self._seq: dict = defaultdict(int)
-        self._groups: dict = {}
-        self._pairs: dict = {}
         self.stage_end: dict[int, float] = {}
-        self.comm_calls: dict = {}
+        self.comm_calls = CommCalls()
 
     # communication ---------------------------------------------------------------------------
-
-    def _account(self, rank: int, axis: str, op: str, size: float, event: simpy.Event) -> None:
-        """Count one call of this rank and, when ``event`` fires, the time it took."""
-        rec = self.comm_calls.setdefault((rank, axis, op), [0, 0.0, 0.0])
-        rec[0] += 1
-        rec[1] += size
-        t0 = self.env.now
-
-        def done(_e):
-            rec[2] += self.env.now - t0
-        event.callbacks.append(done)
 
     def _done(self) -> simpy.Event:
         ev = self.env.event()
@@ -84,11 +69,9 @@ class StepEngine:
                 return self._done()
             proc = self.coll.start(op, groups, size, self.opt.merge, axis)
             proc.origin = here or (rank, "compute", self.env.now)
-            self._account(rank, axis, op, size, proc)
+            self.comm_calls.count(self.env, rank, axis, op, size, proc)
             return proc
-        members = {"tp": self.plan.tp_group, "cp": self.plan.cp_group, "dpcp": self.plan.dp_cp_group,
-                   "ep": self.plan.ep_group, "edp": self.plan.expert_dp_group,
-                   "etp": self.plan.expert_tp_group}[group](rank)
+        members = self.plan.group_of(rank, group)
         if len(members) < 2:
             return self._done()
         seq_key = (rank, group, members)
@@ -101,7 +84,7 @@ class StepEngine:
             event.origin = here or (rank, "compute", self.env.now)
             proc = self.coll.start(op, [members], size, False, axis)
             proc.callbacks.append(lambda _e, ev=event: ev.succeed())
-        self._account(rank, axis, op, size, event)
+        self.comm_calls.count(self.env, rank, axis, op, size, event)
         return event
 
     def _stamp(self, event: simpy.Event) -> simpy.Event:
@@ -111,17 +94,12 @@ class StepEngine:
 
     def wait(self, rank: int, events: list, op: P.Wait) -> Generator:
         start = self.env.now
-        if len(events) == 1:
-            event = events[0]
-            yield event
-        else:
-            yield self.env.all_of(events)
-            event = max(reversed(events), key=lambda e: getattr(e, "fired", 0.0))
+        yield events[0] if len(events) == 1 else self.env.all_of(events)
+        event = events[0] if len(events) == 1 else max(reversed(events), key=lambda e: getattr(e, "fired", 0.0))
         self.trace.add(Row(rank, self.plan.stage_of(rank), "compute", "wait", op.axis, start, self.env.now,
                            op.microbatch, op.chunk, op.layer, op.label, dep=getattr(event, "origin", None)))
 
-    def _mailbox(self, key) -> list:
-        """[arrival event, time the transfer started or None]."""
+    def _mailbox(self, key) -> list:  # [arrival event, time the transfer started or None]
         return self._mail.setdefault(key, [self.env.event(), None])
 
     def send(self, rank: int, op: P.Send) -> None:
@@ -131,16 +109,12 @@ class StepEngine:
         box[1] = self.env.now
         box[0].origin = (rank, "compute", self.env.now)
         box[0].drift = self.var.drift_of(rank) if self.varies else None
-        key = (rank, op.dst_stage)
-        if key not in self._pairs:
-            sources = self.plan.stage_ranks(self.plan.stage_of(rank)) if self.opt.fold else [rank]
-            self._pairs[key] = tuple((int(a), self.plan.pp_peer(int(a), op.dst_stage)) for a in sources)
-        pairs = self._pairs[key]
+        pairs = self.plan.pp_pairs(rank, op.dst_stage, self.opt.fold)
         if not self.opt.communication or all(a == b for a, b in pairs):
             box[0].succeed()
             return
         proc = self.coll.start("send_recv", pairs, self.work.pp_bytes, self.opt.merge, "pp")
-        self._account(rank, "pp", "send_recv", self.work.pp_bytes, proc)
+        self.comm_calls.count(self.env, rank, "pp", "send_recv", self.work.pp_bytes, proc)
         proc.callbacks.append(lambda _e, ev=box[0]: ev.succeed())
 
     def recv(self, rank: int, op: P.Recv) -> Generator:
@@ -268,7 +242,7 @@ class StepEngine:
             trace=tuple(self.trace.rows), step_time_s=max(self.stage_end.values()), stage_end_s=tuple(stage_end),
             simulated_ranks=tuple(ranks), events=events, link_bytes=self.net.stats.bytes_carried,
             transfers=self.net.stats.transfers, flows=tuple(self.net.flows),
-            comm_calls=tuple(sorted((*k, *v) for k, v in self.comm_calls.items())))
+            comm_calls=self.comm_calls.rows())
 
 
 def simulate(s: Scenario, options: SimOptions = SimOptions(), cluster: Cluster | None = None) -> SimResult:

@@ -85,6 +85,18 @@ class Plan:
         view, (d, e, _) = self._expert_view(rank)
         return tuple(int(x) for x in view[d, e, :])
 
+    def group_of(self, rank: int, kind: str) -> tuple[int, ...]:
+        """The ``kind`` group (tp, cp, dpcp, ep, edp, etp) ``rank`` belongs to."""
+        return {"tp": self.tp_group, "cp": self.cp_group, "dpcp": self.dp_cp_group, "ep": self.ep_group,
+                "edp": self.expert_dp_group, "etp": self.expert_tp_group}[kind](rank)
+
+    @functools.lru_cache(maxsize=256)
+    def pp_pairs(self, rank: int, stage: int, fold: bool) -> tuple[tuple[int, int], ...]:
+        """(source, destination) of the pipeline transfers ``rank`` starts towards ``stage``: its
+        own, or folded, those of every rank of its stage."""
+        sources = self.stage_ranks(self.stage_of(rank)) if fold else [rank]
+        return tuple((int(a), self.pp_peer(int(a), stage)) for a in sources)
+
     def pp_peer(self, rank: int, stage: int) -> int:
         """The rank holding the same (dp, cp, tp) position on another pipeline stage."""
         _, d, c, t = self.coords(rank)

@@ -71,3 +71,24 @@ class SimResult:
     transfers: int
     flows: tuple = ()  # network.FlowRecord per transfer, when SimOptions.record_flows
     comm_calls: tuple = ()  # (rank, axis, op, calls, bytes, seconds from launch to done), sorted
+
+
+class CommCalls:
+    """Per (rank, axis, op): calls, bytes, and seconds from launch to done (``SimResult.comm_calls``)."""
+
+    def __init__(self):
+        self.calls: dict = {}
+
+    def count(self, env, rank: int, axis: str, op: str, size: float, event) -> None:
+        """Count one call of ``rank`` and, when ``event`` fires, the time it took."""
+        rec = self.calls.setdefault((rank, axis, op), [0, 0.0, 0.0])
+        rec[0] += 1
+        rec[1] += size
+        t0 = env.now
+
+        def done(_e):
+            rec[2] += env.now - t0
+        event.callbacks.append(done)
+
+    def rows(self) -> tuple:
+        return tuple(sorted((*k, *v) for k, v in self.calls.items()))
