@@ -19,7 +19,9 @@ Conventions:
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass
 
+from simulator.records import Record
 from simulator.workload.compute import hardware_flops_per_token, model_flops_per_token
 from simulator.step.trace import SimResult
 from simulator.physical.hardware import gpu_of, peak
@@ -31,7 +33,72 @@ FLOPS_CONVENTION = ("model FLOPs 6N + 12 L h s per token (PaLM App. B; Megatron-
 COMPUTE_KINDS = ("F", "B", "W", "R", "embed", "head", "opt")
 
 
+@dataclass(frozen=True)
+class StageTimes(Record):
+    """One pipeline stage's step, split into compute, exposed communication by axis and idle."""
+
+    stage: int
+    compute_s: float
+    exposed_comm_s: dict  # by axis, AXES order
+    idle_s: float
+    bubble_fraction: float
+    flops: float
+
+
+@dataclass(frozen=True)
+class TimeBreakdown(Record):
+    compute_s: float
+    exposed_comm_s: dict
+    idle_s: float
+
+
+@dataclass(frozen=True)
+class Layout(Record):
+    tp: int
+    pp: int
+    dp: int
+    cp: int
+    ep: int
+    vp: int
+    zero_stage: int
+    sequence_parallel: bool
+    schedule: str
+
+
+@dataclass(frozen=True)
+class StepReport(Record):
+    """What ``stepsim run --json`` prints (before the memory section is added)."""
+
+    OPTIONAL = ("faults", "sim_wall_s")
+    name: str
+    step_time_s: float
+    tokens_per_step: int
+    tokens_per_s: float
+    tokens_per_s_per_gpu: float
+    model_tflops_per_gpu: float
+    mfu: float
+    hfu: float
+    flops_convention: str
+    bubble_fraction: float
+    bubble_fraction_per_stage: tuple[float, ...]
+    time_breakdown_s: TimeBreakdown
+    stages: tuple[StageTimes, ...]
+    num_gpus: int
+    num_microbatches: int
+    layout: Layout
+    events: int
+    transfers: int
+    simulated_ranks: int
+    model_params: dict
+    faults: dict | None = None
+    sim_wall_s: float | None = None
+
+
 def stage_breakdown(result: SimResult) -> list[dict]:
+    return [st.to_dict() for st in stage_times(result)]
+
+
+def stage_times(result: SimResult) -> tuple[StageTimes, ...]:
     step = result.step_time_s
     reps = {result.plan.stage_of(r): r for r in sorted(result.simulated_ranks, reverse=True)}
     compute = defaultdict(float)
@@ -49,15 +116,9 @@ def stage_breakdown(result: SimResult) -> list[dict]:
     for stage in range(result.plan.pp):
         rank = reps[stage]
         idle = max(0.0, step - compute[rank] - sum(exposed[rank].values()))
-        out.append({
-            "stage": stage,
-            "compute_s": compute[rank],
-            "exposed_comm_s": {a: exposed[rank].get(a, 0.0) for a in AXES},
-            "idle_s": idle,
-            "bubble_fraction": idle / step if step > 0 else 0.0,
-            "flops": flops[rank],
-        })
-    return out
+        out.append(StageTimes(stage, compute[rank], {a: exposed[rank].get(a, 0.0) for a in AXES}, idle,
+                              idle / step if step > 0 else 0.0, flops[rank]))
+    return tuple(out)
 
 
 def model_params(model) -> dict:
@@ -69,6 +130,11 @@ def model_params(model) -> dict:
 
 
 def step_report(result: SimResult, wall_s: float | None = None) -> dict:
+    """The step report as JSON-ready data (``step_record(...).to_dict()``)."""
+    return step_record(result, wall_s).to_dict()
+
+
+def step_record(result: SimResult, wall_s: float | None = None) -> StepReport:
     s = result.scenario
     step = result.step_time_s
     world = result.plan.world
@@ -77,44 +143,42 @@ def step_report(result: SimResult, wall_s: float | None = None) -> dict:
     peak_flops = peak(gpu, s.training.precision)
     model_flops = model_flops_per_token(s.model, s.training.seq_length) * tokens
     hardware_flops = hardware_flops_per_token(s.model, s.training.seq_length, s.training.recompute) * tokens
-    stages = stage_breakdown(result)
+    stages = stage_times(result)
     n = len(stages)
-    breakdown = {
-        "compute_s": sum(st["compute_s"] for st in stages) / n,
-        "exposed_comm_s": {a: sum(st["exposed_comm_s"][a] for st in stages) / n for a in AXES},
-        "idle_s": sum(st["idle_s"] for st in stages) / n,
-    }
-    report = {
-        "name": s.name,
-        "step_time_s": step,
-        "tokens_per_step": tokens,
-        "tokens_per_s": tokens / step,
-        "tokens_per_s_per_gpu": tokens / step / world,
-        "model_tflops_per_gpu": model_flops / step / world / 1e12,
-        "mfu": model_flops / (step * world * peak_flops),
-        "hfu": hardware_flops / (step * world * peak_flops),
-        "flops_convention": FLOPS_CONVENTION,
-        "bubble_fraction": sum(st["bubble_fraction"] for st in stages) / n,
-        "bubble_fraction_per_stage": [st["bubble_fraction"] for st in stages],
-        "time_breakdown_s": breakdown,
-        "stages": stages,
-        "num_gpus": world,
-        "num_microbatches": s.num_microbatches,
-        "layout": {"tp": s.parallelism.tp, "pp": s.parallelism.pp, "dp": s.dp, "cp": s.parallelism.cp,
-                   "ep": s.parallelism.ep, "vp": s.parallelism.vp, "zero_stage": s.parallelism.zero_stage,
-                   "sequence_parallel": s.parallelism.sequence_parallel, "schedule": s.schedule},
-        "events": result.events,
-        "transfers": result.transfers,
-        "simulated_ranks": len(result.simulated_ranks),
-        "model_params": model_params(s.model),
-    }
+    par = s.parallelism
+    faults = None
     if s.faults.active:
         from simulator.reports.faults import fault_report
 
-        report["faults"] = fault_report(s, result.plan, result.cluster)
-    if wall_s is not None:
-        report["sim_wall_s"] = wall_s
-    return report
+        faults = fault_report(s, result.plan, result.cluster)
+    return StepReport(
+        name=s.name,
+        step_time_s=step,
+        tokens_per_step=tokens,
+        tokens_per_s=tokens / step,
+        tokens_per_s_per_gpu=tokens / step / world,
+        model_tflops_per_gpu=model_flops / step / world / 1e12,
+        mfu=model_flops / (step * world * peak_flops),
+        hfu=hardware_flops / (step * world * peak_flops),
+        flops_convention=FLOPS_CONVENTION,
+        bubble_fraction=sum(st.bubble_fraction for st in stages) / n,
+        bubble_fraction_per_stage=tuple(st.bubble_fraction for st in stages),
+        time_breakdown_s=TimeBreakdown(
+            compute_s=sum(st.compute_s for st in stages) / n,
+            exposed_comm_s={a: sum(st.exposed_comm_s[a] for st in stages) / n for a in AXES},
+            idle_s=sum(st.idle_s for st in stages) / n),
+        stages=stages,
+        num_gpus=world,
+        num_microbatches=s.num_microbatches,
+        layout=Layout(par.tp, par.pp, s.dp, par.cp, par.ep, par.vp, par.zero_stage, par.sequence_parallel,
+                      s.schedule),
+        events=result.events,
+        transfers=result.transfers,
+        simulated_ranks=len(result.simulated_ranks),
+        model_params=model_params(s.model),
+        faults=faults,
+        sim_wall_s=wall_s,
+    )
 
 
 def format_summary(report: dict) -> str:

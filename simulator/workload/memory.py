@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 from simulator.config import ModelConfig, Scenario
 from simulator.errors import ConfigError
+from simulator.records import Record
 from simulator.step.plan import vstage_layers
 from simulator.step.schedules import SCHEDULES, check_schedule_args, peak_in_flight, placement
 from simulator.units import GiB
@@ -345,6 +346,14 @@ def memory_report(
     s: Scenario, gpu_capacity_bytes: float | None = None, weight_bytes: float = 2,
     grad_bytes: float = 2, optimizer_bytes: float = 12,
 ) -> dict:
+    """``memory_record(...).to_dict()``: the JSON form."""
+    return memory_record(s, gpu_capacity_bytes, weight_bytes, grad_bytes, optimizer_bytes).to_dict()
+
+
+def memory_record(
+    s: Scenario, gpu_capacity_bytes: float | None = None, weight_bytes: float = 2,
+    grad_bytes: float = 2, optimizer_bytes: float = 12,
+) -> MemoryReport:
     """Per-stage memory per GPU in GiB (2**30 bytes), the peak and the OOM verdict (issue 5 JSON).
 
     ``gpu_capacity_bytes`` defaults to the HBM capacity of ``s.cluster.gpu``.
@@ -362,16 +371,16 @@ def memory_report(
     stages = [stage_memory(s, st, weight_bytes, grad_bytes, optimizer_bytes)
               for st in range(s.parallelism.pp)]
     capacity = gpu_capacity_bytes / GiB
-    rows = [_stage_row(st, capacity) for st in stages]
+    rows = tuple(_stage_row(st, capacity) for st in stages)
     par = s.parallelism
     from simulator.workload.compute import param_counts
 
     counts = param_counts(s.model)
-    return {
-        "stages": rows,
-        "peak_gib": max(r["total_gib"] for r in rows),
-        "fits": all(r["fits"] for r in rows),
-        "assumptions": {
+    return MemoryReport(
+        stages=rows,
+        peak_gib=max(r.total_gib for r in rows),
+        fits=all(r.fits for r in rows),
+        assumptions={
             "bytes_per_param": {"weights": weight_bytes, "gradients": grad_bytes, "optimizer": optimizer_bytes},
             "zero_stage": par.zero_stage,
             "dense_shard_group": s.dp * par.cp,
@@ -392,24 +401,39 @@ def memory_report(
             "comm_buffers": "FSDP: 2 gathered units + 1 unsharded gradient unit" if par.zero_stage >= 3
                             else "one DDP bucket of max(40e6, 1e6 x dp x cp) params",
         },
-        "model_params": {"total": counts["total"], "active": counts["active"]},
-    }
+        model_params={"total": counts["total"], "active": counts["active"]},
+    )
 
 
-def _stage_row(st: StageMemory, capacity_gib: float) -> dict:
+@dataclass(frozen=True)
+class StageMemoryRow(Record):
+    """One stage of ``stepsim memory --json``, GiB rounded to 4 decimals."""
+
+    stage: int
+    weights_gib: float
+    gradients_gib: float
+    optimizer_gib: float
+    activations_gib: float
+    other_gib: float
+    total_gib: float
+    capacity_gib: float
+    fits: bool
+    biggest: str
+
+
+@dataclass(frozen=True)
+class MemoryReport(Record):
+    stages: tuple[StageMemoryRow, ...]
+    peak_gib: float
+    fits: bool
+    assumptions: dict
+    model_params: dict
+
+
+def _stage_row(st: StageMemory, capacity_gib: float) -> StageMemoryRow:
     total = st.total / GiB
-    return {
-        "stage": st.stage,
-        "weights_gib": _gib(st.weights),
-        "gradients_gib": _gib(st.gradients),
-        "optimizer_gib": _gib(st.optimizer),
-        "activations_gib": _gib(st.activations),
-        "other_gib": _gib(st.other),
-        "total_gib": round(total, 4),
-        "capacity_gib": round(capacity_gib, 4),
-        "fits": total <= capacity_gib,
-        "biggest": st.biggest,
-    }
+    return StageMemoryRow(st.stage, _gib(st.weights), _gib(st.gradients), _gib(st.optimizer), _gib(st.activations),
+                          _gib(st.other), round(total, 4), round(capacity_gib, 4), total <= capacity_gib, st.biggest)
 
 
 def _gib(n_bytes: float) -> float:
