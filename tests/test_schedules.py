@@ -374,12 +374,37 @@ def test_zb_h2_bubble(p, m):
     assert idle == (0 if m >= 2 * p - 1 else p - 1)
 
 
-@pytest.mark.parametrize("p, m", PM)
+def test_tiny_zb_v_order():
+    """p = 2, m = 4 (m >= 2p - 1, so nothing is padded): rank 0 warms up with 2p - 1 F0's, then
+    (F1 B1) twice, (F0 B0 F1 B1) while forwards remain, B0's; rank 1 F0 (F1 F0) (F1 B1), ...;
+    W's where the next F or B is not ready at unit times."""
+    def program(s):
+        return " ".join(f"{x.kind}{x.microbatch}{x.chunk}" for x in zb_v(s, 2, 4))
+    assert program(0) == ("F00 F10 F20 F01 B01 W01 F11 B11 W11 F30 B00 W00 F21 B21 W21 B10 W10 F31 B31 "
+                          "B20 W31 B30 W20 W30")
+    assert program(1) == ("F00 F01 F10 F11 B01 W01 F20 B00 W00 F21 B11 W11 F30 B10 W10 F31 B21 B20 B31 "
+                          "B30 W21 W20 W31 W30")
+
+
+@pytest.mark.parametrize("p, m", PM + [(3, 5), (4, 7), (8, 15), (8, 12)])
 def test_zb_v_bubble(p, m):
-    """Measured: (p - 1) F at the tail (the paper's scheduler reaches 0); 1F1B's memory."""
+    """Zero at F = B = W once m >= 2p - 1 (Qi et al. 2024: ZB-V has no bubble at equal times),
+    2p - 1 - m units below that (the F1 of micro-batch 0 reaches rank 0 at 2p - 1)."""
     idle, frac = bubble(run("zb-v", p, m, 2)[1])
-    assert idle == p - 1
-    assert frac <= Fraction(p - 1, 6 * m + p - 1)
+    assert idle == max(0, 2 * p - 1 - m)
+    if m >= 2 * p:
+        assert frac <= Fraction(1, 50)
+
+
+@pytest.mark.parametrize("times", [(1, 2, 1), (2, 1, 1), (2, 3, 1), (2, 2, 1), (334, 469, 176)])
+@pytest.mark.parametrize("p, m", [(2, 8), (4, 16), (8, 32), (4, 7)])
+def test_zb_v_bubble_at_other_ratios(p, m, times):
+    """With chunk times F, B and W <= min(F, B): 2 (p - 1)(max(F, B) - W), below 1F1B's
+    2 (p - 1)(F + B + W) and ZB-H1's 2 (p - 1)(F + B - W) in the same half-stage units."""
+    f, b, w = times
+    idle, _ = bubble(run("zb-v", p, m, 2, f, b, w)[1])
+    assert idle == 2 * (p - 1) * (max(f, b) - w)
+    assert idle < bubble(run("zb-h1", p, m, 1, 2 * f, 2 * b, 2 * w)[1])[0]
 
 
 def dual_closed_form(p_stages, f=1, b=1, w=1):
@@ -413,7 +438,7 @@ def test_peak_in_flight_per_schedule(p, m):
     assert peak_in_flight(one_f_one_b(0, p, m)) == p
     assert max(peaks["zb-h1"]) == p
     assert max(peaks["zb-h2"]) == min(2 * p - 1, m)
-    assert max(peaks["zb-v"]) == 2 * p
+    assert max(peaks["zb-v"]) == min(2 * p, 2 * m)
     if m >= 2 * p:
         assert max(peaks["dualpipe"]) == p + 1
         assert max(peaks["dualpipev"]) == 2 * p + 1

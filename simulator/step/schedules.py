@@ -275,15 +275,30 @@ def zb_h2(stage: int, stages: int, microbatches: int, chunks: int = 1) -> tuple[
 
 
 def zb_v(stage: int, stages: int, microbatches: int, chunks: int = 2) -> tuple[Step, ...]:
-    """ZB-V (Qi et al., arXiv 2401.10241v2 Section 6 and "Pipeline Parallelism with Controllable
-    Memory", 2024): two chunks per rank in a V (``Placement`` layout ``"v"``).
+    """ZB-V (Qi et al., "Pipeline Parallelism with Controllable Memory", NeurIPS 2024, and arXiv
+    2401.10241v2 Section 6): two chunks per rank in a V (``Placement`` layout ``"v"``), rank s
+    holding virtual stages s (chunk 0) and 2p - 1 - s (chunk 1), so the loss is on rank 0.
 
-    Built like the papers' heuristic scheduler at unit F = B = W times: each rank starts a ready
-    B first (chunk 0 before chunk 1), else a ready F (chunk 1 first) while fewer than 2p chunk
-    activations are alive, else its oldest pending W. Memory: 2p chunk activations of half a
-    stage each, 1F1B's peak. Bubble: the paper reports zero at equal times; this greedy order
-    leaves ``(p - 1) F`` at the tail (measured, ``tests/test_schedules.py``), about a third of
-    ZB-H1's and vanishing as m grows.
+    The paper builds it from one micro-batch's passes (F down the V and back up, the input
+    gradients B retracing it, each W after its B) repeated every six units at F = B = W. Derived
+    here from the V's dependencies at unit times, that gives rank s this F and B order
+    (``_v_order``):
+
+    - warm-up: ``2 (p - s) - 1`` F of chunk 0, ``s`` x (F1 F0), then ``p - s`` x (F1 B1);
+    - steady state: (F0 B0 F1 B1) until every forward has run;
+    - cool-down: ``s`` x (B0 B1), then ``p - s`` x B0.
+
+    For m < 2p - 1 it is the order of ``2p - 1`` micro-batches with the missing ones left out.
+    Every B is split; its W is placed as in ZB-H1 by walking the pipeline at unit times
+    (``_fill_weights``): a W runs when the next F or B cannot start, or an F would exceed 2p
+    chunk activations alive. The order is fixed (computed at unit times), not re-planned per
+    F/B/W ratio as the paper's time-aware scheduler is.
+
+    Memory: at most 2p chunk activations of half a stage each on every rank, 1F1B's peak of p
+    stages. Bubble (idle between a rank's first and last step, on the worst rank), measured
+    (``tests/test_schedules.py``): zero at F = B = W once m >= 2p - 1, and ``2p - 1 - m`` units
+    for p <= m < 2p - 1; with chunk times F, B and W <= min(F, B), ``2 (p - 1)(max(F, B) - W)``,
+    against 1F1B's ``2 (p - 1)(F + B + W)`` in the same half-stage units.
     """
     check_schedule_args("zb-v", stages, microbatches, chunks)
     _check_stage(stage, stages)
@@ -344,47 +359,33 @@ def _fill_weights(place: Placement, orders: list[list[Step]], cap: int) -> tuple
     return tuple(tuple(p) for p in progs)
 
 
+def _v_order(stage: int, stages: int, microbatches: int) -> list[Step]:
+    """ZB-V's F and split-B order on rank ``stage`` (``zb_v``): phases for max(m, 2p - 1)
+    micro-batches, each kind and chunk counting its own micro-batches, the missing ones dropped."""
+    p, s = stages, stage
+    n = max(microbatches, 2 * p - 1)
+    phases = (
+        [("F", 0)] * (2 * (p - s) - 1)
+        + [("F", 1), ("F", 0)] * s
+        + [("F", 1), ("B", 1)] * (p - s)
+        + [("F", 0), ("B", 0), ("F", 1), ("B", 1)] * (n - p)
+        + [("B", 0), ("B", 1)] * s
+        + [("B", 0)] * (p - s)
+    )
+    count = {key: 0 for key in phases}
+    order = []
+    for kind, chunk in phases:
+        mb = count[kind, chunk]
+        count[kind, chunk] += 1
+        if mb < microbatches:  # the steady state's surplus F0's (mb >= n) drop out here too
+            order.append(Step(kind, mb, chunk, kind == "B"))
+    return order
+
+
 @functools.lru_cache(maxsize=256)
 def _zb_v(stages: int, microbatches: int) -> tuple[tuple[Step, ...], ...]:
-    place = Placement("v", stages, 2)
-    cap = 2 * stages
-    done: dict = {}
-    progs: list[list[Step]] = [[] for _ in range(stages)]
-    next_f = [[0, 0] for _ in range(stages)]
-    next_b = [[0, 0] for _ in range(stages)]
-    pending: list[deque] = [deque() for _ in range(stages)]
-    alive = [0] * stages
-    left = 6 * stages * microbatches
-    t = 0
-    while left:
-        finished = {}
-        for r in range(stages):
-            ready_b = [Step("B", next_b[r][c], c, True) for c in (0, 1) if next_b[r][c] < microbatches]
-            ready_b = [s for s in ready_b if done.get(depends_on(place, r, s), t + 1) <= t]
-            ready_f = [Step("F", next_f[r][c], c) for c in (1, 0) if next_f[r][c] < microbatches]
-            ready_f = [s for s in ready_f
-                       if (d := depends_on(place, r, s)) is None or done.get(d, t + 1) <= t]
-            if ready_b:
-                step = ready_b[0]
-                next_b[r][step.chunk] += 1
-                pending[r].append(step)
-            elif ready_f and alive[r] < cap:
-                step = ready_f[0]
-                next_f[r][step.chunk] += 1
-                alive[r] += 1
-            elif pending[r]:
-                b = pending[r].popleft()
-                step = Step("W", b.microbatch, b.chunk)
-                alive[r] -= 1
-            else:
-                continue
-            progs[r].append(step)
-            if step.kind != "W":
-                finished[(step.kind, step.microbatch, place.vstage(r, step.chunk))] = t + 1
-            left -= 1
-        done.update(finished)
-        t += 1
-    return tuple(tuple(p) for p in progs)
+    orders = [_v_order(s, stages, microbatches) for s in range(stages)]
+    return _fill_weights(Placement("v", stages, 2), orders, 2 * stages)
 
 
 # --- DualPipe (DeepSeek-AI) -------------------------------------------------------------------------
