@@ -156,7 +156,7 @@ def test_json_keys_are_the_issue_contract():
 
 @pytest.mark.parametrize("space, field", [
     (["tp=0"], "--space tp"), (["nope=1"], "--space"), (["recompute=some"], "--space recompute"),
-    (["zero_stage=4"], "--space zero_stage"), (["schedule=dualpipe"], "--space schedule"),
+    (["zero_stage=4"], "--space zero_stage"), (["schedule=chimera"], "--space schedule"),
     (["etp=1"], "--space etp"), (["tp=2", "tp=4"], "--space"), (["tp=2,2"], "--space tp"),
 ])
 def test_impossible_space_values_are_one_line_errors(space, field, capsys):
