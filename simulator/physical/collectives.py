@@ -95,15 +95,20 @@ class Collectives:
         self._prepared: dict = {}
         self._by_id: dict = {}
         self._geometry: dict = {}
+        self._specs: dict = {}
 
     def ring_spec(self, op: str, ring: Sequence[int], per_step: float, steps: int) -> Spec:
         """``steps`` ring steps of ``per_step`` bytes per rank, as one coupled transfer, in the NCCL
         protocol (:mod:`simulator.physical.nccl`) that is fastest alone: its efficiency inflates the bytes
         on the wire, its base and per-step latencies give the transfer's latency."""
-        edges, inter, link_bw = self._ring_geometry([ring])[0]
-        nbytes = per_step * steps
-        proto, eff = nccl.choose(op, nbytes, steps, link_bw, inter)
-        return Spec(edges, nbytes / eff, proto.base_s + steps * nccl.step_latency(proto, inter))
+        edges, inter, link_bw = self._geometry.get(tuple(ring)) or self._ring_geometry([ring])[0]
+        key = (op, per_step, steps, inter, link_bw)
+        hit = self._specs.get(key)
+        if hit is None:  # the same for every ring of the same shape
+            nbytes = per_step * steps
+            proto, eff = nccl.choose(op, nbytes, steps, link_bw, inter)
+            hit = self._specs[key] = (nbytes / eff, proto.base_s + steps * nccl.step_latency(proto, inter))
+        return Spec(edges, *hit)
 
     def nvls_spec(self, op: str, ranks: Sequence[int], size: float) -> Spec | None:
         """``op`` over ``ranks`` as one NVLS transfer, if the algorithm allows NVLS here and (under
@@ -114,12 +119,17 @@ class Collectives:
                 or len({c.node_of(r) for r in ranks}) != 1):
             return None
         n = len(ranks)
-        edges, _, link_bw = self._ring_geometry([ranks])[0]
-        t = nccl.nvls_time(op, n, size, link_bw, c.nvlink_generation)
-        if t is None or (self.algorithm == "auto" and t >= nccl.ring_time(op, n, size, link_bw)):
-            return None
-        wire = nccl.nvls_wire_bytes(op, n, size)
-        return Spec(edges, wire / nccl.NVLS_EFFICIENCY[c.nvlink_generation], nccl.NVLS_LATENCY_S)
+        edges, _, link_bw = self._geometry.get(tuple(ranks)) or self._ring_geometry([ranks])[0]
+        key = ("nvls", op, n, size, link_bw)
+        if key not in self._specs:
+            t = nccl.nvls_time(op, n, size, link_bw, c.nvlink_generation)
+            if t is None or (self.algorithm == "auto" and t >= nccl.ring_time(op, n, size, link_bw)):
+                self._specs[key] = None
+            else:
+                wire = nccl.nvls_wire_bytes(op, n, size)
+                self._specs[key] = (wire / nccl.NVLS_EFFICIENCY[c.nvlink_generation], nccl.NVLS_LATENCY_S)
+        hit = self._specs[key]
+        return None if hit is None else Spec(edges, *hit)
 
     def _ring_geometry(self, rings: Sequence[Sequence[int]]) -> list[tuple]:
         """(edges, fraction of edges between nodes, slowest link on any edge's route) of each ring
@@ -153,6 +163,9 @@ class Collectives:
         for g in groups:
             ranks = sorted(g)
             if len(ranks) < 2:
+                continue
+            if self.cluster.node_of(ranks[0]) == self.cluster.node_of(ranks[-1]):
+                rings.append(ranks)
                 continue
             h = self._hierarchy(ranks)
             rings += [ranks] + (self.channel_rings(ranks) if h is None else h[0] + h[1])
@@ -208,6 +221,8 @@ class Collectives:
         nvls = self.nvls_spec(op, ranks, size)
         if nvls is not None:
             return [[nvls]]
+        if self.cluster.node_of(ranks[0]) == self.cluster.node_of(ranks[-1]):  # one node: one ring
+            return [[self.ring_spec(op, ranks, size / 1 / n, steps)]]
         h = self._hierarchy(ranks)
         if h is None:
             rings = self.channel_rings(ranks)
@@ -222,8 +237,8 @@ class Collectives:
 
     def _latencies(self, pairs) -> list[float]:
         """``route_latency`` of each (src, dst) pair, computed for all of them at once."""
-        src, dst = np.array(pairs, dtype=np.int64).reshape(-1, 2).T
-        return self.cluster.route_latencies(src, dst).tolist()
+        flat = np.fromiter((r for pair in pairs for r in pair), dtype=np.int64, count=2 * len(pairs))
+        return self.cluster.route_latencies(flat[0::2], flat[1::2]).tolist()
 
     def _send_recv_phases(self, groups, size: float) -> list[list[Phase]]:
         """``phases("send_recv", g, size)`` of many pairs at once (a folded stage sends thousands)."""
@@ -247,11 +262,11 @@ class Collectives:
                 specs = [g[i][j] for g in per_group]
                 if len({s.size for s in specs}) > 1:
                     return None
-                edges = [e for s in specs for e in s.edges]
-                src, dst = np.array(edges, dtype=np.int64).reshape(-1, 2).T
-                links, mult = np.unique(self.cluster.route_links(src, dst), return_counts=True)
+                count = sum(len(s.edges) for s in specs)
+                flat = np.fromiter((r for s in specs for e in s.edges for r in e), dtype=np.int64, count=2 * count)
+                links, mult = np.unique(self.cluster.route_links(flat[0::2], flat[1::2]), return_counts=True)
                 transfers.append((self.net.template(links, mult.astype(float)), specs[0].size,
-                                  max(s.latency for s in specs), len(edges)))
+                                  max(s.latency for s in specs), count))
             out.append(transfers)
         return out
 

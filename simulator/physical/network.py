@@ -146,14 +146,16 @@ class LinkStats:
 class Network:
     """Links with capacities (bytes/s) shared max-min fairly by the transfers in flight."""
 
-    def __init__(self, env: simpy.Environment, capacity: np.ndarray, record: bool = False):
+    def __init__(self, env: simpy.Environment, capacity: np.ndarray, record: bool = False, classes: bool = True):
         self.env = env
         self.record = record
         self.flows: list[FlowRecord] = []
         self.capacity = np.asarray(capacity, dtype=float)
         self.stats = LinkStats(self)
         # link classes (module docstring): at first one per capacity value
-        self._cap, cls = np.unique(self.capacity, return_inverse=True)
+        # (``classes=False``: every link its own class, the reference the tests compare against)
+        self._cap, cls = (np.unique(self.capacity, return_inverse=True) if classes
+                          else (self.capacity.copy(), np.arange(len(self.capacity))))
         self._cls = cls.reshape(-1).astype(np.int64)  # class of each link
         self._size = np.bincount(self._cls, minlength=len(self._cap))  # links per class
         self._bytes = np.zeros(len(self._cap))  # bytes each link of the class carried
