@@ -96,6 +96,7 @@ class Collectives:
         self._by_id: dict = {}
         self._geometry: dict = {}
         self._specs: dict = {}
+        self._edge_arrays: dict = {}  # id(edges tuple) -> (the tuple, src, dst), for rings
 
     def ring_spec(self, op: str, ring: Sequence[int], per_step: float, steps: int) -> Spec:
         """``steps`` ring steps of ``per_step`` bytes per rank, as one coupled transfer, in the NCCL
@@ -152,7 +153,9 @@ class Collectives:
             inter = np.add.reduceat((nodes != nodes[succ]).astype(np.int64), starts).tolist()
             src_l, dst_l = src.tolist(), dst.tolist()
             for k, a, n, cross, bw in zip(missing, starts.tolist(), lengths.tolist(), inter, ring_bw):
-                self._geometry[k] = (tuple(zip(src_l[a:a + n], dst_l[a:a + n])), cross / n, bw)
+                edges = tuple(zip(src_l[a:a + n], dst_l[a:a + n]))
+                self._geometry[k] = (edges, cross / n, bw)
+                self._edge_arrays[id(edges)] = (edges, src[a:a + n], dst[a:a + n])
         return [self._geometry[k] for k in keys]
 
     def _prefetch(self, op: str, groups) -> None:
@@ -247,6 +250,27 @@ class Collectives:
         lat = iter(self._latencies(moving)) if moving else iter(())
         return [[] if a == b else [[Spec(((a, b),), size, next(lat))]] for a, b in ends]
 
+    def _edge_src_dst(self, specs: list[Spec]) -> tuple[np.ndarray, np.ndarray]:
+        """The (src, dst) arrays of all the specs' edges; rings reuse the arrays they were routed with."""
+        parts, loose = [], []
+        for s in specs:
+            hit = self._edge_arrays.get(id(s.edges))
+            if hit is not None and hit[0] is s.edges:
+                if loose:
+                    parts.append(self._pairs_array(loose))
+                    loose = []
+                parts.append((hit[1], hit[2]))
+            else:
+                loose.extend(s.edges)
+        if loose or not parts:
+            parts.append(self._pairs_array(loose))
+        return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+
+    @staticmethod
+    def _pairs_array(pairs) -> tuple[np.ndarray, np.ndarray]:
+        flat = np.fromiter((r for pair in pairs for r in pair), dtype=np.int64, count=2 * len(pairs))
+        return flat[0::2], flat[1::2]
+
     def _merged(self, per_group: list[list[Phase]], merge: bool) -> list[list[tuple]] | None:
         """Phases as lists of (network template, size, latency, members), one entry per transfer.
 
@@ -262,9 +286,9 @@ class Collectives:
                 specs = [g[i][j] for g in per_group]
                 if len({s.size for s in specs}) > 1:
                     return None
-                count = sum(len(s.edges) for s in specs)
-                flat = np.fromiter((r for s in specs for e in s.edges for r in e), dtype=np.int64, count=2 * count)
-                links, mult = np.unique(self.cluster.route_links(flat[0::2], flat[1::2]), return_counts=True)
+                src, dst = self._edge_src_dst(specs)
+                count = len(src)
+                links, mult = np.unique(self.cluster.route_links(src, dst), return_counts=True)
                 transfers.append((self.net.template(links, mult.astype(float)), specs[0].size,
                                   max(s.latency for s in specs), count))
             out.append(transfers)

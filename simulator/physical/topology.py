@@ -577,9 +577,9 @@ def build_cluster(spec: TopologySpec, num_nodes: int, *, gpus_per_node: int | No
             if pods > 1:
                 core_links = 2 * pods * uplinks * cores
                 blocks.append((core_links, [fab_bw], [sw_lat], [4]))
-    link_bw = np.concatenate([np.resize(np.array(bw, dtype=float), n) for n, bw, _, _ in blocks])
-    link_lat = np.concatenate([np.resize(np.array(lat, dtype=float), n) for n, _, lat, _ in blocks])
-    codes = np.concatenate([np.resize(np.array(k), n) for n, _, _, k in blocks])
+    link_bw = np.concatenate([np.tile(np.array(bw, dtype=float), n // len(bw)) for n, bw, _, _ in blocks])
+    link_lat = np.concatenate([np.tile(np.array(lat, dtype=float), n // len(lat)) for n, _, lat, _ in blocks])
+    codes = np.concatenate([np.tile(np.array(k), n // len(k)) for n, _, _, k in blocks])
     link_cls = tuple(np.array(_CLS_CODES, dtype=object)[codes].tolist())
     leaf_slot = np.full(max(pods * leaves_in_pod, 1), -1, dtype=np.int64)
     leaf_slot[slots] = np.arange(len(slots))
