@@ -95,3 +95,38 @@ def test_max_min_allocation_is_feasible_and_every_flow_has_a_bottleneck(flows, c
             if load[link] >= cap[link] * (1 - 1e-9) and rates[i] >= max(rates[on_link]) * (1 - 1e-9):
                 ok = True
         assert ok
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_link_classes_give_exactly_the_rates_of_links_one_by_one(seed):
+    """Random transfers (shared templates, overlapping link sets, two capacities) run on link
+    classes and on one class per link: the same completion times and bytes, bit for bit."""
+    rng = np.random.default_rng(seed)
+    capacity = rng.choice([50.0, 120.0], size=60)
+    templates = []
+    for _ in range(12):
+        links = np.unique(rng.choice(60, size=rng.integers(1, 40)))
+        mult = rng.choice([1.0, 2.0, 3.0], size=len(links)) if rng.random() < 0.3 else np.ones(len(links))
+        templates.append((links, mult))
+    plan = [(float(rng.uniform(0, 20)), templates[rng.integers(len(templates))], float(rng.uniform(10, 900)),
+             float(rng.choice([0.0, 0.5]))) for _ in range(40)]
+
+    def run(classes):
+        env = simpy.Environment()
+        net = Network(env, capacity, classes=classes)
+        done = []
+
+        def go(at, tpl, size, lat):
+            yield env.timeout(at)
+            yield net.transfer_links(tpl[0], tpl[1], size, lat)
+            done.append(env.now)
+
+        for item in plan:
+            env.process(go(*item))
+        env.run()
+        return done, net.stats.bytes_carried.tolist(), len(net._cap)
+
+    fine, fine_bytes, _ = run(False)
+    coarse, coarse_bytes, n_classes = run(True)
+    assert coarse == fine and coarse_bytes == fine_bytes
+    assert n_classes <= 60

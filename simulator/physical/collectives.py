@@ -93,19 +93,23 @@ class Collectives:
         self.cluster = cluster
         self.algorithm = algorithm
         self._prepared: dict = {}
+        self._by_id: dict = {}
+        self._geometry: dict = {}
+        self._specs: dict = {}
+        self._edge_arrays: dict = {}  # id(edges tuple) -> (the tuple, src, dst), for rings
 
     def ring_spec(self, op: str, ring: Sequence[int], per_step: float, steps: int) -> Spec:
         """``steps`` ring steps of ``per_step`` bytes per rank, as one coupled transfer, in the NCCL
         protocol (:mod:`simulator.physical.nccl`) that is fastest alone: its efficiency inflates the bytes
         on the wire, its base and per-step latencies give the transfer's latency."""
-        n = len(ring)
-        edges = tuple((ring[i], ring[(i + 1) % n]) for i in range(n))
-        c = self.cluster
-        inter = sum(c.node_of(a) != c.node_of(b) for a, b in edges) / n
-        link_bw = min(float(c.link_bw[c.route(a, b)].min()) for a, b in edges)
-        nbytes = per_step * steps
-        proto, eff = nccl.choose(op, nbytes, steps, link_bw, inter)
-        return Spec(edges, nbytes / eff, proto.base_s + steps * nccl.step_latency(proto, inter))
+        edges, inter, link_bw = self._geometry.get(tuple(ring)) or self._ring_geometry([ring])[0]
+        key = (op, per_step, steps, inter, link_bw)
+        hit = self._specs.get(key)
+        if hit is None:  # the same for every ring of the same shape
+            nbytes = per_step * steps
+            proto, eff = nccl.choose(op, nbytes, steps, link_bw, inter)
+            hit = self._specs[key] = (nbytes / eff, proto.base_s + steps * nccl.step_latency(proto, inter))
+        return Spec(edges, *hit)
 
     def nvls_spec(self, op: str, ranks: Sequence[int], size: float) -> Spec | None:
         """``op`` over ``ranks`` as one NVLS transfer, if the algorithm allows NVLS here and (under
@@ -116,13 +120,59 @@ class Collectives:
                 or len({c.node_of(r) for r in ranks}) != 1):
             return None
         n = len(ranks)
-        edges = tuple((ranks[i], ranks[(i + 1) % n]) for i in range(n))
-        link_bw = min(float(c.link_bw[c.route(a, b)].min()) for a, b in edges)
-        t = nccl.nvls_time(op, n, size, link_bw, c.nvlink_generation)
-        if t is None or (self.algorithm == "auto" and t >= nccl.ring_time(op, n, size, link_bw)):
-            return None
-        wire = nccl.nvls_wire_bytes(op, n, size)
-        return Spec(edges, wire / nccl.NVLS_EFFICIENCY[c.nvlink_generation], nccl.NVLS_LATENCY_S)
+        edges, _, link_bw = self._geometry.get(tuple(ranks)) or self._ring_geometry([ranks])[0]
+        key = ("nvls", op, n, size, link_bw)
+        if key not in self._specs:
+            t = nccl.nvls_time(op, n, size, link_bw, c.nvlink_generation)
+            if t is None or (self.algorithm == "auto" and t >= nccl.ring_time(op, n, size, link_bw)):
+                self._specs[key] = None
+            else:
+                wire = nccl.nvls_wire_bytes(op, n, size)
+                self._specs[key] = (wire / nccl.NVLS_EFFICIENCY[c.nvlink_generation], nccl.NVLS_LATENCY_S)
+        hit = self._specs[key]
+        return None if hit is None else Spec(edges, *hit)
+
+    def _ring_geometry(self, rings: Sequence[Sequence[int]]) -> list[tuple]:
+        """(edges, fraction of edges between nodes, slowest link on any edge's route) of each ring
+        (rank i sends to rank i + 1, the last to the first); cached, and computed for all the
+        rings not yet seen in one vectorized routing call."""
+        keys = [tuple(r) for r in rings]
+        missing = [k for k in dict.fromkeys(keys) if k not in self._geometry]
+        if missing:
+            c = self.cluster
+            lengths = np.array([len(k) for k in missing])
+            starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+            src = np.fromiter((r for k in missing for r in k), dtype=np.int64, count=int(lengths.sum()))
+            succ = np.arange(len(src)) + 1
+            succ[starts + lengths - 1] = starts
+            dst = src[succ]
+            table = c.route_table(src, dst)
+            edge_bw = np.where(table >= 0, c.link_bw[table], np.inf).min(axis=1)
+            ring_bw = np.minimum.reduceat(edge_bw, starts).tolist()
+            nodes = src // c.spec.gpus_per_node
+            inter = np.add.reduceat((nodes != nodes[succ]).astype(np.int64), starts).tolist()
+            src_l, dst_l = src.tolist(), dst.tolist()
+            for k, a, n, cross, bw in zip(missing, starts.tolist(), lengths.tolist(), inter, ring_bw):
+                edges = tuple(zip(src_l[a:a + n], dst_l[a:a + n]))
+                self._geometry[k] = (edges, cross / n, bw)
+                self._edge_arrays[id(edges)] = (edges, src[a:a + n], dst[a:a + n])
+        return [self._geometry[k] for k in keys]
+
+    def _prefetch(self, op: str, groups) -> None:
+        """Route, in one call, every ring the groups' ring collectives will use."""
+        if op not in ("all_reduce", "reduce_scatter", "all_gather"):
+            return
+        rings = []
+        for g in groups:
+            ranks = sorted(g)
+            if len(ranks) < 2:
+                continue
+            if self.cluster.node_of(ranks[0]) == self.cluster.node_of(ranks[-1]):
+                rings.append(ranks)
+                continue
+            h = self._hierarchy(ranks)
+            rings += [ranks] + (self.channel_rings(ranks) if h is None else h[0] + h[1])
+        self._ring_geometry([r for r in rings if len(r) > 1])
 
     def _node_groups(self, ranks: Sequence[int]) -> list[list[int]] | None:
         """Ranks per node (nodes in order) if every node holds the same count, else None."""
@@ -166,14 +216,16 @@ class Collectives:
             return []
         if op == "all_to_all":
             pairs = tuple((a, b) for a in ranks for b in ranks if a != b)
-            return [[Spec(pairs, size / n, max(self.cluster.route_latency(a, b) for a, b in pairs))]]
+            return [[Spec(pairs, size / n, max(self._latencies(pairs)))]]
         if op == "broadcast":
             pairs = tuple(zip(ranks, ranks[1:]))
-            return [[Spec(pairs, size, sum(self.cluster.route_latency(a, b) for a, b in pairs))]]
+            return [[Spec(pairs, size, sum(self._latencies(pairs)))]]
         steps = {"all_reduce": 2 * (n - 1), "reduce_scatter": n - 1, "all_gather": n - 1}[op]
         nvls = self.nvls_spec(op, ranks, size)
         if nvls is not None:
             return [[nvls]]
+        if self.cluster.node_of(ranks[0]) == self.cluster.node_of(ranks[-1]):  # one node: one ring
+            return [[self.ring_spec(op, ranks, size / 1 / n, steps)]]
         h = self._hierarchy(ranks)
         if h is None:
             rings = self.channel_rings(ranks)
@@ -186,8 +238,41 @@ class Collectives:
         inter = self._rings_phase(op, rails, size / k / m, m - 1)
         return [intra, inter] if op == "reduce_scatter" else [inter, intra]
 
+    def _latencies(self, pairs) -> list[float]:
+        """``route_latency`` of each (src, dst) pair, computed for all of them at once."""
+        flat = np.fromiter((r for pair in pairs for r in pair), dtype=np.int64, count=2 * len(pairs))
+        return self.cluster.route_latencies(flat[0::2], flat[1::2]).tolist()
+
+    def _send_recv_phases(self, groups, size: float) -> list[list[Phase]]:
+        """``phases("send_recv", g, size)`` of many pairs at once (a folded stage sends thousands)."""
+        ends = [(g[0], g[-1]) for g in groups]
+        moving = [e for e in ends if e[0] != e[1]]
+        lat = iter(self._latencies(moving)) if moving else iter(())
+        return [[] if a == b else [[Spec(((a, b),), size, next(lat))]] for a, b in ends]
+
+    def _edge_src_dst(self, specs: list[Spec]) -> tuple[np.ndarray, np.ndarray]:
+        """The (src, dst) arrays of all the specs' edges; rings reuse the arrays they were routed with."""
+        parts, loose = [], []
+        for s in specs:
+            hit = self._edge_arrays.get(id(s.edges))
+            if hit is not None and hit[0] is s.edges:
+                if loose:
+                    parts.append(self._pairs_array(loose))
+                    loose = []
+                parts.append((hit[1], hit[2]))
+            else:
+                loose.extend(s.edges)
+        if loose or not parts:
+            parts.append(self._pairs_array(loose))
+        return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+
+    @staticmethod
+    def _pairs_array(pairs) -> tuple[np.ndarray, np.ndarray]:
+        flat = np.fromiter((r for pair in pairs for r in pair), dtype=np.int64, count=2 * len(pairs))
+        return flat[0::2], flat[1::2]
+
     def _merged(self, per_group: list[list[Phase]], merge: bool) -> list[list[tuple]] | None:
-        """Phases as lists of (links, multiplicities, size, latency), one entry per transfer.
+        """Phases as lists of (network template, size, latency, members), one entry per transfer.
 
         With ``merge`` the specs at the same position of every group become one transfer, if all
         groups have the same shape and sizes (else None: run the groups separately)."""
@@ -201,22 +286,32 @@ class Collectives:
                 specs = [g[i][j] for g in per_group]
                 if len({s.size for s in specs}) > 1:
                     return None
-                routes = [self.cluster.route(a, b) for s in specs for a, b in s.edges]
-                links, mult = np.unique(np.concatenate(routes), return_counts=True)
-                transfers.append((links, mult.astype(float), specs[0].size, max(s.latency for s in specs),
-                                  len(routes)))
+                src, dst = self._edge_src_dst(specs)
+                count = len(src)
+                links, mult = np.unique(self.cluster.route_links(src, dst), return_counts=True)
+                transfers.append((self.net.template(links, mult.astype(float)), specs[0].size,
+                                  max(s.latency for s in specs), count))
             out.append(transfers)
         return out
 
     def prepare(self, op: str, groups: Sequence[Sequence[int]], size: float, merge: bool):
         """The planned transfers of ``op`` over ``groups`` (cached: steps repeat the same collectives)."""
+        fast = (op, id(groups), size, merge)  # the engine passes the same tuple object every time
+        hit = self._by_id.get(fast)
+        if hit is not None and hit[0] is groups:
+            return hit[1]
         key = (op, groups if isinstance(groups, tuple) else tuple(tuple(g) for g in groups), size, merge)
         hit = self._prepared.get(key)
         if hit is None:
-            per_group = [ph for ph in (self.phases(op, list(g), size) for g in groups) if ph]
+            if op == "send_recv":
+                per_group = [ph for ph in self._send_recv_phases(groups, size) if ph]
+            else:
+                self._prefetch(op, groups)
+                per_group = [ph for ph in (self.phases(op, list(g), size) for g in groups) if ph]
             merged = self._merged(per_group, merge) if per_group else []
             hit = (merged, per_group)
             self._prepared[key] = hit
+        self._by_id[fast] = (groups, hit)  # holds ``groups``, so its id is not reused
         return hit
 
     def execute(self, per_group: list[list[Phase]], merge: bool = False, label=None) -> Generator:
@@ -232,8 +327,8 @@ class Collectives:
             yield self.env.all_of([self.env.process(self.execute([g], False, label)) for g in per_group])
             return
         for transfers in merged:
-            events = [self.net.transfer_links(links, mult, size, lat, label, members)
-                      for links, mult, size, lat, members in transfers]
+            events = [self.net.transfer_template(tpl, size, lat, label, members)
+                      for tpl, size, lat, members in transfers]
             if events:
                 yield self.env.all_of(events)
 
@@ -254,8 +349,8 @@ class Collectives:
             done.succeed()
             return done
         if merged is not None and len(merged) == 1:
-            events = [self.net.transfer_links(links, mult, sz, lat, label, members)
-                      for links, mult, sz, lat, members in merged[0]]
+            events = [self.net.transfer_template(tpl, sz, lat, label, members)
+                      for tpl, sz, lat, members in merged[0]]
             return events[0] if len(events) == 1 else self.env.all_of(events)
         return self.env.process(self._run_merged(merged, per_group, label))
 

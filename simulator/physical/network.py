@@ -16,6 +16,13 @@ through others: the transfers in flight are kept in connected components (transf
 shared links), and only the touched component is recomputed. Each transfer has its own completion
 event, scheduled from its current rate; a rate change reschedules it and a per-transfer version
 counter makes the stale event a no-op.
+
+Links are simulated in classes: links with the same capacity that every transfer template seen
+so far (:meth:`Network.template`) either crosses with the same multiplicity or avoids. Within a
+class every link carries the same flows, so one of them stands for all: the max-min levels, the
+components and each link's bytes are exactly those of the links one by one (a folded stage's
+collective over 1,008 groups crosses 16K NVLink links but a handful of classes). A template that
+cuts a class splits it; the transfers and templates holding the old class take the new one too.
 """
 
 from __future__ import annotations
@@ -77,11 +84,21 @@ class FlowRecord:
 
 
 @dataclass(eq=False)
-class Transfer:
-    """One coupled group of member flows in flight."""
+class Template:
+    """The links of a transfer: ``links`` and ``mult`` (physical link ids, member flows on each),
+    and the same as link classes, ``cls`` and ``cmult`` (kept up to date as classes split)."""
 
     links: np.ndarray
     mult: np.ndarray
+    cls: np.ndarray
+    cmult: np.ndarray
+
+
+@dataclass(eq=False)
+class Transfer:
+    """One coupled group of member flows in flight; ``links`` and ``mult`` are its link classes."""
+
+    tpl: Template
     size: float  # bytes per member
     latency: float
     done: simpy.Event
@@ -95,6 +112,14 @@ class Transfer:
     component: "Component | None" = None
     record: FlowRecord | None = None
 
+    @property
+    def links(self) -> np.ndarray:
+        return self.tpl.cls
+
+    @property
+    def mult(self) -> np.ndarray:
+        return self.tpl.cmult
+
 
 @dataclass(eq=False)
 class Component:
@@ -105,26 +130,39 @@ class Component:
     dirty: bool = False
 
 
-@dataclass
 class LinkStats:
-    """Accounting for reports: bytes each link was asked to carry."""
+    """Accounting for reports: bytes each link was asked to carry (``bytes_carried``, per link)."""
 
-    bytes_carried: np.ndarray
-    transfers: int = 0
-    rate_updates: int = 0
+    def __init__(self, net: "Network"):
+        self._net = net
+        self.transfers = 0
+        self.rate_updates = 0
+
+    @property
+    def bytes_carried(self) -> np.ndarray:
+        return self._net._bytes[self._net._cls]
 
 
 class Network:
     """Links with capacities (bytes/s) shared max-min fairly by the transfers in flight."""
 
-    def __init__(self, env: simpy.Environment, capacity: np.ndarray, record: bool = False):
+    def __init__(self, env: simpy.Environment, capacity: np.ndarray, record: bool = False, classes: bool = True):
         self.env = env
         self.record = record
         self.flows: list[FlowRecord] = []
         self.capacity = np.asarray(capacity, dtype=float)
-        self.stats = LinkStats(bytes_carried=np.zeros(len(self.capacity)))
-        self._owner = np.full(len(self.capacity), -1, dtype=np.int64)  # component id per link
-        self._users = np.zeros(len(self.capacity), dtype=np.int64)  # transfers in flight per link
+        self.stats = LinkStats(self)
+        # link classes (module docstring): at first one per capacity value
+        # (``classes=False``: every link its own class, the reference the tests compare against)
+        self._cap, cls = (np.unique(self.capacity, return_inverse=True) if classes
+                          else (self.capacity.copy(), np.arange(len(self.capacity))))
+        self._cls = cls.reshape(-1).astype(np.int64)  # class of each link
+        self._size = np.bincount(self._cls, minlength=len(self._cap))  # links per class
+        self._bytes = np.zeros(len(self._cap))  # bytes each link of the class carried
+        self._holders: list[list[Template]] = [[] for _ in self._cap]  # templates crossing each class
+        self._templates: dict = {}
+        self._owner = np.full(len(self._cap), -1, dtype=np.int64)  # component id per class
+        self._users = np.zeros(len(self._cap), dtype=np.int64)  # transfers in flight per class
         self._components: dict[int, Component] = {}
         self._next_id = 0
         self._dirty: list[Component] = []
@@ -145,6 +183,63 @@ class Network:
         t.component = comp
         self._owner[t.links] = comp.id
 
+    def template(self, links: np.ndarray, mult: np.ndarray) -> Template:
+        """The registered template of distinct ``links`` with ``mult`` member flows on each."""
+        links = np.asarray(links, dtype=np.int64)
+        mult = np.asarray(mult, dtype=float)
+        key = (links.tobytes(), mult.tobytes())
+        tpl = self._templates.get(key)
+        if tpl is None:
+            self._refine(links, mult)
+            cls, first = np.unique(self._cls[links], return_index=True)
+            tpl = Template(links, mult, cls, mult[first])
+            for c in cls.tolist():
+                self._holders[c].append(tpl)
+            self._templates[key] = tpl
+        return tpl
+
+    def _refine(self, links: np.ndarray, mult: np.ndarray) -> None:
+        """Split the classes ``links`` cuts (partly covered, or with different multiplicities) so
+        that each class is inside the template with one multiplicity, or outside it."""
+        if len(links) == 0:
+            return
+        _, m = np.unique(mult, return_inverse=True)
+        m = m.reshape(-1)
+        key = self._cls[links] * (int(m.max()) + 1) + m
+        parts, inverse, counts = np.unique(key, return_inverse=True, return_counts=True)
+        inverse = inverse.reshape(-1)
+        parent = parts // (int(m.max()) + 1)
+        covered = np.bincount(parent, weights=counts, minlength=len(self._cap))[parent]
+        first = np.ones(len(parts), dtype=bool)
+        first[1:] = parent[1:] != parent[:-1]
+        # each part gets a new class, but a class fully covered keeps its id for its first part
+        new = ~(first & (covered == self._size[parent]))
+        if not new.any():
+            return
+        n0 = len(self._cap)
+        ids = np.full(len(parts), -1, dtype=np.int64)
+        ids[new] = n0 + np.arange(int(new.sum()))
+        moved = ids[inverse] >= 0
+        self._cls[links[moved]] = ids[inverse][moved]
+        src = parent[new]
+        self._cap = np.concatenate([self._cap, self._cap[src]])
+        self._bytes = np.concatenate([self._bytes, self._bytes[src]])
+        self._owner = np.concatenate([self._owner, self._owner[src]])
+        self._users = np.concatenate([self._users, self._users[src]])
+        self._size = np.concatenate([self._size, counts[new]])
+        np.subtract.at(self._size, src, counts[new])
+        pending: dict[int, tuple[Template, list, list]] = {}
+        for p, c in zip(src.tolist(), ids[new].tolist()):
+            holders = self._holders[p]
+            self._holders.append(list(holders))
+            for tpl in holders:
+                entry = pending.setdefault(id(tpl), (tpl, [], []))
+                entry[1].append(c)
+                entry[2].append(float(tpl.cmult[np.flatnonzero(tpl.cls == p)[0]]))
+        for tpl, cls, mults in pending.values():
+            tpl.cls = np.concatenate([tpl.cls, np.array(cls, dtype=np.int64)])
+            tpl.cmult = np.concatenate([tpl.cmult, np.array(mults)])
+
     def transfer(self, routes: Sequence[np.ndarray], size: float, latency: float = 0.0,
                  label: object = None) -> simpy.Event:
         """Start a transfer of ``size`` bytes on each route; the event fires when all arrive."""
@@ -156,17 +251,27 @@ class Network:
     def transfer_links(self, links: np.ndarray, mult: np.ndarray, size: float, latency: float = 0.0,
                        label: object = None, members: int = 1) -> simpy.Event:
         """As :meth:`transfer`, with the routes given as distinct links and member counts on each."""
-        done = self.env.event()
         if size <= 0 or len(links) == 0:
+            done = self.env.event()
             self._after(latency, done)
             return done
-        self.stats.bytes_carried[links] += mult * size
+        return self.transfer_template(self.template(links, mult), size, latency, label, members)
+
+    def transfer_template(self, tpl: Template, size: float, latency: float = 0.0, label: object = None,
+                          members: int = 1) -> simpy.Event:
+        """As :meth:`transfer_links`, over a registered :class:`Template`."""
+        done = self.env.event()
+        if size <= 0 or len(tpl.links) == 0:
+            self._after(latency, done)
+            return done
+        links = tpl.cls
+        self._bytes[links] += tpl.cmult * size
         self.stats.transfers += 1
         now = self.env.now
-        t = Transfer(links=links, mult=mult, size=float(size), latency=latency, done=done, label=label,
+        t = Transfer(tpl=tpl, size=float(size), latency=latency, done=done, label=label,
                      remaining=float(size), since=now, start=now, members=members)
         if self.record:
-            t.record = FlowRecord(label, now, links, mult, float(size), members, latency)
+            t.record = FlowRecord(label, now, tpl.links, tpl.mult, float(size), members, latency)
             self.flows.append(t.record)
         owners = self._owner[links]
         ids = np.unique(owners[owners >= 0]).tolist() if owners.max() >= 0 else []
@@ -217,12 +322,12 @@ class Network:
         now = self.env.now
         if len(groups) == 1:
             lone = groups[0]
-            rates = [float((self.capacity[lone.links] / lone.mult).min())]
+            rates = [float((self._cap[lone.links] / lone.mult).min())]
         else:
             entry_group = np.repeat(np.arange(len(groups)), [len(t.links) for t in groups])
             entry_link = np.concatenate([t.links for t in groups])
             entry_mult = np.concatenate([t.mult for t in groups])
-            rates = max_min_rates(self.capacity, entry_group, entry_link, entry_mult, len(groups)).tolist()
+            rates = max_min_rates(self._cap, entry_group, entry_link, entry_mult, len(groups)).tolist()
         self.stats.rate_updates += 1
         for t, r in zip(groups, rates):
             if r == t.rate and t.version:

@@ -137,15 +137,27 @@ class Cluster:
 
     spec: TopologySpec
     num_nodes: int
-    graph: nx.DiGraph
     link_bw: np.ndarray
     link_lat: np.ndarray
     link_cls: tuple[str, ...]
-    link_ends: tuple[tuple[str, str], ...]
-    _edge_id: dict
+    _names: "_LinkNames"  # node names of every link, the networkx graph, built on first use
     _route_cache: dict
+    _ix: "_LinkIndex"  # arithmetic of the link numbering, for routes without node names
     nvlink_generation: int = 0  # of the GPU the cluster was built for (NVLS needs 4+)
     down: dict = field(default_factory=dict)  # failed link id -> the fault that failed it; routes avoid them
+
+    @property
+    def graph(self) -> nx.DiGraph:
+        """The cluster as a networkx DiGraph (built on first use: 1.3 M links at 129K GPUs)."""
+        return self._names.graph()
+
+    @property
+    def link_ends(self) -> tuple[tuple[str, str], ...]:
+        return self._names.ends()
+
+    @property
+    def _edge_id(self) -> dict:
+        return self._names.edge_id()
 
     @property
     def num_gpus(self) -> int:
@@ -173,13 +185,51 @@ class Cluster:
         key = (src, dst)
         hit = self._route_cache.get(key)
         if hit is None:
-            names = path_nodes(self, src, dst)
-            if self.down and any(self._edge_id[e] in self.down for e in zip(names, names[1:])):
-                names = detour_nodes(self, src, dst, names)
-            hit = np.fromiter((self._edge_id[(a, b)] for a, b in zip(names, names[1:])),
-                              dtype=np.int64, count=len(names) - 1)
+            if src == dst:
+                raise ValueError("a transfer needs two different GPUs")
+            if self.down:
+                names = path_nodes(self, src, dst)
+                if any(self._edge_id[e] in self.down for e in zip(names, names[1:])):
+                    names = detour_nodes(self, src, dst, names)
+                hit = np.fromiter((self._edge_id[(a, b)] for a, b in zip(names, names[1:])),
+                                  dtype=np.int64, count=len(names) - 1)
+            else:
+                table = self._ix.routes(self, np.array([src]), np.array([dst]))
+                hit = table[0][table[0] >= 0]
             self._route_cache[key] = hit
         return hit
+
+    def route_table(self, src, dst) -> np.ndarray:
+        """The routes of many pairs at once: row i holds :meth:`route` (``src[i]``, ``dst[i]``), in
+        order, padded with -1. Vectorized (no node names) unless links are down."""
+        src, dst = np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64)
+        if not self.down:
+            if (src == dst).any():
+                raise ValueError("a transfer needs two different GPUs")
+            return self._ix.routes(self, src, dst)
+        rows = [self.route(int(a), int(b)) for a, b in zip(src.tolist(), dst.tolist())]
+        out = np.full((len(rows), max((len(r) for r in rows), default=0)), -1, dtype=np.int64)
+        for i, r in enumerate(rows):
+            out[i, :len(r)] = r
+        return out
+
+    def route_links(self, src, dst) -> np.ndarray:
+        """The links of many routes, concatenated (route order within each)."""
+        table = self.route_table(src, dst)
+        return table[table >= 0]
+
+    def route_latencies(self, src, dst) -> np.ndarray:
+        """:meth:`route_latency` of many pairs, each the same float sum over its route."""
+        table = self.route_table(src, dst)
+        out = np.empty(len(table))
+        lengths = (table >= 0).sum(axis=1)
+        for n in np.unique(lengths).tolist():
+            rows = np.flatnonzero(lengths == n)
+            lat = self.link_lat[table[rows, :n]]
+            uniq, inv = np.unique(lat, axis=0, return_inverse=True)
+            sums = np.array([float(u.sum()) for u in uniq])  # each route summed as route_latency does
+            out[rows] = sums[inv.reshape(-1)]
+        return out
 
     def route_latency(self, src: int, dst: int) -> float:
         key = (src, dst, "latency")
@@ -197,6 +247,122 @@ class Cluster:
         for cls, factor in factors.items():
             bw[self.links_of_class(cls)] *= factor
         return replace(self, link_bw=bw, _route_cache=self._route_cache)
+
+
+_CLS_CODES = ("nvlink", "pcie", "nic", "leaf-spine", "spine-core")
+
+
+@dataclass(frozen=True)
+class _LinkIndex:
+    """Where each kind of link sits in the numbering :func:`build_cluster` gives them (every
+    physical link is two consecutive ids, the direction named first, then its reverse):
+
+    - GPU ``g``: ``4g`` GPU->NVSwitch, ``4g+1`` back, ``4g+2`` GPU->NIC (PCIe), ``4g+3`` back;
+    - NIC ``j`` of node ``n``: ``nic0 + 2(n nics + j)`` NIC->leaf, ``+1`` back;
+    - leaf ``li`` (its place among the used leaves, sorted by (pod, leaf)), uplink ``s``:
+      ``spine0 + 2(li U + s)`` leaf->spine, ``+1`` back;
+    - pod ``p``, spine ``s``, core ``c``: ``core0 + 2((p U + s) C + c)`` spine->core, ``+1`` back.
+
+    :meth:`routes` computes :func:`path_nodes` in this numbering, for arrays of pairs."""
+
+    nic0: int
+    spine0: int
+    core0: int
+    leaf_slot: np.ndarray  # pod * leaves per pod + leaf -> li (-1: unused)
+
+    def routes(self, c: "Cluster", src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+        spec = c.spec
+        gpn, nics = spec.gpus_per_node, spec.nics_per_node
+        per_nic = gpn // nics
+        rails, _, uplinks, groups_per_pod, _, cores = _pod_geometry(spec, c.num_nodes)
+        k = len(src)
+        out = np.full((k, 10), -1, dtype=np.int64)
+        pos = np.zeros(k, dtype=np.int64)
+        rows = np.arange(k)
+
+        def push(vals, mask=None):
+            r = rows if mask is None else rows[mask]
+            v = vals if mask is None else vals[mask]
+            out[r, pos[r]] = v
+            pos[r] += 1
+
+        s_node, d_node = src // gpn, dst // gpn
+        s_nic, d_nic = (src % gpn) // per_nic, (dst % gpn) // per_nic
+        same = s_node == d_node
+        pxn = ~same & (s_nic != d_nic) if spec.rail_optimized else np.zeros(k, dtype=bool)
+        proxy = s_node * gpn + d_nic * per_nic
+        # inside a node (and the PXN hop): GPU -> NVSwitch -> GPU
+        via = np.where(same, dst, proxy)
+        hop = same | pxn
+        push(4 * src, hop)
+        push(4 * via + 1, hop)
+        a = np.where(pxn, proxy, src)  # the network part starts here
+        a_nic = np.where(pxn, d_nic, s_nic)
+        cross = ~same
+
+        def leaf(node, nic):
+            group = node // spec.nodes_per_leaf
+            return group // groups_per_pod, (group % groups_per_pod) * rails + (nic if spec.rail_optimized else 0)
+
+        s_pod, s_leaf = leaf(s_node, a_nic)
+        d_pod, d_leaf = leaf(d_node, d_nic)
+        push(4 * a + 2, cross)
+        push(self.nic0 + 2 * (s_node * nics + a_nic), cross)
+        up = cross & ((s_pod != d_pod) | (s_leaf != d_leaf))
+        if up.any():
+            leaves_in_pod = groups_per_pod * rails
+            place = d_node % spec.nodes_per_leaf
+            spine = (place if spec.rail_optimized else place * nics + d_nic) % uplinks
+            s_li = self.leaf_slot[np.where(up, s_pod * leaves_in_pod + s_leaf, 0)]
+            d_li = self.leaf_slot[np.where(up, d_pod * leaves_in_pod + d_leaf, 0)]
+            push(self.spine0 + 2 * (s_li * uplinks + spine), up)
+            far = up & (s_pod != d_pod)
+            if far.any():
+                core = d_leaf % cores
+                push(self.core0 + 2 * ((s_pod * uplinks + spine) * cores + core), far)
+                push(self.core0 + 2 * ((d_pod * uplinks + spine) * cores + core) + 1, far)
+            push(self.spine0 + 2 * (d_li * uplinks + spine) + 1, up)
+        push(self.nic0 + 2 * (d_node * nics + d_nic) + 1, cross)
+        push(4 * dst + 3, cross)
+        return out
+
+
+class _LinkNames:
+    """Node names of the links and the networkx graph of a cluster, made when first asked for
+    (tests, reports, link faults): a 129K-GPU cluster has 1.3 M links, and a simulation needs
+    only the numbered arrays."""
+
+    def __init__(self, spec: TopologySpec, num_nodes: int, link_bw: np.ndarray, link_lat: np.ndarray,
+                 link_cls: tuple[str, ...]):
+        self._args = (spec, num_nodes, link_bw, link_lat, link_cls)
+        self._ends = self._ids = self._graph = None
+
+    def ends(self) -> tuple[tuple[str, str], ...]:
+        if self._ends is None:
+            self._ends = tuple(_named_links(*self._args[:2]))
+            if len(self._ends) != len(self._args[2]):
+                raise AssertionError("link names and link arrays disagree")
+        return self._ends
+
+    def edge_id(self) -> dict:
+        if self._ids is None:
+            self._ids = {e: i for i, e in enumerate(self.ends())}
+        return self._ids
+
+    def graph(self) -> nx.DiGraph:
+        if self._graph is None:
+            spec, num_nodes, bw, lat, cls = self._args
+            g = nx.DiGraph()
+            for n in range(num_nodes):
+                g.add_node(f"n{n}.nvs", kind="nvswitch")
+                for i in range(spec.gpus_per_node):
+                    g.add_node(f"n{n}.g{i}", kind="gpu", gpu=n * spec.gpus_per_node + i)
+                for j in range(spec.nics_per_node):
+                    g.add_node(f"n{n}.nic{j}", kind="nic")
+            for (a, b), w, t, k in zip(self.ends(), bw.tolist(), lat.tolist(), cls):
+                g.add_edge(a, b, bandwidth=w, latency=t, cls=k)
+            self._graph = g
+        return self._graph
 
 
 def _pod_geometry(spec: TopologySpec, num_nodes: int):
@@ -384,31 +550,61 @@ def build_cluster(spec: TopologySpec, num_nodes: int, *, gpus_per_node: int | No
         overrides["nics_per_node"] = overrides["gpus_per_node"]
     spec = _check_spec(replace(spec, **overrides), "cluster.")
 
-    g = nx.DiGraph()
-    edges: list[tuple[str, str, float, float, str]] = []
-
-    def link(a: str, b: str, bw: float, lat: float, cls: str) -> None:
-        edges.append((a, b, bw, lat, cls))
-        edges.append((b, a, bw, lat, cls))
-
     nv_bw = units.GBps(spec.nvlink_bandwidth_GBps) * _nvlink_efficiency(gpu or spec.gpu)
     nv_lat = units.us(spec.nvlink_latency_us)
     nic_bw = units.Gbps(spec.network_bandwidth_Gbps)
     fab_bw = units.Gbps(spec.fabric_link_bandwidth_Gbps or spec.network_bandwidth_Gbps)
     pcie_bw, pcie_lat = units.GBps(spec.pcie_bandwidth_GBps), units.us(spec.pcie_latency_us)
     nic_lat, sw_lat = units.us(spec.nic_latency_us), units.us(spec.switch_latency_us)
-    per_nic = spec.gpus_per_node // spec.nics_per_node
 
+    # links in the order _named_links names them (see _LinkIndex), as whole blocks
+    gpus = num_nodes * spec.gpus_per_node
+    rails, groups, uplinks, groups_per_pod, pods, cores = _pod_geometry(spec, num_nodes)
+    blocks = [(4 * gpus, [nv_bw, nv_bw, pcie_bw, pcie_bw], [nv_lat, nv_lat, pcie_lat, pcie_lat], [0, 0, 1, 1])]
+    leaves_in_pod = groups_per_pod * rails
+    slots = np.zeros(0, dtype=np.int64)
+    nic_links = leaf_links = core_links = 0
+    if num_nodes > 1:
+        nic_links = 2 * num_nodes * spec.nics_per_node
+        blocks.append((nic_links, [nic_bw], [nic_lat], [2]))
+        group = np.arange(num_nodes) // spec.nodes_per_leaf
+        j = np.arange(spec.nics_per_node) if spec.rail_optimized else np.zeros(1, dtype=np.int64)
+        slots = np.unique(((group // groups_per_pod) * leaves_in_pod + (group % groups_per_pod) * rails)[:, None]
+                          + j[None, :])
+        if len(slots) > 1:
+            leaf_links = 2 * len(slots) * uplinks
+            blocks.append((leaf_links, [fab_bw], [sw_lat], [3]))
+            if pods > 1:
+                core_links = 2 * pods * uplinks * cores
+                blocks.append((core_links, [fab_bw], [sw_lat], [4]))
+    link_bw = np.concatenate([np.tile(np.array(bw, dtype=float), n // len(bw)) for n, bw, _, _ in blocks])
+    link_lat = np.concatenate([np.tile(np.array(lat, dtype=float), n // len(lat)) for n, _, lat, _ in blocks])
+    codes = np.concatenate([np.tile(np.array(k), n // len(k)) for n, _, _, k in blocks])
+    link_cls = tuple(np.array(_CLS_CODES, dtype=object)[codes].tolist())
+    leaf_slot = np.full(max(pods * leaves_in_pod, 1), -1, dtype=np.int64)
+    leaf_slot[slots] = np.arange(len(slots))
+    ix = _LinkIndex(nic0=4 * gpus, spine0=4 * gpus + nic_links, core0=4 * gpus + nic_links + leaf_links,
+                    leaf_slot=leaf_slot)
+    names = _LinkNames(spec, num_nodes, link_bw, link_lat, link_cls)
+    cluster = Cluster(spec=spec, num_nodes=num_nodes, link_bw=link_bw, link_lat=link_lat, link_cls=link_cls,
+                      _names=names, _route_cache={}, _ix=ix, nvlink_generation=_nvlink_generation(gpu or spec.gpu))
+    _check_links(cluster)
+    return cluster
+
+
+def _named_links(spec: TopologySpec, num_nodes: int) -> list[tuple[str, str]]:
+    """(from, to) node names of every directed link, in link-id order."""
+    ends: list[tuple[str, str]] = []
+
+    def link(a: str, b: str) -> None:
+        ends.append((a, b))
+        ends.append((b, a))
+
+    per_nic = spec.gpus_per_node // spec.nics_per_node
     for n in range(num_nodes):
-        g.add_node(f"n{n}.nvs", kind="nvswitch")
         for i in range(spec.gpus_per_node):
-            g.add_node(f"n{n}.g{i}", kind="gpu", gpu=n * spec.gpus_per_node + i)
-        for j in range(spec.nics_per_node):
-            g.add_node(f"n{n}.nic{j}", kind="nic")
-    for n in range(num_nodes):
-        for i in range(spec.gpus_per_node):
-            link(f"n{n}.g{i}", f"n{n}.nvs", nv_bw, nv_lat, "nvlink")
-            link(f"n{n}.g{i}", f"n{n}.nic{i // per_nic}", pcie_bw, pcie_lat, "pcie")
+            link(f"n{n}.g{i}", f"n{n}.nvs")
+            link(f"n{n}.g{i}", f"n{n}.nic{i // per_nic}")
 
     rails, groups, uplinks, groups_per_pod, pods, cores = _pod_geometry(spec, num_nodes)
     if num_nodes > 1:
@@ -419,27 +615,30 @@ def build_cluster(spec: TopologySpec, num_nodes: int, *, gpus_per_node: int | No
             for j in range(spec.nics_per_node):
                 leaf = (group % groups_per_pod) * rails + (j if spec.rail_optimized else 0)
                 leaves_used.add((pod, leaf))
-                link(f"n{n}.nic{j}", f"pod{pod}.leaf{leaf}", nic_bw, nic_lat, "nic")
+                link(f"n{n}.nic{j}", f"pod{pod}.leaf{leaf}")
         if len(leaves_used) > 1:
             for pod, leaf in sorted(leaves_used):
                 for s in range(uplinks):
-                    link(f"pod{pod}.leaf{leaf}", f"pod{pod}.spine{s}", fab_bw, sw_lat, "leaf-spine")
+                    link(f"pod{pod}.leaf{leaf}", f"pod{pod}.spine{s}")
             if pods > 1:
                 for pod in range(pods):
                     for s in range(uplinks):
                         for c in range(cores):
-                            link(f"pod{pod}.spine{s}", f"core{s}.{c}", fab_bw, sw_lat, "spine-core")
+                            link(f"pod{pod}.spine{s}", f"core{s}.{c}")
+    return ends
 
-    for a, b, bw, lat, cls in edges:
-        g.add_edge(a, b, bandwidth=bw, latency=lat, cls=cls)
-    link_bw = np.array([e[2] for e in edges], dtype=float)
-    link_lat = np.array([e[3] for e in edges], dtype=float)
-    edge_id = {(e[0], e[1]): i for i, e in enumerate(edges)}
-    cluster = Cluster(spec=spec, num_nodes=num_nodes, graph=g, link_bw=link_bw, link_lat=link_lat,
-                      link_cls=tuple(e[4] for e in edges), link_ends=tuple((e[0], e[1]) for e in edges),
-                      _edge_id=edge_id, _route_cache={}, nvlink_generation=_nvlink_generation(gpu or spec.gpu))
-    validate_cluster(cluster)
-    return cluster
+
+def _check_links(cluster: Cluster) -> None:
+    """Positive bandwidths and non-negative latencies, on the link arrays. Connectivity holds by
+    construction (every NIC on a leaf, every leaf on all spines of its pod, spine j of every pod
+    on core group j); :func:`validate_cluster` checks it on the graph."""
+    for values, ok, need in ((cluster.link_bw, cluster.link_bw > 0, "must be > 0"),
+                             (cluster.link_lat, cluster.link_lat >= 0, "must be >= 0")):
+        if not ok.all():
+            i = int(np.flatnonzero(~ok)[0])
+            a, b = cluster.link_ends[i]
+            raise ConfigError(f"link {a}->{b}.{'bandwidth' if values is cluster.link_bw else 'latency'}",
+                              float(values[i]), need)
 
 
 def validate_cluster(cluster: Cluster) -> None:

@@ -94,8 +94,11 @@ class Plan:
     def pp_pairs(self, rank: int, stage: int, fold: bool) -> tuple[tuple[int, int], ...]:
         """(source, destination) of the pipeline transfers ``rank`` starts towards ``stage``: its
         own, or folded, those of every rank of its stage."""
-        sources = self.stage_ranks(self.stage_of(rank)) if fold else [rank]
-        return tuple((int(a), self.pp_peer(int(a), stage)) for a in sources)
+        if not fold:
+            return ((rank, self.pp_peer(rank, stage)),)
+        # the stage's ranks in grid order, and the same (dp, cp, tp) positions on ``stage``
+        sources, peers = self.stage_ranks(self.stage_of(rank)), self.grid[stage % self.pp].ravel()
+        return tuple(zip(sources.tolist(), peers.tolist()))
 
     def pp_peer(self, rank: int, stage: int) -> int:
         """The rank holding the same (dp, cp, tp) position on another pipeline stage."""
