@@ -232,7 +232,15 @@ def stage_layers(model: ModelConfig, stage: int, pp: int, vp: int = 1, first: in
 def _stage_params(s: Scenario, stage: int) -> _Params:
     m, par = s.model, s.parallelism
     tp, pp = par.tp, par.pp
-    units = [_layer_params(m, layer, tp, par.ep, par.expert_tp) for layer in stage_layers(m, stage, pp, par.vp, par.first_pipeline_num_layers, par.last_pipeline_num_layers)]
+    # A layer's parameters depend on the layer only through whether it is an MoE layer: one
+    # computation per kind (the planner calls this for tens of thousands of layouts).
+    by_kind: dict[bool, tuple[float, float]] = {}
+    units = []
+    for layer in stage_layers(m, stage, pp, par.vp, par.first_pipeline_num_layers, par.last_pipeline_num_layers):
+        moe = m.is_moe_layer(layer)
+        if moe not in by_kind:
+            by_kind[moe] = _layer_params(m, layer, tp, par.ep, par.expert_tp)
+        units.append(by_kind[moe])
     dense = sum(u[0] for u in units)
     expert = sum(u[1] for u in units)
     largest = max((u[0] + u[1] for u in units), default=0.0)
@@ -298,11 +306,20 @@ def stage_memory(
     seq, b, sp, rc = tr.seq_length / par.cp, tr.micro_batch_size, par.sequence_parallel, tr.recompute
     layers = stage_layers(m, stage, pp, vp, par.first_pipeline_num_layers, par.last_pipeline_num_layers)
     kernels = {"flash_attention": tr.attention != "unfused", "dropout": tr.attention == "unfused", "etp": par.expert_tp}
-    per_mb = [layer_activation_bytes(m, layer, seq, b, tp, sp, rc, **kernels) for layer in layers]
+    # layer_activation_bytes depends on the layer only through its kind (MoE or not; the
+    # attention window kept in the key too): the same values, computed once per kind, summed in
+    # the same order.
+    kinds: dict[tuple, tuple[float, float]] = {}
+    per_mb, working_set = [], []
+    for layer in layers:
+        kind = (m.is_moe_layer(layer), m.attention_window(layer))
+        if kind not in kinds:
+            a = layer_activation_bytes(m, layer, seq, b, tp, sp, rc, **kernels)
+            kinds[kind] = (a, layer_activation_bytes(m, layer, seq, b, tp, sp, "none", **kernels) - a)
+        per_mb.append(kinds[kind][0])
+        working_set.append(kinds[kind][1])
     in_flight = microbatches_in_flight(s.pipeline_schedule, stage, pp, s.num_microbatches, vp)
     activations = sum(per_mb) / vp * in_flight
-    working_set = [layer_activation_bytes(m, layer, seq, b, tp, sp, "none", **kernels) - a
-                   for layer, a in zip(layers, per_mb)]
     activations += max(working_set, default=0.0)
     rep = 1 / tp if sp else 1.0
     if stage == 0:
