@@ -217,3 +217,22 @@ def test_planner_is_no_slower_than_a_published_layout():
     assert "error" not in row
     assert row["best_fits"] and row["no_slower"]
     assert row["given_rank"] >= 1 and row["gain"] >= 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("runs", ["public-runs.yaml", "blackwell-runs.yaml", "framework-runs.yaml",
+                                  "megatron-bridge-runs.yaml", "moe-runs.yaml", "nemo-2407-runs.yaml"])
+def test_planner_best_fits_and_is_no_slower_on_every_published_run_slow(runs):
+    """Issue 17: on every published run the planner's best fits and is predicted no slower than the
+    published layout (each planned over ``plan_check.narrow_space``, the published layout among the
+    candidates; ``python -m simulator.studies.plan_check --out plan_published.txt`` prints the table)."""
+    from pathlib import Path
+
+    from simulator.studies.plan_check import check_runs
+
+    here = Path(__file__).resolve().parent
+    path = here.parents[1] / "shared" / "validation" / runs if runs == "public-runs.yaml" else here / "data" / runs
+    result = check_runs(path, workers=2, narrow=True)
+    for row in result["rows"]:
+        assert "error" not in row, row
+        assert row["best_fits"] and row["no_slower"], row
