@@ -86,7 +86,8 @@ def test_bound_never_exceeds_the_step_and_is_exact_without_communication_on_one_
     for s in cases:
         w = build_workload(s, gpu_of(s.cluster, s.training.precision))
         bound = step_lower_bound(s, w)
-        assert step_lower_bound(s, w, planner.node_collective_time(s)) <= simulate(s).step_time_s
+        assert step_lower_bound(s, w, planner.node_collective_time(s), planner.cluster_collective_time(s)) <= \
+            simulate(s).step_time_s
         assert bound <= simulate(s).step_time_s
         assert bound <= simulate(s, SimOptions(communication=False)).step_time_s
     one = apply_layout(tiny, replace(layout_of(tiny), pp=1, dp=4))
@@ -98,6 +99,34 @@ def test_bound_never_exceeds_the_step_and_is_exact_without_communication_on_one_
     w = build_workload(two, gpu_of(two.cluster, "bf16"))
     assert step_lower_bound(two, w) == pytest.approx(simulate(two, SimOptions(communication=False)).step_time_s,
                                                      rel=1e-6)
+
+
+def test_fsdp_chain_is_the_longest_path():
+    from simulator.step.bound import fsdp_chain
+
+    assert fsdp_chain([1.0, 1.0, 1.0], [0.0, 0.0, 0.0], 1) == 3.0
+    # depth 0: every gather waits for the previous layer
+    assert fsdp_chain([1.0, 1.0, 1.0], [2.0, 2.0, 2.0], 0) == 9.0
+    # depth 1: layers 0 and 1 gathered from the start (0-2), 0 runs 2-3, 1 runs 3-4; 2 gathered 3-5, runs 5-6
+    assert fsdp_chain([1.0, 1.0, 1.0], [2.0, 2.0, 2.0], 1) == 6.0
+
+
+@pytest.mark.parametrize("kw", [
+    dict(zero_stage=3), dict(zero_stage=3, recompute="full"), dict(zero_stage=3, tp=2, pp=1, dp=8),
+    dict(zero_stage=3, tp=8, pp=1, dp=2), dict(zero_stage=3, pp=4, dp=2, tp=2),
+    dict(zero_stage=3, tp=2, pp=2, dp=2, cp=2, sequence_parallel=True), dict(zero_stage=1, tp=1, pp=1, dp=16),
+])
+def test_bound_with_fsdp_never_exceeds_the_step_across_nodes(kw):
+    """ZeRO-3's parameter all-gathers (chained behind the layers, and the busiest link's traffic)
+    keep the bound below the simulated step, on two nodes where DP crosses the network."""
+    raw = scenario_to_dict(load_scenario("scenarios/tiny.yaml"))
+    raw["cluster"]["num_nodes"] = 2
+    raw["training"]["global_batch_size"] = 16
+    raw["parallelism"]["dp"] = 4
+    s = apply_layout(scenario_from_dict(raw), replace(layout_of(scenario_from_dict(raw)), **kw))
+    w = build_workload(s, gpu_of(s.cluster, s.training.precision))
+    bound = step_lower_bound(s, w, planner.node_collective_time(s), planner.cluster_collective_time(s))
+    assert step_lower_bound(s, w, planner.node_collective_time(s)) <= bound <= simulate(s).step_time_s
 
 
 def test_candidate_scenarios_equal_the_checked_ones():
@@ -188,3 +217,22 @@ def test_planner_is_no_slower_than_a_published_layout():
     assert "error" not in row
     assert row["best_fits"] and row["no_slower"]
     assert row["given_rank"] >= 1 and row["gain"] >= 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("runs", ["public-runs.yaml", "blackwell-runs.yaml", "framework-runs.yaml",
+                                  "megatron-bridge-runs.yaml", "moe-runs.yaml", "nemo-2407-runs.yaml"])
+def test_planner_best_fits_and_is_no_slower_on_every_published_run_slow(runs):
+    """Issue 17: on every published run the planner's best fits and is predicted no slower than the
+    published layout (each planned over ``plan_check.narrow_space``, the published layout among the
+    candidates; ``python -m simulator.studies.plan_check --out plan_published.txt`` prints the table)."""
+    from pathlib import Path
+
+    from simulator.studies.plan_check import check_runs
+
+    here = Path(__file__).resolve().parent
+    path = here.parents[1] / "shared" / "validation" / runs if runs == "public-runs.yaml" else here / "data" / runs
+    result = check_runs(path, workers=2, narrow=True)
+    for row in result["rows"]:
+        assert "error" not in row, row
+        assert row["best_fits"] and row["no_slower"], row

@@ -27,6 +27,20 @@ out.) Each takes at least its time alone on an idle node (``collectives.time_col
 max-min fair sharing a flow never runs faster than its bottleneck link alone lets it, and a ring
 waits for its slowest edge. TP groups wider than a node are not counted.
 
+With ZeRO-3 (FSDP, ``engine.StepEngine.rank_process``) the compute stream also waits, before
+every layer's forward and backward, for that layer's parameter all-gather over DP x CP, which is
+launched (prefetch depth ``d``, 0 without ``overlap.param_gather``) when the loop reaches the layer
+``d`` places earlier in the same step (the first ``d + 1`` layers when the step's loop starts): so
+layer ``j`` cannot start before the end of layer ``j - d - 1`` (the step's start for ``j <= d``)
+plus its all-gather alone on the idle cluster (``fsdp_chain``). One step's ``F`` or ``B`` is then
+the longest path of that chain rather than the plain sum of its layers.
+
+The same collectives also bound the step from the links' side: every all-gather (one per layer
+in each forward and backward) and gradient reduce-scatter (one per layer in each backward) of
+the stage's DP x CP group puts the same bytes on the same links whatever else runs (the routes
+are fixed), and a link carries at most its capacity, so the stage cannot end before its busiest
+link has carried them all, plus the optimizer step (``fsdp_link_bound``).
+
 Hence ``step >= max_s [sum_{j<s} F(j) + W_s + max(O_s, sum_{j<s} B(j) + O_0)]`` for every
 schedule (each one's last step on every stage is a backward). For uniform stages without
 communication this is the PipeDream-Flush closed form (m + p - 1)(f + b) (Narayanan et al. 2021);
@@ -46,6 +60,8 @@ from simulator.workload.workload import Workload
 ROUNDING_MARGIN = 1e-9
 
 CollectiveTime = Callable[[str, int, float], float]  # (op, ranks, bytes) -> seconds alone on one node
+# (op, global ranks, bytes) -> (seconds alone on the idle cluster, seconds each link is busy carrying its bytes)
+GroupTime = Callable[[str, tuple, float], tuple]
 
 
 def blocking_tp_s(s: Scenario, w: Workload, collective_time: CollectiveTime | None
@@ -57,7 +73,10 @@ def blocking_tp_s(s: Scenario, w: Workload, collective_time: CollectiveTime | No
         return {False: (0.0, 0.0), True: (0.0, 0.0)}
     if s.parallelism.sequence_parallel:
         gather = collective_time("all_gather", tp, w.tp_bytes)
-        per_block_fwd = gather + collective_time("reduce_scatter", tp, w.tp_bytes)
+        # With async TP the forward's all-gather and reduce-scatter run under the GEMMs
+        # (``engine.StepEngine.async_tp_forward``): none is counted.
+        async_tp = w.software is not None and w.software.async_tp
+        per_block_fwd = 0.0 if async_tp else gather + collective_time("reduce_scatter", tp, w.tp_bytes)
         per_block_bwd = gather
     else:
         per_block_fwd, per_block_bwd = collective_time("all_reduce", tp, w.tp_bytes), 0.0
@@ -90,12 +109,95 @@ def stage_compute(w: Workload, blocking: dict[bool, tuple[float, float]] | None 
     return fwd, bwd
 
 
-def step_lower_bound(s: Scenario, w: Workload, collective_time: CollectiveTime | None = None) -> float:
+def fsdp_chain(times: list[float], gathers: list[float], depth: int) -> float:
+    """Least seconds from a step's loop start to the end of its last layer: layer ``j`` (in loop
+    order, ``times[j]`` seconds) starts after layer ``j - 1`` ends and ``gathers[j]`` after the loop
+    reached layer ``max(0, j - depth)`` (module docstring)."""
+    end: list[float] = []
+    for j, (f, g) in enumerate(zip(times, gathers)):
+        i = max(0, j - depth)
+        launched = end[i - 1] if i > 0 else 0.0
+        start = max(end[j - 1] if j > 0 else 0.0, launched + g)
+        end.append(start + f)
+    return end[-1] if end else 0.0
+
+
+def fsdp_stage_compute(s: Scenario, w: Workload, blocking: dict[bool, tuple[float, float]],
+                       group_time: GroupTime) -> tuple[list[float], list[float]]:
+    """(F(vs), B(vs)) under ZeRO-3: each virtual stage's layers as an ``fsdp_chain`` of their
+    compute (and blocking TP) behind their parameter all-gathers."""
+    from simulator.step.plan import Plan
+    from simulator.workload.workload import PARAM_BYTES
+
+    par = s.parallelism
+    plan = Plan.build(par.tp, par.pp, s.dp, par.cp, par.ep, par.expert_tp)
+    sw = w.software
+    depth = sw.param_prefetch_depth if sw is not None and sw.param_gather else 0
+    moe_layer = s.model.is_moe_layer
+    nvs = len(w.vstages)
+    fwd, bwd = [], []
+    for vs in range(nvs):
+        stage = vs % par.pp
+        group = tuple(int(r) for r in plan.dp_cp_group(int(plan.grid[stage, 0, 0, 0])))
+        layers = list(w.layers(vs))
+
+        def gather(layer: int) -> float:
+            size = w.layer_dense_params[layer] * PARAM_BYTES
+            return group_time("all_gather", group, size)[0] if len(group) > 1 and size > 0 else 0.0
+
+        f_times = [w.layer_costs[x].fwd_time_s + blocking[moe_layer(x)][0] for x in layers]
+        b_times = [w.layer_costs[x].bwd_time_s + blocking[moe_layer(x)][1] for x in reversed(layers)]
+        f = fsdp_chain(f_times, [gather(x) for x in layers], depth)
+        b = fsdp_chain(b_times, [gather(x) for x in reversed(layers)], depth)
+        if vs == 0:
+            f += w.embedding[0].time_s
+            b += w.embedding[1].time_s
+        if vs == nvs - 1:
+            f += w.head[0].time_s
+            b += w.head[1].time_s
+        fwd.append(f)
+        bwd.append(b)
+    return fwd, bwd
+
+
+def fsdp_link_bound(s: Scenario, w: Workload, group_time: GroupTime) -> float:
+    """Seconds no ZeRO-3 stage can beat for its FSDP traffic alone: over its DP x CP group, the
+    busiest link's total busy time, plus the stage's optimizer step (module docstring)."""
+    from simulator.step.plan import Plan
+    from simulator.workload.workload import GRAD_BYTES, PARAM_BYTES
+
+    par = s.parallelism
+    plan = Plan.build(par.tp, par.pp, s.dp, par.cp, par.ep, par.expert_tp)
+    m = s.num_microbatches
+    best = 0.0
+    for stage in range(par.pp):
+        group = tuple(int(r) for r in plan.dp_cp_group(int(plan.grid[stage, 0, 0, 0])))
+        if len(group) < 2:
+            continue
+        busy = 0.0
+        for c in range(par.vp):
+            for layer in w.layers(c * par.pp + stage):
+                params = w.layer_dense_params[layer]
+                if params <= 0:
+                    continue
+                busy = busy + 2 * m * group_time("all_gather", group, params * PARAM_BYTES)[1]
+                busy = busy + m * group_time("reduce_scatter", group, params * GRAD_BYTES)[1]
+        if not isinstance(busy, float):
+            best = max(best, float(busy.max()) + w.optimizer[stage].time_s)
+    return best
+
+
+def step_lower_bound(s: Scenario, w: Workload, collective_time: CollectiveTime | None = None,
+                     group_time: GroupTime | None = None) -> float:
     """Seconds the simulated step of ``s`` (default ``SimOptions``) cannot beat (module docstring);
-    without ``collective_time`` compute only."""
+    without ``collective_time`` compute only, without ``group_time`` no FSDP all-gathers."""
     p, v = s.parallelism.pp, s.parallelism.vp
     m = s.num_microbatches
-    fwd, bwd = stage_compute(w, blocking_tp_s(s, w, collective_time))
+    blocking = blocking_tp_s(s, w, collective_time)
+    if group_time is not None and s.parallelism.zero_stage == 3:
+        fwd, bwd = fsdp_stage_compute(s, w, blocking, group_time)
+    else:
+        fwd, bwd = stage_compute(w, blocking)
     opt = [w.optimizer[stage].time_s for stage in range(p)]
     best = 0.0
     head = tail = 0.0
@@ -105,4 +207,6 @@ def step_lower_bound(s: Scenario, w: Workload, collective_time: CollectiveTime |
         best = max(best, head + work + after)
         head += fwd[stage]
         tail += bwd[stage]
+    if group_time is not None and s.parallelism.zero_stage == 3:
+        best = max(best, fsdp_link_bound(s, w, group_time))
     return best * (1 - ROUNDING_MARGIN)

@@ -21,12 +21,36 @@ from simulator.studies.validate import case_to_scenario_dict
 TOP = 5
 
 
-def check_case(case: dict, workers: int | None = None, space=()) -> dict:
-    """Plan one published run; its row (or an ``error`` row)."""
+def narrow_space(raw: dict) -> list[str]:
+    """A small space around a published layout, for checking every run in CI time: its tp, pp, cp,
+    ep, etp, vp, schedule and sequence parallelism as published; recompute none / selective / full,
+    its micro-batch size and twice it, its ZeRO stage and 1 (Megatron's distributed optimizer):
+    at most 12 layouts, the published one among them."""
+    from simulator.scenario import scenario_from_dict
+
+    s = scenario_from_dict(raw)
+    p, tr = s.parallelism, s.training
+    mbs = [tr.micro_batch_size]
+    if tr.global_batch_size % (2 * tr.micro_batch_size * s.dp) == 0:
+        mbs.append(2 * tr.micro_batch_size)
+    etp = "null" if p.etp is None else str(p.etp)
+    space = [f"tp={p.tp}", f"pp={p.pp}", f"cp={p.cp}", f"ep={p.ep}", f"vp={p.vp}",
+             f"schedule={s.pipeline_schedule}", f"sequence_parallel={str(p.sequence_parallel).lower()}",
+             f"micro_batch_size={','.join(map(str, mbs))}", "recompute=none,selective,full",
+             f"zero_stage={','.join(map(str, dict.fromkeys((p.zero_stage, 1))))}"]
+    if s.model.is_moe:
+        space.append(f"etp={etp}")
+    return space
+
+
+def check_case(case: dict, workers: int | None = None, space=(), narrow: bool = False) -> dict:
+    """Plan one published run; its row (or an ``error`` row). ``narrow``: over ``narrow_space``."""
     row = {"id": case["id"]}
     try:
-        result = plan(case_to_scenario_dict(case), space=space, top=TOP, pareto=False, workers=workers,
-                      progress=None)
+        raw = case_to_scenario_dict(case)
+        if narrow:
+            space = narrow_space(raw)
+        result = plan(raw, space=space, top=TOP, pareto=False, workers=workers, progress=None)
     except ConfigError as err:
         row["error"] = str(err)
         return row
@@ -37,19 +61,42 @@ def check_case(case: dict, workers: int | None = None, space=()) -> dict:
         given_fits=given["fits"], given_in_space=given["in_space"], given_rank=given["rank"],
         given_rank_exact=given["rank_exact"], gain=given["step_time_s"] / best["step_time_s"] - 1,
         no_slower=best["step_time_s"] <= given["step_time_s"], why=best["why"], candidates=result["candidates"],
+        beats=beats(given, best),
     )
     return row
 
 
-def check_runs(path: str | Path, workers: int | None = None, ids: list[str] | None = None) -> dict:
-    """Rows for every case of ``path`` (or only ``ids``) and a summary."""
+def beats(given: dict, best: dict) -> str:
+    """One line: what the best changes against the published layout and where the time goes."""
+    changed = []
+    for section in ("parallelism", "training"):
+        for k, v in best[section].items():
+            if given[section].get(k) != v:
+                changed.append(f"{k} {given[section].get(k)}->{v}")
+    if given["schedule"] != best["schedule"]:
+        changed.append(f"schedule {given['schedule']}->{best['schedule']}")
+    saved = {"compute": given["compute_s"] - best["compute_s"], "bubble": given["idle_s"] - best["idle_s"],
+             **{f"exposed {a.upper()}": given["exposed_comm_s"][a] - best["exposed_comm_s"][a]
+                for a in given["exposed_comm_s"]}}
+    what, secs = max(saved.items(), key=lambda kv: kv[1])
+    return f"{', '.join(changed) or 'same layout'}: saves mostly {what} ({secs:.3g} s)"
+
+
+def check_runs(path: str | Path, workers: int | None = None, ids: list[str] | None = None,
+               narrow: bool = False, progress=None) -> dict:
+    """Rows for every case of ``path`` (or only ``ids``) and a summary; ``narrow`` plans each over
+    ``narrow_space`` (CI time) instead of the default space."""
     p = Path(path)
     if not p.is_file():
         raise ConfigError("runs", str(path), "no such file")
     cases = (yaml.safe_load(p.read_text()) or {}).get("cases") or []
     if ids is not None:
         cases = [c for c in cases if c["id"] in ids]
-    rows = [check_case(c, workers) for c in cases]
+    rows = []
+    for c in cases:
+        rows.append(check_case(c, workers, narrow=narrow))
+        if progress is not None:
+            print(f"{p.name}: {c['id']}", file=progress, flush=True)
     ok = [r for r in rows if "error" not in r]
     return {
         "file": str(path),
@@ -60,6 +107,7 @@ def check_runs(path: str | Path, workers: int | None = None, ids: list[str] | No
             "best_fits": sum(r["best_fits"] for r in ok),
             "no_slower": sum(r["no_slower"] for r in ok),
             "given_in_top5": sum(r["given_rank"] <= TOP for r in ok),
+            "planner_wins": sum(r["gain"] > 0 for r in ok),
             "given_fits": sum(r["given_fits"] for r in ok),
             "median_gain": sorted(r["gain"] for r in ok)[len(ok) // 2] if ok else None,
         },
@@ -67,16 +115,65 @@ def check_runs(path: str | Path, workers: int | None = None, ids: list[str] | No
 
 
 def format_check(result: dict) -> str:
-    lines = [f"{'case':<34} {'given':<34} {'rank':>5} {'best':<40} {'gain':>7}  why"]
+    lines = [f"{'case':<34} {'given':<34} {'rank':>5} {'best':<40} {'gain':>7}  why the best wins"]
     for r in result["rows"]:
         if "error" in r:
             lines.append(f"{r['id']:<34} error: {r['error']}")
             continue
+        if r["gain"] <= 0:
+            rank = str(r["given_rank"]) if r["given_rank_exact"] else f">={r['given_rank']}"
+            lines.append(f"{r['id']:<34} {r['given']:<34} {rank:>5} (published layout is the best)")
+            continue
         rank = str(r["given_rank"]) if r["given_rank_exact"] else f">={r['given_rank']}"
         fits = "" if r["given_fits"] else " (OOM)"
-        lines.append(f"{r['id']:<34} {r['given'] + fits:<34} {rank:>5} {r['best']:<40} {r['gain']:>+7.1%}  {r['why']}")
+        lines.append(f"{r['id']:<34} {r['given'] + fits:<34} {rank:>5} {r['best']:<40} {r['gain']:>+7.1%}  {r['beats']}")
     s = result["summary"]
     lines.append(f"{s['planned']} of {s['cases']} planned; best fits in {s['best_fits']}, no slower than published in "
-                 f"{s['no_slower']}; published layout in the top {TOP} in {s['given_in_top5']} "
+                 f"{s['no_slower']}; published layout in the top {TOP} in {s['given_in_top5']}, the planner beats it in "
+                 f"{s['planner_wins']} "
                  f"(it fits the memory model in {s['given_fits']})")
     return "\n".join(lines)
+
+
+RUNS_FILES = ("../shared/validation/public-runs.yaml", "tests/data/blackwell-runs.yaml",
+              "tests/data/framework-runs.yaml", "tests/data/megatron-bridge-runs.yaml", "tests/data/moe-runs.yaml",
+              "tests/data/nemo-2407-runs.yaml")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m simulator.studies.plan_check [runs.yaml ...] [--out table.txt] [--full]``: every
+    published run of the files (default: shared/validation/public-runs.yaml and tests/data/), planned
+    over ``narrow_space`` (``--full``: the default space), as one table per file and a total."""
+    import argparse
+    import sys
+
+    from simulator.studies.bench import ROOT
+
+    ap = argparse.ArgumentParser(prog="python -m simulator.studies.plan_check")
+    ap.add_argument("runs", nargs="*")
+    ap.add_argument("--out")
+    ap.add_argument("--full", action="store_true")
+    ap.add_argument("--workers", type=int)
+    args = ap.parse_args(argv)
+    files = args.runs or [str((ROOT / f).resolve()) for f in RUNS_FILES]
+    parts, total = [], {"cases": 0, "planned": 0, "best_fits": 0, "no_slower": 0, "given_in_top5": 0,
+                        "planner_wins": 0}
+    for f in files:
+        result = check_runs(f, workers=args.workers, narrow=not args.full, progress=sys.stderr)
+        parts.append(f"== {Path(f).name}\n{format_check(result)}")
+        for k in total:
+            total[k] += result["summary"][k]
+        if args.out:
+            Path(args.out).write_text("\n\n".join(parts) + "\n")
+    parts.append(f"== total: {total['planned']} of {total['cases']} planned; best fits in {total['best_fits']}, "
+                 f"no slower than published in {total['no_slower']}; published layout in the top {TOP} in "
+                 f"{total['given_in_top5']}; the planner beats it in {total['planner_wins']}")
+    text = "\n\n".join(parts) + "\n"
+    if args.out:
+        Path(args.out).write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

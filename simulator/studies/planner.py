@@ -79,12 +79,13 @@ def _screen(args: tuple) -> list[tuple[float, bool, float | None]]:
     s, layouts, fraction = args
     gpu = gpu_of(s.cluster, s.training.precision)
     collective_time = node_collective_time(s)
+    group_time = cluster_collective_time(s)
     out = []
     for layout in layouts:
         cs = candidate_scenario(s, layout)
         mem = memory_report(cs)
         fits = mem["peak_gib"] <= fraction * mem["stages"][0]["capacity_gib"]
-        bound = step_lower_bound(cs, build_workload(cs, gpu), collective_time) if fits else None
+        bound = step_lower_bound(cs, build_workload(cs, gpu), collective_time, group_time) if fits else None
         out.append((mem["peak_gib"], fits, bound))
     return out
 
@@ -107,6 +108,28 @@ def node_collective_time(s: Scenario):
         return cache[key]
 
     return collective_time
+
+
+def cluster_collective_time(s: Scenario):
+    """(op, ranks, bytes) -> (seconds of a collective over those global ranks alone on ``s``'s idle
+    cluster, seconds each link is busy with its bytes), memoised, the cluster built on first use:
+    what ``bound.fsdp_stage_compute`` and ``bound.fsdp_link_bound`` need."""
+    from simulator.physical.collectives import time_collective
+    from simulator.step.engine import scenario_cluster
+
+    cache: dict = {}
+    cluster = []
+
+    def group_time(op: str, ranks: tuple, size: float) -> float:
+        key = (op, ranks, size)
+        if key not in cache:
+            if not cluster:
+                cluster.append(scenario_cluster(s))
+            seconds, net = time_collective(cluster[0], op, ranks, size)
+            cache[key] = (seconds, net.stats.bytes_carried / net.capacity)
+        return cache[key]
+
+    return group_time
 
 
 class _Runner:

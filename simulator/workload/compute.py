@@ -57,11 +57,13 @@ class Op:
 class BlockCost:
     ops: tuple[Op, ...] = ()
 
-    @property
+    # Cached (the block is immutable): the engine reads a block's time once per micro-batch and
+    # the planner's bound once per layer and layout.
+    @functools.cached_property
     def time_s(self) -> float:
         return sum(op.time_s for op in self.ops)
 
-    @property
+    @functools.cached_property
     def flops(self) -> float:
         return sum(op.flops for op in self.ops)
 

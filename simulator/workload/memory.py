@@ -29,6 +29,7 @@ layer and one micro-batch that recompute re-materialises during its backward.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from simulator.config import ModelConfig, Scenario
@@ -158,6 +159,7 @@ def _ffn_bytes(model: ModelConfig, tokens: float, f: float, t: int) -> float:
     return ACT_BYTES * tokens * f * model.mlp_matrices / t
 
 
+@functools.lru_cache(maxsize=4096)
 def microbatches_in_flight(
     schedule: str, stage: int, stages: int, microbatches: int, chunks: int = 1
 ) -> int:
@@ -243,9 +245,16 @@ def _ends(s: Scenario, stage: int) -> tuple[int, int]:
 def _stage_params(s: Scenario, stage: int) -> _Params:
     m, par = s.model, s.parallelism
     tp, pp = par.tp, par.pp
-    layers = stage_layers(m, stage, pp, par.vp, par.first_pipeline_num_layers, par.last_pipeline_num_layers,
-                          s.pipeline_schedule)
-    units = [_layer_params(m, layer, tp, par.ep, par.expert_tp) for layer in layers]
+    # A layer's parameters depend on the layer only through whether it is an MoE layer: one
+    # computation per kind (the planner calls this for tens of thousands of layouts).
+    by_kind: dict[bool, tuple[float, float]] = {}
+    units = []
+    for layer in stage_layers(m, stage, pp, par.vp, par.first_pipeline_num_layers, par.last_pipeline_num_layers,
+                              s.pipeline_schedule):
+        moe = m.is_moe_layer(layer)
+        if moe not in by_kind:
+            by_kind[moe] = _layer_params(m, layer, tp, par.ep, par.expert_tp)
+        units.append(by_kind[moe])
     dense = sum(u[0] for u in units)
     expert = sum(u[1] for u in units)
     largest = max((u[0] + u[1] for u in units), default=0.0)
@@ -316,11 +325,20 @@ def stage_memory(
     layers = stage_layers(m, stage, pp, vp, par.first_pipeline_num_layers, par.last_pipeline_num_layers,
                           s.pipeline_schedule)
     kernels = {"flash_attention": tr.attention != "unfused", "dropout": tr.attention == "unfused", "etp": par.expert_tp}
-    per_mb = [layer_activation_bytes(m, layer, seq, b, tp, sp, rc, **kernels) for layer in layers]
+    # layer_activation_bytes depends on the layer only through its kind (MoE or not; the
+    # attention window kept in the key too): the same values, computed once per kind, summed in
+    # the same order.
+    kinds: dict[tuple, tuple[float, float]] = {}
+    per_mb, working_set = [], []
+    for layer in layers:
+        kind = (m.is_moe_layer(layer), m.attention_window(layer))
+        if kind not in kinds:
+            a = layer_activation_bytes(m, layer, seq, b, tp, sp, rc, **kernels)
+            kinds[kind] = (a, layer_activation_bytes(m, layer, seq, b, tp, sp, "none", **kernels) - a)
+        per_mb.append(kinds[kind][0])
+        working_set.append(kinds[kind][1])
     in_flight = microbatches_in_flight(s.pipeline_schedule, stage, pp, s.num_microbatches, vp)
     activations = sum(per_mb) / place.chunks * in_flight
-    working_set = [layer_activation_bytes(m, layer, seq, b, tp, sp, "none", **kernels) - a
-                   for layer, a in zip(layers, per_mb)]
     activations += max(working_set, default=0.0)
     rep = 1 / tp if sp else 1.0
     embeds, heads = _ends(s, stage)
