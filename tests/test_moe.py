@@ -239,3 +239,25 @@ def test_no_published_moe_layout_is_refused():
     assert len(cases) >= 20
     for case in cases:
         validate_plan(scenario_from_dict(case_to_scenario_dict(case)))
+
+
+def test_validate_runs_the_stated_dualpipe_schedule_with_overlapped_all_to_alls():
+    """A case naming DualPipe (DeepSeek-V3 report, Sec. 3.2.1) runs it, with the EP all-to-alls
+    overlapped; a layout DualPipe cannot run (odd micro-batch count) falls back with a note."""
+    import copy
+
+    import yaml
+
+    path = ROOT / "tests" / "data" / "moe-runs.yaml"
+    if not path.is_file():
+        pytest.skip("tests/data/moe-runs.yaml not present")
+    case = next(c for c in yaml.safe_load(path.read_text())["cases"] if c["id"] == "deepseek-v3-report-2048xh800")
+    d = case_to_scenario_dict(case)
+    assert d["schedule"] == "dualpipe" and d["parallelism"]["vp"] == 1 and d["moe"]["overlap_a2a"] is True
+    validate_plan(scenario_from_dict(d))
+    odd = copy.deepcopy(case)
+    odd["parallelism"]["gbs"] = 128 * 33  # 33 micro-batches per pipeline: DualPipe needs an even count
+    notes: list[str] = []
+    d = case_to_scenario_dict(odd, notes)
+    assert d["schedule"] == "1f1b" and not d["moe"].get("overlap_a2a")
+    assert any("dualpipe cannot run" in n for n in notes)

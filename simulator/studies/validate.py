@@ -56,6 +56,13 @@ only, so predictions are the same with them removed. Documented defaults for unk
 - GPU names: a catalog entry or alias, or a family match (``simulator.physical.hardware``); the
   96 GB H100 of Meta's Grand Teton hosts is its own entry (2.4 TB/s HBM2e); PCIe, NVL and 94 GB
   parts are an error, never mapped to the SXM part.
+- ``framework_options.pipeline_schedule`` (or ``pp_schedule``) naming one of stepsim's split-backward
+  schedules (dualpipe, dualpipev, zb-h1, zb-h2, zb-v) runs that schedule, with the vp it needs (1 for
+  dualpipe and zb-h1/h2, 2 for the V-shaped ones); a layout the schedule cannot run (dualpipe: even
+  pp, an even number of micro-batches >= 2 pp) takes the default below, with a note. DualPipe also sets ``moe.overlap_a2a``: the
+  schedule exists to hide the EP all-to-alls under the paired forward/backward chunk's compute
+  (DeepSeek-V3 technical report, arXiv 2412.19437, Sec. 3.2.1: "both all-to-all and PP
+  communication can be fully hidden during execution"; DualPipeV the same, deepseek-ai/DualPipe).
 - vp given with pp 1 (no pipeline to interleave): ignored, with a note.
 - dp that leaves out the expert ranks (``dp_convention: excludes_expert_ranks``, or tp x pp x dp
   x cp != the GPU count while tp x pp x cp divides it): dp = GPUs / (tp x pp x cp), with a note.
@@ -152,6 +159,16 @@ def _stated_vp(case: dict) -> int | None:
     pp_schedule``: 1F1B or GPipe, as torchtitan's tables do), else None (the default applies)."""
     stated = str((case.get("framework_options") or {}).get("pp_schedule") or "").lower().replace("-", "")
     return 1 if stated in ("1f1b", "gpipe") else None
+
+
+SPLIT_SCHEDULES = {"dualpipe": 1, "dualpipev": 2, "zb-h1": 1, "zb-h2": 1, "zb-v": 2}
+
+
+def _stated_schedule(case: dict) -> str | None:
+    """The split-backward schedule the case names (``SPLIT_SCHEDULES``), else None."""
+    opts = case.get("framework_options") or {}
+    stated = str(opts.get("pipeline_schedule") or opts.get("pp_schedule") or "").lower().replace("_", "-")
+    return stated if stated in SPLIT_SCHEDULES else None
 
 
 def source_year(case: dict) -> int | None:
@@ -269,7 +286,19 @@ def case_to_scenario_dict(case: dict, notes: list[str] | None = None) -> dict:
                          f"= {hw['count'] // base}")
         dp = hw["count"] // base
     mbs = par.get("mbs") or 1
-    vp = par.get("vp") or _stated_vp(case) or default_vp(m["layers"], pp, par["gbs"] // max(1, dp * mbs))
+    split_schedule = _stated_schedule(case) if pp > 1 else None
+    if split_schedule:
+        from simulator.step.schedules import check_schedule_args
+
+        try:
+            check_schedule_args(split_schedule, pp, par["gbs"] // max(1, dp * mbs), SPLIT_SCHEDULES[split_schedule])
+        except ConfigError as err:
+            notes.append(f"{split_schedule} cannot run this layout ({err}): the default schedule instead")
+            split_schedule = None
+    if split_schedule:
+        vp = SPLIT_SCHEDULES[split_schedule]
+    else:
+        vp = par.get("vp") or _stated_vp(case) or default_vp(m["layers"], pp, par["gbs"] // max(1, dp * mbs))
     if vp > 1 and pp == 1:
         notes.append(f"vp {vp} ignored at pp 1")
         vp = 1
@@ -319,9 +348,11 @@ def case_to_scenario_dict(case: dict, notes: list[str] | None = None) -> dict:
                      "recompute": recompute,
                      "attention": "unfused" if (source_year(case) or 9999) < 2023 else "flash"},
         "parallelism": parallelism,
-        "schedule": "interleaved" if vp > 1 else "1f1b",
+        "schedule": split_schedule or ("interleaved" if vp > 1 else "1f1b"),
         **_framework_keys(case),
     }
+    if split_schedule in ("dualpipe", "dualpipev") and m.get("experts"):
+        moe["overlap_a2a"] = True  # DualPipe's chunk pairing hides the all-to-alls (module docstring)
     if moe:
         out["moe"] = moe
     return out
