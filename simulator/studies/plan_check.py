@@ -83,15 +83,18 @@ def beats(given: dict, best: dict) -> str:
 
 
 def check_runs(path: str | Path, workers: int | None = None, ids: list[str] | None = None,
-               narrow: bool = False, progress=None) -> dict:
-    """Rows for every case of ``path`` (or only ``ids``) and a summary; ``narrow`` plans each over
-    ``narrow_space`` (CI time) instead of the default space."""
+               narrow: bool = False, progress=None, max_gpus: int | None = None) -> dict:
+    """Rows for every case of ``path`` (or only ``ids``, or only runs on at most ``max_gpus``
+    GPUs) and a summary; ``narrow`` plans each over ``narrow_space`` (CI time) instead of the
+    default space."""
     p = Path(path)
     if not p.is_file():
         raise ConfigError("runs", str(path), "no such file")
     cases = (yaml.safe_load(p.read_text()) or {}).get("cases") or []
     if ids is not None:
         cases = [c for c in cases if c["id"] in ids]
+    if max_gpus is not None:
+        cases = [c for c in cases if (c.get("hardware") or {}).get("count", max_gpus + 1) <= max_gpus]
     rows = []
     for c in cases:
         rows.append(check_case(c, workers, narrow=narrow))

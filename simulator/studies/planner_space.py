@@ -154,7 +154,8 @@ def default_space(s: Scenario) -> dict[str, tuple]:
 def parse_space(items: Sequence[str] | Mapping[str, Sequence], s: Scenario) -> dict[str, tuple]:
     """The default space with ``--space key=v1,v2`` axes replaced; impossible values are ConfigErrors.
 
-    Impossible: an unknown axis, a value of the wrong kind, a size below 1 or above the GPU count,
+    Impossible: an unknown axis, a value of the wrong kind, a group size below 1 or above the GPU
+    count (vp above the layer count, a micro-batch above the global batch),
     a recompute mode, ZeRO stage or schedule that does not exist, etp on a dense model.
     """
     space = default_space(s)
@@ -173,8 +174,13 @@ def parse_space(items: Sequence[str] | Mapping[str, Sequence], s: Scenario) -> d
                 if axis == "etp" and v is None:
                     out.append(v)
                     continue
-                if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= world:
-                    raise ConfigError(f"--space {axis}", v, f"must be a whole number from 1 to the GPU count ({world})")
+                # sizes of a parallel group are bounded by the GPUs; model chunks per rank by the
+                # layers; the micro-batch by the global batch
+                top, what = {"vp": (s.model.num_hidden_layers, "the layer count"),
+                             "micro_batch_size": (s.training.global_batch_size, "the global batch size")
+                             }.get(axis, (world, "the GPU count"))
+                if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= top:
+                    raise ConfigError(f"--space {axis}", v, f"must be a whole number from 1 to {what} ({top})")
                 if axis == "etp" and not s.model.is_moe:
                     raise ConfigError("--space etp", v, "expert tensor parallelism needs an MoE model (num_experts > 0)")
             elif axis == "recompute" and v not in RECOMPUTE:
