@@ -11,10 +11,21 @@ CTAs and occupancy is not what limits it. TFLOP/s there count 4 s^2 d h per forw
 for causal) and 2.5x that for the backward, the convention of ``simulator.workload.compute``.
 
 What runs where (each framework's default; a scenario picks another with ``training.attention``):
-- ``fa2``: FlashAttention-2 (Dao 2023). The kernel behind PyTorch's SDPA flash backend, so
-  torchtitan's default, and the ``flash_attn`` package of llm-foundry / Composer and
-  Megatron-DeepSpeed. Written for Ampere: on H100 it uses no wgmma/TMA and reaches about 35% of
+- ``fa2``: FlashAttention-2 (Dao 2023) as the ``flash_attn`` package of llm-foundry / Composer
+  and Megatron-DeepSpeed ships it (PyTorch's SDPA vendors the same kernels: ``sdpa`` below). Written for Ampere: on H100 it uses no wgmma/TMA and reaches about 35% of
   peak (FlashAttention-3 abstract).
+- ``sdpa``: PyTorch's ``scaled_dot_product_attention`` flash backend, the FlashAttention-2 kernels
+  vendored into ATen (aten/src/ATen/native/transformers/cuda/flash_attn), which torchtitan calls.
+  Measured apart from the flash_attn package: pytorch/benchmark#2296 (tritonbench
+  ``flash_attention`` op, 2024-06, Meta H100, BF16, batch 128 x 8 heads of 128, non-causal
+  forward) ran SDPA at 287, 293, 298, 288, 304 TFLOP/s at 1k, 2k, 4k, 8k, 16k: 0.78-0.82 of the
+  FA2 curve below at the same lengths, flat where FA2 still climbs. The curve is FA2's times
+  that measured ratio at the key length (``SDPA_FA2_RATIO``; below 1k the 1k ratio); the source
+  measured the non-causal forward only, so causal and backward take the same ratio (same kernel
+  templates). The GPU was one of Meta's H100 hosts (tritonbench#141 traced other low numbers of
+  that series to its "devgpu H100" against a GCP H100), so the ratio includes what those hosts'
+  power limit costs: it is the measurement closest to torchtitan's Grand Teton runs, and on a
+  700 W H100 it errs slow.
 - ``fa3``: FlashAttention-3, Hopper only (wgmma, TMA, warp specialisation).
 - ``cudnn``: cuDNN's fused flash attention, which Transformer Engine prefers on Hopper and newer
   (TE ``get_attention_backend`` disables FlashAttention in favour of FusedAttention on sm90+ "for
@@ -47,7 +58,13 @@ from dataclasses import dataclass
 H100_PEAK_TFLOPS = 989.0
 A100_PEAK_TFLOPS = 312.0
 SEQ_POINTS = (512, 1024, 2048, 4096, 8192, 16384)
-ATTENTION_BACKENDS = ("flash", "fa2", "fa3", "cudnn", "unfused")
+ATTENTION_BACKENDS = ("flash", "fa2", "sdpa", "fa3", "cudnn", "unfused")
+
+# PyTorch SDPA flash backend / flash_attn FA2, non-causal forward, head dim 128, at SEQ_POINTS:
+# pytorch/benchmark#2296 (287.457, 293.208, 298.428, 287.696, 304.199 TFLOP/s at 1k..16k) over the
+# FA2 curve of _H100_TFLOPS (350, 362, 368, 370, 370); 512 takes the 1k ratio (not measured).
+SDPA_TFLOPS = (287.457, 293.208, 298.428, 287.696, 304.199)  # at SEQ_POINTS[1:]
+SDPA_FA2_RATIO = (SDPA_TFLOPS[0] / 350, *(m / f for m, f in zip(SDPA_TFLOPS, (350, 362, 368, 370, 370))))
 
 # FlashAttention-3 paper, Fig. 5 (forward) and Fig. 6 (backward), H100 SXM5 BF16, TFLOP/s at
 # SEQ_POINTS. Keys: (kernel, direction, causal, head_dim).
@@ -130,6 +147,9 @@ def _curve(kernel: str, direction: str, causal: bool, head_dim: int, kv_len: flo
 
 def h100_tflops(k: AttentionKernel) -> float:
     """Measured-curve TFLOP/s of kernel ``k`` on an H100 (``cudnn`` uses the FA3 curve, see above)."""
+    if k.backend == "sdpa":
+        ratio = _interp_log2(SEQ_POINTS, SDPA_FA2_RATIO, k.kv_len)
+        return ratio * h100_tflops(AttentionKernel("fa2", k.direction, k.causal, k.head_dim, k.kv_len))
     kernel = "fa3" if k.backend == "cudnn" else k.backend
     d = min(max(k.head_dim, 64), 128)
     if d in (64, 128):

@@ -29,9 +29,10 @@ EXECUTION_KEYS = ("compile", "cuda_graphs", "host_issue_us", "compiled_host_issu
 FP8_KEYS = ("recipe", "casts_fused_into_producers", "weight_cast_once_per_step")
 OPTIMIZER_KEYS = ("adam_bytes_per_param", "clip_bytes_per_param", "zero_grad_bytes_per_param")
 SELECTIVE_POLICIES = ("attention_core", "every_second_matmul", "elementwise")
-ATTENTION_KERNELS = ("fa2", "fa3", "cudnn")
+ATTENTION_KERNELS = ("fa2", "sdpa", "fa3", "cudnn")
 CP_COMM_TYPES = ("p2p", "all_gather")
-SECTIONS = {"attention": ("kernel", "cp_comm_type"), "overlap": OVERLAP_KEYS, "fusion": FUSION_KEYS, "execution": EXECUTION_KEYS, "fp8": FP8_KEYS,
+CP_MERGES = ("te", "torch")
+SECTIONS = {"attention": ("kernel", "cp_comm_type", "kv_heads_expanded", "cp_merge"), "overlap": OVERLAP_KEYS, "fusion": FUSION_KEYS, "execution": EXECUTION_KEYS, "fp8": FP8_KEYS,
             "optimizer": OPTIMIZER_KEYS, "recompute": ("selective",)}
 
 
@@ -61,6 +62,8 @@ class Software:
     selective_recompute: str = "attention_core"  # what training.recompute: selective re-runs (SELECTIVE_POLICIES)
     attention_kernel: str = "cudnn"  # the fused kernel training.attention: flash runs (simulator.workload.attention)
     cp_comm_type: str = "p2p"  # how K/V cross the CP group: ring (p2p) or gathered first (all_gather)
+    kv_heads_expanded: bool = False  # K/V repeated to the query heads before the attention call (GQA not native)
+    cp_merge: str = "te"  # how the CP partial outputs and gradients are combined (software.cp_merge_bytes)
 
 
 def framework_names() -> tuple[str, ...]:
@@ -88,7 +91,7 @@ def load_profile(name: str) -> dict:
     if out["recompute"]["selective"] not in SELECTIVE_POLICIES:
         raise ConfigError(f"{path.name}: recompute.selective", out["recompute"]["selective"],
                           f"valid: {', '.join(SELECTIVE_POLICIES)}")
-    for key, valid in (("kernel", ATTENTION_KERNELS), ("cp_comm_type", CP_COMM_TYPES)):
+    for key, valid in (("kernel", ATTENTION_KERNELS), ("cp_comm_type", CP_COMM_TYPES), ("cp_merge", CP_MERGES)):
         if out["attention"][key] not in valid:
             raise ConfigError(f"{path.name}: attention.{key}", out["attention"][key], f"valid: {', '.join(valid)}")
     if out["fp8"]["recipe"] not in FP8_RECIPES:
@@ -132,4 +135,6 @@ def resolve(s) -> Software:
         selective_recompute=prof["recompute"]["selective"],
         attention_kernel=prof["attention"]["kernel"],
         cp_comm_type=s.parallelism.cp_comm_type or prof["attention"]["cp_comm_type"],
+        kv_heads_expanded=bool(prof["attention"]["kv_heads_expanded"]),
+        cp_merge=prof["attention"]["cp_merge"],
     )

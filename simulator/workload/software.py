@@ -51,6 +51,36 @@ as its own named :class:`Op` (so a ``megatron-core`` profile adds nothing):
   wo, w1, w2: wk, wo and w2) plus every elementwise op; ``elementwise`` (MaxText minimal_flash) re-runs
   only the elementwise ops. All of it runs before the attention backward; MoE layers keep the
   reference.
+- Context-parallel merges per framework (profile ``attention.cp_merge``, cp > 1): the reference
+  (``te``, Transformer Engine's fused correction kernels) is compute.py's ``attn_cp_merge`` (10
+  bytes per merged output element, 2x backward). PyTorch's ``context_parallel`` (``torch``,
+  torch.distributed.tensor.experimental._attention, torch 1963fc8 of 2024-12 and 2.6-2.7) does it
+  in fp32 tensor ops instead (``cp_merge_bytes``); with Q the rank's query/output elements, KV the
+  elements of its K (= of V; all query heads when the profile says K/V are repeated before the
+  call) and n = cp - 1 later ring steps, half of them on all queries (step i <= rank) and half
+  "partial" on the second query chunk (mean rank):
+  * eager, forward: ``key/value.contiguous()`` (r2 w2 on K and V: 8 KV); per later step
+    ``torch.cat([key.flatten(), value.flatten()])`` (8 KV); ``_SDPAMerger.step`` upcasts the block
+    output (r2 w4), ``out - block_out`` (r4 r4 w4), ``sigmoid(..) * diff`` (r4 w4), ``out - ..``
+    (r4 r4 w4): 38 bytes per merged element, the partial steps on Q / 2 plus a ``torch.cat`` of the
+    whole fp32 output in ``_partial_update`` (r4 w4: 8 Q); the first output's upcast and the final
+    cast back (6 Q each): 8 KV + 12 Q + n (8 KV + 32.5 Q).
+  * eager, backward (``_templated_ring_attention_backward``): fp32 ``zeros_like`` of dQ, dK, dV
+    (4 Q + 8 KV), ``contiguous`` (8 KV), the K/V ``cat`` per later step (8 KV), step 0's fp32
+    ``+=`` of dK, dV (r4 r2 w4: 20 KV), per later step the received dK/dV plus this step's (23 KV
+    mean: full ``+=`` 20, partial ``+=`` on half and a ``cat`` 26), per step the fp32 send buffer
+    ``torch.cat`` (r4 w4 on 2 KV: 16 KV, cp times), dQ ``+=`` (10 Q; partial 13 Q), the final casts
+    (6 Q + 12 KV): 20 Q + 64 KV + n (11.5 Q + 47 KV).
+  * compiled (torchtitan compiles each block with fullgraph=True, so the ring is traced and
+    Inductor fuses each step's pointwise chain into one kernel and drops the per-step K/V ``cat``
+    the all-gather rotater never sends): forward one K/V ``cat`` (8 KV) and per later step a fused
+    merge (r4 r2 w4: 10 per merged element) plus the partial steps' copy of the untouched half
+    (r4 w4 on Q / 2): 8 KV + 9.5 n Q; backward the first K/V ``cat`` (8 KV), per step the fused
+    dK/dV accumulate-into-send-buffer (r4 r2 w4 on 2 KV, the partial steps copying the untouched
+    half: 19 KV mean, cp times) and dQ (10 Q; partial 9 Q): 8 KV + 10 Q + 19 (n + 1) KV + 9.5 n Q.
+  The op keeps the reference's name (``attn_cp_merge``, ``_bwd``) and place, after the calls on
+  arriving keys. The fp32 dK/dV the backward rotates (2x the bf16 bytes, cp transfers) are not
+  priced: the program sends 2x the forward's K/V bytes in the backward for every framework.
 - Optimizer passes per framework (profile ``optimizer`` section): ``grad_norm`` (clipping), ``adam``
   and ``zero_grad`` as memory-bound kernels, bytes per parameter from the profile's source.
 """
@@ -122,6 +152,23 @@ def fp8_extra(gemms: list[_Gemm], sw: Software) -> tuple[float, int, float, int]
     return fb, fk, bb, bk
 
 
+def cp_merge_bytes(q: float, kv: float, cp: int, compiled: bool) -> tuple[float, float, int, int]:
+    """(forward bytes, backward bytes, forward kernels, backward kernels) of PyTorch
+    context_parallel's merges and accumulations for one rank and micro-batch (module docstring):
+    ``q`` query/output elements, ``kv`` elements of K (= of V), ``cp`` ranks."""
+    n = cp - 1
+    if compiled:
+        return 8 * kv + 9.5 * n * q, 8 * kv + 10 * q + 19 * (n + 1) * kv + 9.5 * n * q, 1 + n, 2 + 2 * cp
+    return (8 * kv + 12 * q + n * (8 * kv + 32.5 * q), 20 * q + 64 * kv + n * (11.5 * q + 47 * kv),
+            5 + 10 * n, 12 + 9 * n)
+
+
+def _with_cp_merge(block: BlockCost, name: str, nbytes: float, kernels: int, gpu: GPUSpec) -> BlockCost:
+    """``block`` with its op ``name`` (the reference merge) replaced by a merge of ``nbytes``."""
+    ops = tuple(_mem_op(name, nbytes, kernels, gpu) if op.name == name else op for op in block.ops)
+    return BlockCost(ops)
+
+
 def _rope_bytes(model: ModelConfig, tokens: float, tp: int) -> float:
     q = model.num_attention_heads * model.head_dim / tp
     k = max(model.num_key_value_heads, tp) * model.head_dim / tp
@@ -164,6 +211,14 @@ def layer_with_software(cost: LayerCost, model: ModelConfig, training: TrainingC
                 bwd_extra.append(_mem_op("fp8_cast_bwd", bb, max(1, bk), gpu))
         blocks[name] = (_add(fwd, fwd_extra), _add(bwd, bwd_extra))
     attn_fwd, attn_bwd = blocks["attn"]
+    if par.cp > 1 and sw.cp_merge == "torch" and any(op.name == "attn_cp_merge" for op in attn_fwd.ops):
+        local = training.micro_batch_size * training.seq_length / par.cp
+        heads = model.num_attention_heads / par.tp
+        kv_heads = heads if sw.kv_heads_expanded else max(model.num_key_value_heads, par.tp) / par.tp
+        fb, bb, fk, bk = cp_merge_bytes(local * heads * model.v_dim, local * kv_heads * model.head_dim,
+                                        par.cp, sw.compile)
+        attn_fwd = _with_cp_merge(attn_fwd, "attn_cp_merge", fb, fk, gpu)
+        attn_bwd = _with_cp_merge(attn_bwd, "attn_cp_merge_bwd", bb, bk, gpu)
     mlp_fwd, mlp_bwd = blocks["mlp"]
     full = cost.attn_recompute is cost.attn_fwd and cost.mlp_recompute is cost.mlp_fwd and cost.attn_fwd.ops
     if (training.recompute == "selective" and sw.selective_recompute != "attention_core"

@@ -135,7 +135,11 @@ def build_workload(s: Scenario, gpu: GPUSpec) -> Workload:
 
     b, seq, h = t.micro_batch_size, t.seq_length, m.hidden_size
     act = b * seq / par.cp * h * 2
-    kv = 2 * b * (seq / par.cp) * max(m.num_key_value_heads, par.tp) * m.head_dim / par.tp * 2
+    # K and V of the local tokens, bf16, the heads the attention call receives: the KV heads (at
+    # least one per TP rank), or all query heads when the framework repeats K/V before the call
+    # (profile attention.kv_heads_expanded, torchtitan's repeat_kv): its CP exchange moves those.
+    kv_heads = m.num_attention_heads if sw.kv_heads_expanded else max(m.num_key_value_heads, par.tp)
+    kv = 2 * b * (seq / par.cp) * kv_heads * m.head_dim / par.tp * 2
     tokens = b * seq / par.cp
     if m.is_moe:
         nodes = moe_model.ep_nodes(par, s.cluster.gpus_per_node)
