@@ -33,7 +33,8 @@ def narrow_space(raw: dict) -> list[str]:
     mbs = [tr.micro_batch_size]
     if tr.global_batch_size % (2 * tr.micro_batch_size * s.dp) == 0:
         mbs.append(2 * tr.micro_batch_size)
-    etp = "null" if p.etp is None else str(p.etp)
+    # etp >= tp is the default (etp = tp) written out: the planner enumerates it as null
+    etp = "null" if p.etp is None or p.etp >= p.tp else str(p.etp)
     space = [f"tp={p.tp}", f"pp={p.pp}", f"cp={p.cp}", f"ep={p.ep}", f"vp={p.vp}",
              f"schedule={s.pipeline_schedule}", f"sequence_parallel={str(p.sequence_parallel).lower()}",
              f"micro_batch_size={','.join(map(str, mbs))}", "recompute=none,selective,full",
