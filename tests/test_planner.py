@@ -82,7 +82,10 @@ def test_bound_never_exceeds_the_step_and_is_exact_without_communication_on_one_
     cases = [tiny, *(apply_layout(tiny, replace(layout_of(tiny), **kw)) for kw in (
         dict(recompute="full"), dict(recompute="selective", zero_stage=3), dict(vp=2, schedule="interleaved"),
         dict(pp=1, dp=4), dict(tp=1, pp=4, dp=2, micro_batch_size=2), dict(sequence_parallel=True),
-        dict(sequence_parallel=True, recompute="full"), dict(tp=4, pp=1, sequence_parallel=True)))]
+        dict(sequence_parallel=True, recompute="full"), dict(tp=4, pp=1, sequence_parallel=True),
+        # the schedules' placements and split backwards (zb-h1's last step on a stage is a W)
+        dict(schedule="zb-h1"), dict(schedule="zb-h2"), dict(vp=2, schedule="zb-v"), dict(schedule="dualpipe"),
+        dict(vp=2, schedule="dualpipev")))]
     for s in cases:
         w = build_workload(s, gpu_of(s.cluster, s.training.precision))
         bound = step_lower_bound(s, w)
@@ -115,6 +118,7 @@ def test_fsdp_chain_is_the_longest_path():
     dict(zero_stage=3), dict(zero_stage=3, recompute="full"), dict(zero_stage=3, tp=2, pp=1, dp=8),
     dict(zero_stage=3, tp=8, pp=1, dp=2), dict(zero_stage=3, pp=4, dp=2, tp=2),
     dict(zero_stage=3, tp=2, pp=2, dp=2, cp=2, sequence_parallel=True), dict(zero_stage=1, tp=1, pp=1, dp=16),
+    dict(zero_stage=3, schedule="dualpipe"), dict(zero_stage=3, vp=2, schedule="zb-v"),
 ])
 def test_bound_with_fsdp_never_exceeds_the_step_across_nodes(kw):
     """ZeRO-3's parameter all-gathers (chained behind the layers, and the busiest link's traffic)

@@ -1,6 +1,6 @@
 """A lower bound on the simulated step time: compute only, no communication, a pipeline fill and drain.
 
-The engine (``engine.StepEngine.rank_process``) runs each rank as one simpy process that does
+The engine runs each rank's program (``program.build_program``) as one simpy process that does
 its compute one block after another; communication and waits only ever add time. So for pipeline
 stage ``s`` of ``p`` (virtual stage ``vs = c p + s`` for chunk ``c``), with ``F(vs)`` and ``B(vs)``
 the compute of one micro-batch's forward and backward step on a virtual stage (its layers'
@@ -12,12 +12,14 @@ includes whatever recompute re-runs) and ``O_s`` the optimizer step:
    ``0 .. vs-1`` in turn, and those include ``0 .. s-1`` (chunk 0 of stages ``0 .. s-1``).
 2. It then computes ``W_s = m sum_c (F(c p + s) + B(c p + s))`` serially, so its last step ends
    no earlier than ``sum_{j<s} F(j) + W_s``, and the stage ends ``O_s`` later at the soonest.
-3. Its last step is a backward on some ``vs >= s``; the same micro-batch's backward must then
-   run on ``vs-1 .. 0`` in turn, which include ``s-1 .. 0``, and stage 0 ends with ``O_0`` after
-   that: the step is at least ``sum_{j<s} F(j) + W_s + sum_{j<s} B(j) + O_0``.
+3. Its last backward is on some ``vs >= s``; the same micro-batch's backward must then run on
+   ``vs-1 .. 0`` in turn, which include ``s-1 .. 0``, and stage 0 ends with ``O_0`` after that:
+   the step is at least ``sum_{j<s} F(j) + W_s + sum_{j<s} B(j) + O_0`` (with a split backward
+   the stage's W steps may come after its last B: then W_s counts only F and the input-gradient
+   B here, and the full W_s bounds the stage's own end with ``O_s``).
 
 The same holds with ``F`` and ``B`` counting, besides compute, the TP collectives the compute
-stream waits on as soon as it starts them (``engine.StepEngine.collective``: launch, then wait),
+stream waits on as soon as it starts them (``program._Builder.collective``: launch, then wait),
 which nothing overlaps. Per layer and micro-batch (``blocking_tp_s``): forward, the all-reduce after
 attention and after a dense MLP, or with sequence parallelism the all-gather before and the
 reduce-scatter after each; backward, with sequence parallelism, the all-gathers before the dense
@@ -27,7 +29,7 @@ out.) Each takes at least its time alone on an idle node (``collectives.time_col
 max-min fair sharing a flow never runs faster than its bottleneck link alone lets it, and a ring
 waits for its slowest edge. TP groups wider than a node are not counted.
 
-With ZeRO-3 (FSDP, ``engine.StepEngine.rank_process``) the compute stream also waits, before
+With ZeRO-3 (FSDP, ``program.build_program``) the compute stream also waits, before
 every layer's forward and backward, for that layer's parameter all-gather over DP x CP, which is
 launched (prefetch depth ``d``, 0 without ``overlap.param_gather``) when the loop reaches the layer
 ``d`` places earlier in the same step (the first ``d + 1`` layers when the step's loop starts): so
@@ -42,7 +44,13 @@ are fixed), and a link carries at most its capacity, so the stage cannot end bef
 link has carried them all, plus the optimizer step (``fsdp_link_bound``).
 
 Hence ``step >= max_s [sum_{j<s} F(j) + W_s + max(O_s, sum_{j<s} B(j) + O_0)]`` for every
-schedule (each one's last step on every stage is a backward). For uniform stages without
+schedule (each one's last backward on a stage is followed by the backwards of the virtual stages
+before it, down to the first). The schedule's placement (``schedules.Placement``) says which
+virtual stages a rank holds: its work W_s is m / copies micro-batches through each of its chunks,
+and with DualPipe's two model copies the fill and drain terms take the cheaper copy (either may
+feed the rank first or finish last, ending on its own first stage). When a schedule splits the
+backward (zero-bubble, DualPipe), the drain chain needs only the input-gradient part of B(j): the
+weight-gradient GEMMs may run after it. For uniform stages without
 communication this is the PipeDream-Flush closed form (m + p - 1)(f + b) (Narayanan et al. 2021);
 with ``pp = 1`` it is the single stage's compute, which the engine reproduces exactly when
 communication is switched off (``tests/test_planner.py``). The bound uses the very ``BlockCost``
@@ -74,7 +82,7 @@ def blocking_tp_s(s: Scenario, w: Workload, collective_time: CollectiveTime | No
     if s.parallelism.sequence_parallel:
         gather = collective_time("all_gather", tp, w.tp_bytes)
         # With async TP the forward's all-gather and reduce-scatter run under the GEMMs
-        # (``engine.StepEngine.async_tp_forward``): none is counted.
+        # (``program._Builder.async_tp_forward``): none is counted.
         async_tp = w.software is not None and w.software.async_tp
         per_block_fwd = 0.0 if async_tp else gather + collective_time("reduce_scatter", tp, w.tp_bytes)
         per_block_bwd = gather
@@ -88,6 +96,16 @@ def blocking_tp_s(s: Scenario, w: Workload, collective_time: CollectiveTime | No
     return out
 
 
+def _with_ends(w: Workload, vs: int, f: float, b: float) -> tuple[float, float]:
+    """``f`` and ``b`` plus the embedding's seconds on the first virtual stage and the LM head's and
+    loss's on the last, per micro-batch (forward, backward)."""
+    if vs == 0:
+        f, b = f + w.embedding[0].time_s, b + w.embedding[1].time_s
+    if vs == len(w.vstages) - 1:
+        f, b = f + w.head[0].time_s, b + w.head[1].time_s
+    return f, b
+
+
 def stage_compute(w: Workload, blocking: dict[bool, tuple[float, float]] | None = None
                   ) -> tuple[list[float], list[float]]:
     """(F(vs), B(vs)) for every virtual stage: one micro-batch's compute (and blocking TP) seconds."""
@@ -98,12 +116,7 @@ def stage_compute(w: Workload, blocking: dict[bool, tuple[float, float]] | None 
     for vs in range(nvs):
         f = sum(w.layer_costs[layer].fwd_time_s + blocking[moe_layer(layer)][0] for layer in w.layers(vs))
         b = sum(w.layer_costs[layer].bwd_time_s + blocking[moe_layer(layer)][1] for layer in w.layers(vs))
-        if vs == 0:
-            f += w.embedding[0].time_s
-            b += w.embedding[1].time_s
-        if vs == nvs - 1:
-            f += w.head[0].time_s
-            b += w.head[1].time_s
+        f, b = _with_ends(w, vs, f, b)
         fwd.append(f)
         bwd.append(b)
     return fwd, bwd
@@ -127,17 +140,19 @@ def fsdp_stage_compute(s: Scenario, w: Workload, blocking: dict[bool, tuple[floa
     """(F(vs), B(vs)) under ZeRO-3: each virtual stage's layers as an ``fsdp_chain`` of their
     compute (and blocking TP) behind their parameter all-gathers."""
     from simulator.step.plan import Plan
+    from simulator.step.schedules import placement
     from simulator.workload.workload import PARAM_BYTES
 
     par = s.parallelism
     plan = Plan.build(par.tp, par.pp, s.dp, par.cp, par.ep, par.expert_tp)
+    place = placement(s.pipeline_schedule, par.pp, par.vp)
     sw = w.software
     depth = sw.param_prefetch_depth if sw is not None and sw.param_gather else 0
     moe_layer = s.model.is_moe_layer
     nvs = len(w.vstages)
     fwd, bwd = [], []
     for vs in range(nvs):
-        stage = vs % par.pp
+        stage = place.locate(vs)[0]
         group = tuple(int(r) for r in plan.dp_cp_group(int(plan.grid[stage, 0, 0, 0])))
         layers = list(w.layers(vs))
 
@@ -149,12 +164,7 @@ def fsdp_stage_compute(s: Scenario, w: Workload, blocking: dict[bool, tuple[floa
         b_times = [w.layer_costs[x].bwd_time_s + blocking[moe_layer(x)][1] for x in reversed(layers)]
         f = fsdp_chain(f_times, [gather(x) for x in layers], depth)
         b = fsdp_chain(b_times, [gather(x) for x in reversed(layers)], depth)
-        if vs == 0:
-            f += w.embedding[0].time_s
-            b += w.embedding[1].time_s
-        if vs == nvs - 1:
-            f += w.head[0].time_s
-            b += w.head[1].time_s
+        f, b = _with_ends(w, vs, f, b)
         fwd.append(f)
         bwd.append(b)
     return fwd, bwd
@@ -164,19 +174,21 @@ def fsdp_link_bound(s: Scenario, w: Workload, group_time: GroupTime) -> float:
     """Seconds no ZeRO-3 stage can beat for its FSDP traffic alone: over its DP x CP group, the
     busiest link's total busy time, plus the stage's optimizer step (module docstring)."""
     from simulator.step.plan import Plan
+    from simulator.step.schedules import placement
     from simulator.workload.workload import GRAD_BYTES, PARAM_BYTES
 
     par = s.parallelism
     plan = Plan.build(par.tp, par.pp, s.dp, par.cp, par.ep, par.expert_tp)
-    m = s.num_microbatches
+    place = placement(s.pipeline_schedule, par.pp, par.vp)
+    m = s.num_microbatches // place.copies  # micro-batches through each chunk
     best = 0.0
     for stage in range(par.pp):
         group = tuple(int(r) for r in plan.dp_cp_group(int(plan.grid[stage, 0, 0, 0])))
         if len(group) < 2:
             continue
         busy = 0.0
-        for c in range(par.vp):
-            for layer in w.layers(c * par.pp + stage):
+        for c in range(place.chunks):
+            for layer in w.layers(place.vstage(stage, c)):
                 params = w.layer_dense_params[layer]
                 if params <= 0:
                     continue
@@ -187,26 +199,49 @@ def fsdp_link_bound(s: Scenario, w: Workload, group_time: GroupTime) -> float:
     return best
 
 
+def weight_grad_s(w: Workload) -> list[float]:
+    """Seconds of each virtual stage's weight-gradient GEMMs per micro-batch: what a split backward
+    leaves to its W step (``compute.split_weight_grad``)."""
+    from simulator.workload.compute import split_weight_grad
+
+    return [sum(split_weight_grad(w.layer_costs[x].attn_bwd)[1].time_s
+                + split_weight_grad(w.layer_costs[x].mlp_bwd)[1].time_s for x in w.layers(vs))
+            for vs in range(len(w.vstages))]
+
+
 def step_lower_bound(s: Scenario, w: Workload, collective_time: CollectiveTime | None = None,
                      group_time: GroupTime | None = None) -> float:
     """Seconds the simulated step of ``s`` (default ``SimOptions``) cannot beat (module docstring);
     without ``collective_time`` compute only, without ``group_time`` no FSDP all-gathers."""
-    p, v = s.parallelism.pp, s.parallelism.vp
-    m = s.num_microbatches
+    from simulator.step.schedules import SCHEDULES, placement
+
+    par = s.parallelism
+    p, m = par.pp, s.num_microbatches
+    place = placement(s.pipeline_schedule, p, par.vp)
     blocking = blocking_tp_s(s, w, collective_time)
-    if group_time is not None and s.parallelism.zero_stage == 3:
+    if group_time is not None and par.zero_stage == 3:
         fwd, bwd = fsdp_stage_compute(s, w, blocking, group_time)
     else:
         fwd, bwd = stage_compute(w, blocking)
+    drain = bwd  # the part of B(j) a later B must wait for
+    if any(st.split for st in SCHEDULES[s.pipeline_schedule](0, p, m, par.vp)):
+        drain = [max(0.0, b - wgrad) for b, wgrad in zip(bwd, weight_grad_s(w))]
     opt = [w.optimizer[stage].time_s for stage in range(p)]
+    per_chunk = m // place.copies  # micro-batches through each chunk
     best = 0.0
-    head = tail = 0.0
     for stage in range(p):
-        work = m * sum(fwd[c * p + stage] + bwd[c * p + stage] for c in range(v))
-        after = opt[stage] if stage == 0 else max(opt[stage], tail + opt[0])
-        best = max(best, head + work + after)
-        head += fwd[stage]
-        tail += bwd[stage]
-    if group_time is not None and s.parallelism.zero_stage == 3:
+        held = [(c if place.copies > 1 else 0, place.vstage(stage, c)) for c in range(place.chunks)]
+        lowest: dict[int, int] = {}  # model copy -> the lowest virtual stage this rank holds of it
+        for copy, vs in held:
+            lowest[copy] = min(vs, lowest.get(copy, vs))
+        head = min(sum(fwd[:vs]) for vs in lowest.values())
+        # every F and (input-gradient) B of the rank, then the backwards below its last one and
+        # the optimizer of the rank holding the copy's first stage; or all its work and its own
+        # optimizer step
+        before_last_b = per_chunk * sum(fwd[vs] + drain[vs] for _, vs in held)
+        drained = min(sum(drain[:vs]) + opt[place.locate(0, copy)[0]] for copy, vs in lowest.items())
+        work = per_chunk * sum(fwd[vs] + bwd[vs] for _, vs in held)
+        best = max(best, head + max(work + opt[stage], before_last_b + drained))
+    if group_time is not None and par.zero_stage == 3:
         best = max(best, fsdp_link_bound(s, w, group_time))
     return best * (1 - ROUNDING_MARGIN)
