@@ -218,6 +218,14 @@ def test_interleaved_with_one_chunk_is_1f1b(p, m):
         (("1f1b", 4, 8, 2), "parallelism.vp"),
         (("gpipe", 4, 8, 2), "parallelism.vp"),
         (("interleaved", 4, 6, 2), "training.global_batch_size"),
+        (("zb-v", 4, 8, 1), "parallelism.vp"),
+        (("dualpipev", 4, 8, 3), "parallelism.vp"),
+        (("dualpipe", 4, 8, 2), "parallelism.vp"),
+        (("zb-h1", 4, 8, 2), "parallelism.vp"),
+        (("dualpipe", 3, 8, 1), "parallelism.pp"),
+        (("dualpipe", 4, 6, 1), "training.global_batch_size"),
+        (("dualpipe", 4, 9, 1), "training.global_batch_size"),
+        (("dualpipev", 4, 7, 2), "training.global_batch_size"),
     ],
 )
 def test_check_schedule_args_errors(args, field):
@@ -236,7 +244,8 @@ def test_check_schedule_args_messages():
 
 @pytest.mark.parametrize(
     "args",
-    [("gpipe", 3, 5, 1), ("1f1b", 8, 1, 1), ("interleaved", 4, 8, 3), ("interleaved", 4, 6, 1)],
+    [("gpipe", 3, 5, 1), ("1f1b", 8, 1, 1), ("interleaved", 4, 8, 3), ("interleaved", 4, 6, 1),
+     ("zb-h1", 4, 3, 1), ("zb-h2", 8, 1, 1), ("zb-v", 4, 2, 2), ("dualpipe", 4, 8, 1), ("dualpipev", 3, 6, 2)],
 )
 def test_check_schedule_args_accepts_valid(args):
     check_schedule_args(*args)
@@ -475,30 +484,3 @@ def test_dualpipe_follows_the_reference_steps():
         ("F", 1, 0, False), ("B", 2, 1, False), ("F", 3, 1, False), ("B", 0, 0, False),
         ("B", 3, 1, False), ("B", 1, 0, True), ("W", 1, 0, False),
     ]
-
-
-@pytest.mark.parametrize(
-    "args, field",
-    [
-        (("zb-v", 4, 8, 1), "parallelism.vp"),
-        (("dualpipev", 4, 8, 3), "parallelism.vp"),
-        (("dualpipe", 4, 8, 2), "parallelism.vp"),
-        (("zb-h1", 4, 8, 2), "parallelism.vp"),
-        (("dualpipe", 3, 8, 1), "parallelism.pp"),
-        (("dualpipe", 4, 6, 1), "training.global_batch_size"),
-        (("dualpipe", 4, 9, 1), "training.global_batch_size"),
-        (("dualpipev", 4, 7, 2), "training.global_batch_size"),
-    ],
-)
-def test_new_schedule_args_errors(args, field):
-    with pytest.raises(ConfigError) as err:
-        check_schedule_args(*args)
-    assert err.value.field == field
-    assert "\n" not in str(err.value)
-
-
-@pytest.mark.parametrize(
-    "args", [("zb-h1", 4, 3, 1), ("zb-h2", 8, 1, 1), ("zb-v", 4, 2, 2), ("dualpipe", 4, 8, 1), ("dualpipev", 3, 6, 2)]
-)
-def test_new_schedule_args_accept_valid(args):
-    check_schedule_args(*args)

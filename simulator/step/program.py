@@ -431,6 +431,8 @@ class _Builder:
             param_ready.clear()
         depth = sw.param_prefetch_depth if sw.param_gather else 0
         fsdp_ready: dict = {}
+        bucket_of = {vs: {layer: b for b in w.buckets[vs] for layer in b.layers}  # the bucket holding a layer
+                     for vs in {place.vstage(stage, c) for c in range(place.chunks)}}
 
         def fsdp_gather(layer, key):
             if zero == 3 and key not in fsdp_ready:
@@ -443,7 +445,7 @@ class _Builder:
             copy = place.copy_of(mb, m)
             at = dict(microbatch=mb, chunk=chunk)
             final = last_grad[chunk] == i
-            grads_of = {layer: b for b in w.buckets[vs] for layer in b.layers}
+            grads_of = bucket_of[vs]
             if st.kind == "F":
                 if vs > 0:
                     self.ops.append(Recv(vs, mb, "F", chunk))
