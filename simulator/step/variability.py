@@ -123,11 +123,12 @@ class StepVariability:
         self.fold = fold
         self.jitter = Jitter.of(s)
         slow = rank_slowdowns(s)
+        self.slow = slow  # by rank; folded, by stage: its slowest rank's factor
         if fold:
-            self.slow = {st: max((slow.get(int(r), 1.0) for r in plan.stage_ranks(st)), default=1.0)
-                         for st in range(plan.pp)}
-        else:
-            self.slow = slow
+            self.slow = {}
+            for rank, factor in slow.items():
+                stage = plan.stage_of(rank)
+                self.slow[stage] = max(factor, self.slow.get(stage, 1.0))
         par = s.parallelism
         stage_ranks = plan.world // plan.pp
         replica = stage_ranks if par.zero_stage == 3 else par.tp * par.cp * (par.ep if s.model.is_moe else 1)
@@ -138,7 +139,7 @@ class StepVariability:
 
     @property
     def active(self) -> bool:
-        return bool(self.slow) and any(f > 1.0 for f in self.slow.values()) or self.jitter.enabled
+        return bool(self.slow) or self.jitter.enabled  # rank_slowdowns lists only factors > 1
 
     def block_time(self, rank: int, op, index: int) -> float:
         """Time of compute op ``op`` (the ``index``-th of the rank's program) on ``rank``."""
