@@ -132,10 +132,17 @@ class ParallelConfig:
     last_pipeline_num_layers: int | None = None  # decoder_last_pipeline_num_layers
     etp: int | None = None  # expert tensor parallel size (Megatron-core); None: the same as tp
     cp_comm_type: str | None = None  # p2p (K/V ring under the attention core) | all_gather (gathered first); None: the framework's
+    # Hybrid sharding (HSDP): ZeRO/FSDP shards over dp x cp / dp_replicate ranks, and dp_replicate
+    # copies of the sharded state reduce their gradients with one all-reduce across the copies.
+    dp_replicate: int = 1
 
     @property
     def expert_tp(self) -> int:
         return self.etp or self.tp
+
+    def shard_group(self, dp: int) -> int:
+        """Ranks one ZeRO/FSDP shard of the dense state spans: dp x cp / dp_replicate."""
+        return dp * self.cp // self.dp_replicate
 
 
 TOKEN_DISPATCHERS = ("alltoall", "allgather", "flex")

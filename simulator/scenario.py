@@ -226,6 +226,7 @@ _CHECKS: dict[str, dict[str, Checker]] = {
         "first_pipeline_num_layers": partial(_optional_whole, minimum=0, limit=limits.NUM_LAYERS),
         "last_pipeline_num_layers": partial(_optional_whole, minimum=0, limit=limits.NUM_LAYERS),
         "cp_comm_type": partial(_optional_choice, choices=("p2p", "all_gather")),
+        "dp_replicate": _upto(limits.NUM_GPUS),
     },
     "overlap": {
         "tp_comm": _optional_boolean,
@@ -732,6 +733,18 @@ def validate_plan(s: Scenario) -> list[str]:
         raise ConfigError("parallelism.ep", p.ep, f"ep x etp ({p.ep} x {etp}) must divide tp x dp x cp = {ranks} "
                           f"(Megatron folds the expert groups out of a stage's ranks); valid ep with etp {etp}: "
                           f"{_listing(_divisors(math.gcd(ranks // etp, m.num_experts or 1)))}{hint}")
+    if p.dp_replicate > 1:
+        if dp % p.dp_replicate:
+            raise ConfigError("parallelism.dp_replicate", p.dp_replicate,
+                              f"must divide dp ({dp}): the shard groups are dp / dp_replicate consecutive DP ranks; "
+                              f"valid: {_listing(_divisors(dp))}")
+        if p.zero_stage == 0:
+            raise ConfigError("parallelism.dp_replicate", p.dp_replicate,
+                              "replicates a sharded state, so it needs zero_stage 1, 2 or 3 (with zero_stage 0 "
+                              "every DP rank is already a full replica: use 1)")
+        if m.is_moe:
+            raise ConfigError("parallelism.dp_replicate", p.dp_replicate,
+                              "hybrid sharding of expert weights is not modelled: use 1 for MoE models")
     _check_tp_splits(m, p)
     unit = t.micro_batch_size * dp
     if t.global_batch_size % unit:

@@ -39,6 +39,8 @@ def _groups(s: Scenario, plan: Plan) -> dict[str, list[tuple[tuple[int, ...], li
     kinds = {"tp": ("tp", _ring), "cp": ("cp", _ring), "dp": ("dp", _ring)}
     if s.parallelism.zero_stage:
         kinds["zero"] = ("dpcp", _ring)
+    if s.parallelism.dp_replicate > 1:
+        kinds["dp_replicate"] = ("dprep", _ring)
     if s.model.is_moe:
         kinds |= {"ep": ("ep", _all_pairs), "edp": ("edp", _ring)}
     for axis, (kind, pairs) in kinds.items():

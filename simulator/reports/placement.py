@@ -55,9 +55,11 @@ def placement(s: Scenario, plan: Plan, cluster: Cluster) -> dict:
         "tp": _row(cluster, p.tp, plan.groups_on_stage(0, "tp")),
         "cp": _row(cluster, p.cp, plan.groups_on_stage(0, "cp")),
         "dp": _row(cluster, plan.dp, plan.groups_on_stage(0, "dp")),
-        "zero": _row(cluster, plan.dp * p.cp if p.zero_stage else 1,
+        "zero": _row(cluster, p.shard_group(plan.dp) if p.zero_stage else 1,
                      plan.groups_on_stage(0, "dpcp") if p.zero_stage else ()),
     }
+    if p.dp_replicate > 1:
+        out["dp_replicate"] = _row(cluster, p.dp_replicate, plan.groups_on_stage(0, "dprep"))
     if s.model.is_moe:
         out["ep"] = _row(cluster, p.ep, plan.groups_on_stage(0, "ep"), all_pairs=True)
         out["edp"] = _row(cluster, s.expert_dp, plan.groups_on_stage(0, "edp"))

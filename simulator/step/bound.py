@@ -144,7 +144,7 @@ def fsdp_stage_compute(s: Scenario, w: Workload, blocking: dict[bool, tuple[floa
     from simulator.workload.workload import PARAM_BYTES
 
     par = s.parallelism
-    plan = Plan.build(par.tp, par.pp, s.dp, par.cp, par.ep, par.expert_tp)
+    plan = Plan.build(par.tp, par.pp, s.dp, par.cp, par.ep, par.expert_tp, par.dp_replicate)
     place = placement(s.pipeline_schedule, par.pp, par.vp)
     sw = w.software
     depth = sw.param_prefetch_depth if sw is not None and sw.param_gather else 0
@@ -178,7 +178,7 @@ def fsdp_link_bound(s: Scenario, w: Workload, group_time: GroupTime) -> float:
     from simulator.workload.workload import GRAD_BYTES, PARAM_BYTES
 
     par = s.parallelism
-    plan = Plan.build(par.tp, par.pp, s.dp, par.cp, par.ep, par.expert_tp)
+    plan = Plan.build(par.tp, par.pp, s.dp, par.cp, par.ep, par.expert_tp, par.dp_replicate)
     place = placement(s.pipeline_schedule, par.pp, par.vp)
     m = s.num_microbatches // place.copies  # micro-batches through each chunk
     best = 0.0

@@ -35,7 +35,7 @@ def step_inputs(s: Scenario, options: SimOptions = SimOptions(), cluster: Cluste
     work = build_workload(s, gpu)
     return StepInputs(
         scenario=s, options=options, gpu=gpu, cluster=cluster or scenario_cluster(s),
-        plan=Plan.build(par.tp, par.pp, s.dp, par.cp, par.ep, par.expert_tp), workload=work,
+        plan=Plan.build(par.tp, par.pp, s.dp, par.cp, par.ep, par.expert_tp, par.dp_replicate), workload=work,
         programs={st: build_program(s, work, st, options.extras) for st in range(par.pp)})
 
 

@@ -30,12 +30,20 @@ class Plan:
     ep: int
     grid: np.ndarray
     etp: int = 0  # expert tensor parallel size; build() sets it (default tp)
+    dp_replicate: int = 1  # hybrid sharding: copies of the ZeRO/FSDP-sharded state
 
     @classmethod
-    def build(cls, tp: int, pp: int, dp: int, cp: int = 1, ep: int = 1, etp: int | None = None) -> "Plan":
+    def build(cls, tp: int, pp: int, dp: int, cp: int = 1, ep: int = 1, etp: int | None = None,
+              dp_replicate: int = 1) -> "Plan":
         grid = np.arange(tp * pp * dp * cp).reshape(pp, dp, cp, tp)
         grid.setflags(write=False)
-        return cls(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, grid=grid, etp=etp or tp)
+        return cls(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, grid=grid, etp=etp or tp, dp_replicate=dp_replicate)
+
+    @property
+    def dp_shard(self) -> int:
+        """DP ranks of one shard group (consecutive, as torchtitan's dp_shard mesh dimension is
+        inner to dp_replicate and MaxText's ici_fsdp is inner to dcn_data)."""
+        return self.dp // self.dp_replicate
 
     @property
     def world(self) -> int:
@@ -62,9 +70,16 @@ class Plan:
         return tuple(int(x) for x in self.grid[p, :, c, t])
 
     def dp_cp_group(self, rank: int) -> tuple[int, ...]:
-        """The group Megatron's distributed optimizer shards over (DP x CP)."""
-        p, _, _, t = self.coords(rank)
-        return tuple(int(x) for x in self.grid[p, :, :, t].ravel())
+        """The group Megatron's distributed optimizer and FSDP shard over: DP x CP, or with hybrid
+        sharding the dp / dp_replicate consecutive DP ranks (x CP) of this rank's copy."""
+        p, d, _, t = self.coords(rank)
+        lo = d // self.dp_shard * self.dp_shard
+        return tuple(int(x) for x in self.grid[p, lo:lo + self.dp_shard, :, t].ravel())
+
+    def dp_replicate_group(self, rank: int) -> tuple[int, ...]:
+        """Hybrid sharding: the ranks holding the same shard in each copy (one per copy)."""
+        p, d, c, t = self.coords(rank)
+        return tuple(int(x) for x in self.grid[p, d % self.dp_shard::self.dp_shard, c, t])
 
     def _expert_view(self, rank: int) -> tuple[np.ndarray, tuple[int, int, int]]:
         """The stage's ranks as ``view[edp, ep, etp]`` and this rank's index in it."""
@@ -86,9 +101,9 @@ class Plan:
         return tuple(int(x) for x in view[d, e, :])
 
     def group_of(self, rank: int, kind: str) -> tuple[int, ...]:
-        """The ``kind`` group (tp, cp, dpcp, ep, edp, etp) ``rank`` belongs to."""
-        return {"tp": self.tp_group, "cp": self.cp_group, "dpcp": self.dp_cp_group, "ep": self.ep_group,
-                "edp": self.expert_dp_group, "etp": self.expert_tp_group}[kind](rank)
+        """The ``kind`` group (tp, cp, dpcp, dprep, ep, edp, etp) ``rank`` belongs to."""
+        return {"tp": self.tp_group, "cp": self.cp_group, "dpcp": self.dp_cp_group, "dprep": self.dp_replicate_group,
+                "ep": self.ep_group, "edp": self.expert_dp_group, "etp": self.expert_tp_group}[kind](rank)
 
     @functools.lru_cache(maxsize=256)
     def pp_pairs(self, rank: int, stage: int, fold: bool) -> tuple[tuple[int, int], ...]:
@@ -113,11 +128,13 @@ class Plan:
         g = self.grid[stage]  # [dp, cp, tp]
         per_stage = self.dp * self.cp * self.tp
         view = g.reshape(per_stage // (self.ep * self.etp), self.ep, self.etp)  # [edp, ep, etp]
+        copies = g.reshape(self.dp_replicate, self.dp_shard, self.cp, self.tp)  # [copy, shard dp, cp, tp]
         # each group's members in grid order; groups ordered by their first rank (slices, not a scan)
         rows = {"tp": lambda: g.reshape(-1, self.tp),
                 "cp": lambda: g.transpose(0, 2, 1).reshape(-1, self.cp),
                 "dp": lambda: g.transpose(1, 2, 0).reshape(-1, self.dp),
-                "dpcp": lambda: g.transpose(2, 0, 1).reshape(self.tp, -1),
+                "dpcp": lambda: copies.transpose(0, 3, 1, 2).reshape(self.dp_replicate * self.tp, -1),
+                "dprep": lambda: copies.transpose(1, 2, 3, 0).reshape(-1, self.dp_replicate),
                 "ep": lambda: view.transpose(0, 2, 1).reshape(-1, self.ep),
                 "edp": lambda: view.transpose(1, 2, 0).reshape(-1, view.shape[0]),
                 "etp": lambda: view.reshape(-1, self.etp)}[kind]()

@@ -366,15 +366,26 @@ class _Builder:
 
     # data parallelism -------------------------------------------------------------------------
 
-    @staticmethod
-    def grad_ops(bucket, zero):
+    def grad_ops(self, bucket, zero):
         op = "all_reduce" if zero == 0 else "reduce_scatter"
         out = []
         if bucket.dense_params:
             out.append(("dpcp", op, bucket.dense_params * GRAD_BYTES))
+            out.extend(self.replica_reduce(bucket.dense_params * GRAD_BYTES))
         if bucket.expert_params:
             out.append(("edp", op, bucket.expert_params * GRAD_BYTES))
         return out
+
+    def replica_reduce(self, nbytes):
+        """Hybrid sharding (``parallelism.dp_replicate`` > 1): after the reduce-scatter inside a
+        copy, each rank all-reduces its 1 / shard-group slice with the ranks holding the same slice
+        in the other copies (PyTorch FSDP2 HSDP: reduce-scatter then all-reduce on the reduce
+        stream, torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py foreach_reduce; Megatron-core
+        --num-distributed-optimizer-instances: reduce-scatter in the instance, all-reduce across)."""
+        par = self.s.parallelism
+        if par.dp_replicate <= 1:
+            return []
+        return [("dprep", "all_reduce", nbytes / par.shard_group(self.s.dp))]
 
     @staticmethod
     def param_ops(bucket):
@@ -514,8 +525,14 @@ class _Builder:
         reduced when its last layer's gradients of the chunk's last micro-batch are ready."""
         w, zero = self.w, self.s.parallelism.zero_stage
         size = w.layer_dense_params[layer] * GRAD_BYTES
+        replicas = self.replica_reduce(size)
         if zero == 3 and not self.sw.grad_reduce:
             deferred.append(("dpcp", "reduce_scatter", size, "fsdp"))
+            deferred.extend((kind, op, n, "dp") for kind, op, n in replicas)
+        elif zero == 3 and replicas:
+            # the all-reduce across copies needs the reduce-scatter's result: both on the DP stream
+            pending.append(self.enqueue("dpcp", "reduce_scatter", size, "fsdp"))
+            pending.extend(self.enqueue(kind, op, n, "dp") for kind, op, n in replicas)
         elif zero == 3:
             pending.append(self.launch("dpcp", "reduce_scatter", size, "fsdp"))
         elif final and grads_of[layer].layers[-1] == layer:

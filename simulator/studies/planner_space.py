@@ -67,6 +67,7 @@ class Layout:
         par = {k: getattr(self, k) for k in ("tp", "pp", "dp", "cp", "ep", "etp", "vp", "sequence_parallel",
                                               "zero_stage", "first_pipeline_num_layers", "last_pipeline_num_layers")}
         out = [f"parallelism.{k}={_yaml(v)}" for k, v in par.items()]
+        out.append("parallelism.dp_replicate=1")  # the space shards over all of dp x cp (no HSDP search)
         out += [f"training.micro_batch_size={self.micro_batch_size}", f"training.recompute={self.recompute}",
                 f"schedule={self.schedule}"]
         return tuple(out)
@@ -113,7 +114,7 @@ def candidate_scenario(s: Scenario, layout: Layout) -> Scenario:
     par = replace(s.parallelism, tp=layout.tp, pp=layout.pp, dp=layout.dp or None, cp=layout.cp, ep=layout.ep,
                   etp=layout.etp, vp=layout.vp, sequence_parallel=layout.sequence_parallel,
                   zero_stage=layout.zero_stage, first_pipeline_num_layers=layout.first_pipeline_num_layers,
-                  last_pipeline_num_layers=layout.last_pipeline_num_layers)
+                  last_pipeline_num_layers=layout.last_pipeline_num_layers, dp_replicate=1)
     training = replace(s.training, micro_batch_size=layout.micro_batch_size, recompute=layout.recompute)
     return replace(s, parallelism=par, training=training, schedule=layout.schedule)
 

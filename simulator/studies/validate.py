@@ -25,6 +25,9 @@ only, so predictions are the same with them removed. Documented defaults for unk
 - recompute: the case's value (``full...`` / ``selective...``), none when unknown; sequence
   parallelism when the recompute field says so, or when recompute is unknown and tp > 1 (the
   NeMo default), else off.
+- hybrid sharding: the case's ``parallelism.dp_replicate`` (torchtitan
+  ``data_parallel_replicate_degree``, MaxText ``dcn_data_parallelism`` with FSDP inside, Megatron-core
+  ``num_distributed_optimizer_instances``), else 1 (ZeRO/FSDP over all of dp x cp).
 - expert parallelism wider than dp x cp (Qwen3-235B: TP2, EP32 on 16 DP ranks): expert tensor
   parallelism 1, expert groups spanning TP ranks (Megatron-core MoE parallel folding), with
   sequence parallelism (Megatron-core requires it for MoE with TP).
@@ -317,6 +320,8 @@ def case_to_scenario_dict(case: dict, notes: list[str] | None = None) -> dict:
             parallelism["sequence_parallel"] = True
     elif ep > 1 and (dp * cp) % ep and (par["tp"] * dp * cp) % ep == 0:
         parallelism.update(etp=1, sequence_parallel=True)  # expert groups span TP ranks (MoE parallel folding)
+    if (par.get("dp_replicate") or 1) > 1:
+        parallelism["dp_replicate"] = par["dp_replicate"]
     if ends is not None:
         parallelism.update(first_pipeline_num_layers=ends, last_pipeline_num_layers=ends)
     elif uneven is not None:

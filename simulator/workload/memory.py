@@ -311,7 +311,7 @@ def stage_memory(
     _check(s)
     par, tr, m = s.parallelism, s.training, s.model
     tp, pp, vp, zero = par.tp, par.pp, par.vp, par.zero_stage
-    dense_group = s.dp * par.cp
+    dense_group = par.shard_group(s.dp)  # dp x cp, or one copy's shard group with dp_replicate
     expert_group = s.expert_dp
     params = _stage_params(s, stage)
     dense_states = _state_components(params.dense, dense_group, zero, weight_bytes, grad_bytes, optimizer_bytes)
@@ -401,7 +401,7 @@ def memory_record(
         assumptions={
             "bytes_per_param": {"weights": weight_bytes, "gradients": grad_bytes, "optimizer": optimizer_bytes},
             "zero_stage": par.zero_stage,
-            "dense_shard_group": s.dp * par.cp,
+            "dense_shard_group": par.shard_group(s.dp),
             "expert_shard_group": s.expert_dp,
             "activations": "Korthikanti et al. 2022 Table 2 per layer, generalised to GQA/SwiGLU/MoE, 16-bit, s / cp; "
                            + ("flash attention: no s x s scores stored, only fp32 softmax statistics "

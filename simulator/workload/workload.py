@@ -128,7 +128,7 @@ def build_workload(s: Scenario, gpu: GPUSpec) -> Workload:
         dense = sum(b.dense_params for vs in mine for b in buckets[vs])
         expert = sum(b.expert_params for vs in mine for b in buckets[vs])
         if par.zero_stage >= 1:
-            local = dense / (dp * par.cp) + expert / max(1, s.expert_dp)
+            local = dense / par.shard_group(dp) + expert / max(1, s.expert_dp)
         else:
             local = dense + expert
         optimizer[stage] = optimizer_block(local, dense + expert, gpu, sw)

@@ -1,0 +1,90 @@
+"""Hybrid sharding (``parallelism.dp_replicate``): groups, bytes, memory and bad input."""
+import dataclasses
+import subprocess
+import sys
+
+import pytest
+
+from simulator.config import ClusterConfig, ModelConfig, ParallelConfig, Scenario, TrainingConfig
+from simulator.errors import ConfigError
+from simulator.scenario import validate_plan
+from simulator.step.engine import SimOptions, simulate
+from simulator.step.plan import Plan
+from simulator.step.program import Launch, Enqueue, build_program
+from simulator.step.inputs import step_inputs
+from simulator.workload.memory import memory_report
+
+DENSE = ModelConfig(hidden_size=1024, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=8,
+                    intermediate_size=4096, vocab_size=32000)
+
+
+def scenario(dp=16, replicate=4, zero=3, nodes=2, model=DENSE):
+    return Scenario(name="t", model=model, cluster=ClusterConfig(topology="dgx-h100", num_nodes=nodes),
+                    training=TrainingConfig(seq_length=1024, global_batch_size=2 * dp),
+                    parallelism=ParallelConfig(dp=dp, zero_stage=zero, dp_replicate=replicate))
+
+
+def test_shard_groups_are_consecutive_and_replica_groups_strided():
+    plan = Plan.build(tp=2, pp=1, dp=8, cp=1, dp_replicate=2)
+    # rank = dp * tp + t; the shard group of rank 0 is DP ranks 0-3 at TP position 0
+    assert plan.dp_cp_group(0) == (0, 2, 4, 6)
+    assert plan.dp_cp_group(9) == (9, 11, 13, 15)
+    assert plan.dp_replicate_group(0) == (0, 8)
+    assert plan.dp_replicate_group(11) == (3, 11)
+    on_stage = plan.groups_on_stage(0, "dpcp")
+    assert sorted(r for g in on_stage for r in g) == list(range(16)) and all(len(g) == 4 for g in on_stage)
+    assert on_stage == tuple(sorted({plan.dp_cp_group(r) for r in range(16)}))
+    assert plan.groups_on_stage(0, "dprep") == tuple(sorted({plan.dp_replicate_group(r) for r in range(16)}))
+    # one copy: the whole DP x CP group, as before
+    assert Plan.build(tp=2, pp=1, dp=8).dp_cp_group(0) == tuple(range(0, 16, 2))
+
+
+def test_gradients_reduce_scatter_in_the_copy_then_all_reduce_a_slice_across_copies():
+    s = scenario(dp=16, replicate=4)
+    inputs = step_inputs(s)
+    ops = build_program(s, inputs.workload, 0)
+    rs = [op for op in ops if isinstance(op, Enqueue) and op.op == "reduce_scatter"]
+    ar = [op for op in ops if isinstance(op, Enqueue) and op.op == "all_reduce"]
+    assert rs and len(rs) == len(ar)
+    for a, b in zip(rs, ar):
+        assert (a.group, b.group) == ("dpcp", "dprep")
+        assert b.nbytes == pytest.approx(a.nbytes / 4)  # shard group dp 16 / 4 copies
+    assert not [op for op in build_program(scenario(replicate=1), inputs.workload, 0)
+                if getattr(op, "group", None) == "dprep"]
+
+
+def test_memory_shards_over_one_copy():
+    full, hybrid = memory_report(scenario(replicate=1)), memory_report(scenario(replicate=4))
+    assert hybrid["assumptions"]["dense_shard_group"] == 4 and full["assumptions"]["dense_shard_group"] == 16
+    f, h = full["stages"][0], hybrid["stages"][0]
+    # optimizer states and ZeRO-3 weights/gradients are 4x larger per rank with 4x smaller shards
+    # (the report rounds to 1e-4 GiB)
+    assert h["optimizer_gib"] == pytest.approx(4 * f["optimizer_gib"], abs=5e-4)
+    assert h["weights_gib"] == pytest.approx(4 * f["weights_gib"], abs=5e-4)
+
+
+def test_copies_across_nodes_put_the_all_reduce_on_the_network():
+    # 2 nodes x 8 GPUs, shard group = one node: the reduce-scatter stays on NVLink, only the 1/8
+    # slice crosses the network, so the step cannot be slower than sharding over both nodes
+    hybrid, full = simulate(scenario(dp=16, replicate=2)), simulate(scenario(dp=16, replicate=1))
+    assert hybrid.step_time_s <= full.step_time_s * 1.001
+
+
+@pytest.mark.parametrize("kw, needle", [
+    (dict(dp=16, replicate=3), "must divide dp (16)"),
+    (dict(dp=16, replicate=2, zero=0), "needs zero_stage 1, 2 or 3"),
+])
+def test_bad_dp_replicate_is_a_one_line_error(kw, needle):
+    with pytest.raises(ConfigError) as e:
+        validate_plan(scenario(**kw))
+    assert "parallelism.dp_replicate" in str(e.value) and needle in str(e.value)
+
+
+def test_cli_rejects_bad_dp_replicate_with_exit_2(tmp_path):
+    y = tmp_path / "s.yaml"
+    y.write_text("model: meta-llama/Llama-3.1-8B\ncluster: {topology: dgx-h100, num_nodes: 2}\n"
+                 "training: {seq_length: 4096, global_batch_size: 32}\n"
+                 "parallelism: {dp: 16, zero_stage: 3, dp_replicate: 0}\n")
+    r = subprocess.run([sys.executable, "-m", "simulator", "run", str(y)], capture_output=True, text=True)
+    assert r.returncode == 2 and "parallelism.dp_replicate" in r.stderr and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
