@@ -101,6 +101,7 @@ class ClusterConfig:
     oversubscription: float | None = None
     gpu_memory_gib: float | None = None  # optional overrides of the catalog GPU
     gpu_peak_tflops: float | None = None  # dense peak at the run's precision
+    gpu_power_limit_W: float | None = None  # board power limit (nvidia-smi -pl); None: the part's default
     storage_bandwidth_GBps: float | None = None  # checkpoint write rate per node; None: checkpoint.DEFAULT_STORAGE_GBPS
 
     @property

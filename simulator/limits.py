@@ -40,6 +40,7 @@ NETWORK_GBPS = Limit(10**6, "Gb/s per NIC; 600x today's 1.6 Tb/s NICs")
 OVERSUBSCRIPTION = Limit(1024, "a fabric ratio; real ones are 1 to 8")
 GPU_MEMORY_GIB = Limit(2**16, "GiB per GPU; 200x B200's 192 GB")
 GPU_PEAK_TFLOPS = Limit(10**6, "TFLOP/s per GPU; 200x B200's dense FP8 peak")
+GPU_POWER_W = Limit(5000, "W per GPU; 3.5x GB300's 1,400 W")
 STORAGE_GBPS = Limit(2**16, "GB/s per node; 600x a node's eight 400 Gb/s NICs")
 PREFETCH_DEPTH = Limit(1024, "layers gathered ahead; deeper than any model has layers to prefetch")
 

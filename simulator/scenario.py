@@ -203,6 +203,7 @@ _CHECKS: dict[str, dict[str, Checker]] = {
         "oversubscription": partial(_optional_number, minimum=1, inclusive=True, limit=limits.OVERSUBSCRIPTION),
         "gpu_memory_gib": partial(_optional_number, minimum=0, inclusive=False, limit=limits.GPU_MEMORY_GIB),
         "gpu_peak_tflops": partial(_optional_number, minimum=0, inclusive=False, limit=limits.GPU_PEAK_TFLOPS),
+        "gpu_power_limit_W": partial(_optional_number, minimum=0, inclusive=False, limit=limits.GPU_POWER_W),
         "storage_bandwidth_GBps": partial(_optional_number, minimum=0, inclusive=False, limit=limits.STORAGE_GBPS),
     },
     "training": {
@@ -671,7 +672,16 @@ def validate_plan(s: Scenario) -> list[str]:
 
     s = scenario_from_dict(scenario_to_dict(s))
     m, c, t, p = s.model, s.cluster, s.training, s.parallelism
-    peak(get_gpu(c.gpu), t.precision)
+    gpu = get_gpu(c.gpu)
+    peak(gpu, t.precision)
+    if c.gpu_power_limit_W is not None:
+        if gpu.tdp_w is None:
+            raise ConfigError("cluster.gpu_power_limit_W", c.gpu_power_limit_W,
+                              f"{gpu.name} has no catalogued TDP to scale from; valid: null")
+        if not 0.25 * gpu.tdp_w <= c.gpu_power_limit_W <= gpu.tdp_w:
+            raise ConfigError("cluster.gpu_power_limit_W", c.gpu_power_limit_W,
+                              f"must be between {0.25 * gpu.tdp_w:g} and {gpu.tdp_w:g} W ({gpu.name}'s TDP; below a "
+                              "quarter of it the clock-power law used is not credible)")
     spec = load_topology(c.topology)
     if c.gpus_per_node > spec.nics_per_node and c.gpus_per_node % spec.nics_per_node:
         raise ConfigError("cluster.gpus_per_node", c.gpus_per_node,

@@ -107,3 +107,54 @@ def test_gpu_names_as_people_write_them_find_the_catalog_entry(name, expected):
 def test_pcie_parts_are_not_mistaken_for_sxm():
     with pytest.raises(ConfigError, match="cluster.gpu"):
         get_gpu("H100 PCIe")
+
+
+# --- power limit (hardware.power_factor) ------------------------------------------------------
+
+def test_power_factor_is_the_dvfs_cube_law():
+    from simulator.physical.hardware import power_factor
+    assert power_factor(700, 700) == 1.0
+    assert power_factor(500, 700) == pytest.approx(0.8939, abs=1e-4)
+    # halving the power keeps 2^(-1/3) of the clock
+    assert power_factor(350, 700) == pytest.approx(0.5 ** (1 / 3))
+    # inside torchtitan's bracket for its 500 W H100: between H100 NVL's and H100 SXM's peak
+    assert 835 / 989 < power_factor(500, 700) < 1.0
+    with pytest.raises(ValueError):
+        power_factor(800, 700)
+
+
+def test_grand_teton_h100_runs_compute_bound_kernels_at_its_500_w_limit():
+    from simulator.physical.hardware import gpu_of, power_factor
+    from simulator.config import ClusterConfig
+    teton = gpu_of(ClusterConfig(gpu="H100-SXM5-96GB"), "bf16")
+    sxm = gpu_of(ClusterConfig(gpu="H100-SXM5-80GB"), "bf16")
+    assert teton.sustained_fraction == pytest.approx(sxm.sustained_fraction * power_factor(500, 700))
+    # raised to its 700 W TDP (torchtitan: "tuning it up to 700W TDP can potentially provide further speedups")
+    raised = gpu_of(ClusterConfig(gpu="H100-SXM5-96GB", gpu_power_limit_W=700), "bf16")
+    assert raised.sustained_fraction == pytest.approx(sxm.sustained_fraction)
+    capped = gpu_of(ClusterConfig(gpu="H100-SXM5-80GB", gpu_power_limit_W=500), "bf16")
+    assert capped.sustained_fraction == pytest.approx(teton.sustained_fraction)
+    # memory-bound kernels keep their bandwidth
+    assert capped.memory_efficiency == sxm.memory_efficiency
+
+
+def test_a_power_limit_slows_a_compute_bound_step_and_a_bad_one_is_a_one_line_error(tmp_path):
+    import subprocess, sys
+    y = tmp_path / "s.yaml"
+    y.write_text("model: meta-llama/Llama-3.1-8B\ncluster: {topology: dgx-h100, num_nodes: 1}\n"
+                 "training: {seq_length: 4096, global_batch_size: 8}\nparallelism: {dp: 8, zero_stage: 1}\n")
+
+    def run(*sets):
+        args = [a for v in sets for a in ("--set", v)]
+        return subprocess.run([sys.executable, "-m", "simulator", "run", str(y), "--json", *args],
+                              capture_output=True, text=True)
+    import json
+    full = json.loads(run().stdout)["step_time_s"]
+    capped = json.loads(run("cluster.gpu_power_limit_W=500").stdout)["step_time_s"]
+    assert full < capped < full / 0.8939 * 1.0001
+    for bad in ("800", "100", "-5", "abc"):
+        r = run(f"cluster.gpu_power_limit_W={bad}")
+        assert r.returncode == 2 and "cluster.gpu_power_limit_W" in r.stderr and "Traceback" not in r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1
+    r = run("cluster.gpu=B200-SXM-180GB", "cluster.topology=dgx-b200", "cluster.gpu_power_limit_W=800")
+    assert r.returncode == 2 and "no catalogued TDP" in r.stderr

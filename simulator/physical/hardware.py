@@ -43,6 +43,8 @@ class GPUSpec:
     sustained_fraction: float = 1.0
     nvlink_efficiency: float = 1.0
     nvlink_generation: int = 0  # 3 Ampere, 4 Hopper (NVSwitch gen 3: NVLS), 5 Blackwell
+    tdp_w: float | None = None  # board power the sustained fraction was fitted at; None: not catalogued
+    power_limit_w: float | None = None  # the part's default power limit when below its TDP (else None)
 
     def __hash__(self) -> int:
         return hash(self.name)
@@ -75,6 +77,26 @@ _HOPPER_GEMM = {"bf16": 0.801, "fp16": 0.801, "tf32": 0.801, "fp8": 0.70}
 _A100_SUSTAINED = 0.88
 _HOPPER_SUSTAINED = 0.81
 
+
+def power_factor(limit_w: float, tdp_w: float) -> float:
+    """Share of its compute-bound throughput a GPU keeps at power limit ``limit_w`` below its TDP.
+
+    A power-capped GPU lowers its SM clock until its draw fits. Dynamic power is C V^2 f and over
+    the DVFS range the supply voltage rises with the clock (V ~ f), so power goes as f^3 and the
+    clock, hence the throughput of compute-bound kernels (GEMM, fused attention), as the cube root
+    of the power allowed (Weste & Harris, CMOS VLSI Design, Sec. 5.1 dynamic power; the standard
+    DVFS cube law). The sustained fractions above were fitted on parts at their TDP, so a part
+    held at a lower limit keeps (limit / TDP)^(1/3) of them; memory-bound kernels are left alone
+    (HBM runs on its own clock). The law errs fast for the most power-hungry kernels, where the
+    voltage floor makes power closer to linear in the clock: on Meta's 500 W H100 hosts FA3 ran
+    465 TFLOP/s at (8, 16, 8192, 128) (meta-pytorch/tritonbench#141) against 638 on a 700 W H100
+    (FlashAttention-3 paper, Fig. 5), 0.73, where the law gives 0.894; torchtitan's benchmark file
+    bounds the 500 W part's peak between the H100 SXM's and the H100 NVL's (835 / 989 = 0.84).
+    """
+    if not 0 < limit_w <= tdp_w:
+        raise ValueError(f"power limit {limit_w!r} W must be in (0, {tdp_w}] W")
+    return (limit_w / tdp_w) ** (1 / 3)
+
 # Elementwise and normalisation kernels sustain ~80% of HBM peak; a STREAM-style copy reaches
 # ~90% (A100 ~1.8 of 2.04 TB/s, H100 ~3.0 of 3.35 TB/s, nvbandwidth / BabelStream figures).
 _MEM_EFF = 0.80
@@ -103,14 +125,14 @@ _HOPPER_NVLINK = 1.0
 # FP8 estimate: same tensor-core pipeline, scales applied in the MMA instruction.
 _BLACKWELL_GEMM = {**_HOPPER_GEMM, "mxfp8": _HOPPER_GEMM["fp8"], "nvfp4": _HOPPER_GEMM["fp8"]}
 
-_AMPERE = dict(gemm_efficiency=_A100_GEMM, sustained_fraction=_A100_SUSTAINED,
+_AMPERE = dict(gemm_efficiency=_A100_GEMM, sustained_fraction=_A100_SUSTAINED, tdp_w=400.0,
                memory_efficiency=_MEM_EFF, launch_overhead_s=_LAUNCH_S, nvlink_efficiency=_A100_NVLINK,
                nvlink_generation=3)
-_HOPPER = dict(gemm_efficiency=_HOPPER_GEMM, sustained_fraction=_HOPPER_SUSTAINED,
+_HOPPER = dict(gemm_efficiency=_HOPPER_GEMM, sustained_fraction=_HOPPER_SUSTAINED, tdp_w=700.0,
                memory_efficiency=_MEM_EFF, launch_overhead_s=_LAUNCH_S, nvlink_efficiency=_HOPPER_NVLINK,
                nvlink_generation=4)
 
-_BLACKWELL = {**_HOPPER, "gemm_efficiency": _BLACKWELL_GEMM, "nvlink_generation": 5}  # unmeasured: Hopper's constants, see above
+_BLACKWELL = {**_HOPPER, "gemm_efficiency": _BLACKWELL_GEMM, "nvlink_generation": 5, "tdp_w": None}  # unmeasured: Hopper's constants, see above
 
 # Dense peaks shared by the parts of one die: both A100 memory sizes, and H100 / H800 / H200
 # (the same GH100 compute at the same clocks; H800 differs in NVLink, H200 in memory).
@@ -159,10 +181,12 @@ GPU_CATALOG: dict[str, GPUSpec] = {
         nvlink_bandwidth_Bps=GBps(450),
         source="Meta Grand Teton H100 as torchtitan's benchmarks describe it (benchmarks/"
         "llama3_h100_202412_torchtitan.md): the H100 SXM die (132 SMs, same boost clock, so the "
-        "SXM5 datasheet peaks) with 96 GB at 2.4 TB/s, 900 GB/s NVLink; run at a 500 W power limit, "
-        "whose lower sustained clocks are not modelled beyond the Hopper sustained fraction",
+        "SXM5 datasheet peaks) with 96 GB at 2.4 TB/s, 900 GB/s NVLink; run at the hosts' default "
+        "500 W power limit ('tuning it up to 700W TDP can potentially provide further speedups'), "
+        "priced by power_factor",
         num_sms=132,
-        **_HOPPER,
+        **{**_HOPPER, "power_limit_w": 500.0,
+           "sustained_fraction": _HOPPER_SUSTAINED * power_factor(500.0, 700.0)},
     ),
     "H800-80GB": GPUSpec(
         name="H800-80GB",
@@ -246,9 +270,9 @@ GPU_CATALOG: dict[str, GPUSpec] = {
         hbm_capacity_bytes=96 * GiB,
         nvlink_bandwidth_Bps=GBps(450),
         source="NVIDIA H20 product brief (HGX H20): 148 TF BF16 / 296 TF FP8 dense, 96 GB HBM3 at "
-        "4.0 TB/s, NVLink4 900 GB/s bidirectional; 78 SMs",
+        "4.0 TB/s, NVLink4 900 GB/s bidirectional, 400 W TDP; 78 SMs",
         num_sms=78,
-        **_HOPPER,
+        **{**_HOPPER, "tdp_w": 400.0},
     ),
 }
 
@@ -347,4 +371,16 @@ def gpu_of(cluster, precision: str) -> GPUSpec:
     if getattr(cluster, "gpu_peak_tflops", None) is not None:
         scale = cluster.gpu_peak_tflops * TERA / peak(gpu, precision)
         changes["peak_flops"] = {k: v * scale for k, v in gpu.peak_flops.items()}
+    limit = getattr(cluster, "gpu_power_limit_W", None)
+    if limit is not None:
+        changes["sustained_fraction"] = with_power_limit(gpu, limit)
+        changes["power_limit_w"] = float(limit) if limit < gpu.tdp_w else None
     return replace(gpu, **changes) if changes else gpu
+
+
+def with_power_limit(gpu: GPUSpec, limit_w: float) -> float:
+    """``gpu``'s sustained fraction at power limit ``limit_w`` instead of its default (``power_factor``)."""
+    if gpu.tdp_w is None:
+        raise ValueError(f"{gpu.name} has no catalogued TDP")
+    at_tdp = gpu.sustained_fraction / power_factor(gpu.power_limit_w or gpu.tdp_w, gpu.tdp_w)
+    return at_tdp * power_factor(limit_w, gpu.tdp_w)

@@ -19,13 +19,16 @@ What runs where (each framework's default; a scenario picks another with ``train
   Measured apart from the flash_attn package: pytorch/benchmark#2296 (tritonbench
   ``flash_attention`` op, 2024-06, Meta H100, BF16, batch 128 x 8 heads of 128, non-causal
   forward) ran SDPA at 287, 293, 298, 288, 304 TFLOP/s at 1k, 2k, 4k, 8k, 16k: 0.78-0.82 of the
-  FA2 curve below at the same lengths, flat where FA2 still climbs. The curve is FA2's times
-  that measured ratio at the key length (``SDPA_FA2_RATIO``; below 1k the 1k ratio); the source
+  FA2 curve below at the same lengths, flat where FA2 still climbs. The GPU was one of Meta's
+  H100 hosts (tritonbench#141 traced other low numbers of that series to its "devgpu H100"
+  against a GCP H100), whose default power limit is 500 W (torchtitan's Grand Teton benchmark
+  file), so the measured ratio is divided by what that limit costs any compute-bound kernel
+  (``hardware.power_factor(500, 700)``, 0.894): the curve is FA2's times the remaining ratio at
+  the key length (``SDPA_FA2_RATIO``, 0.87-0.92; below 1k the 1k ratio), and a scenario on a
+  power-limited part pays the limit through its sustained fraction, like every GEMM. The source
   measured the non-causal forward only, so causal and backward take the same ratio (same kernel
-  templates). The GPU was one of Meta's H100 hosts (tritonbench#141 traced other low numbers of
-  that series to its "devgpu H100" against a GCP H100), so the ratio includes what those hosts'
-  power limit costs: it is the measurement closest to torchtitan's Grand Teton runs, and on a
-  700 W H100 it errs slow.
+  templates). As ``power_factor`` says, the cube law errs fast for attention, so part of the
+  remaining ratio may still be the hosts' power limit: on a 700 W H100 ``sdpa`` errs slow.
 - ``fa3``: FlashAttention-3, Hopper only (wgmma, TMA, warp specialisation).
 - ``cudnn``: cuDNN's fused flash attention, which Transformer Engine prefers on Hopper and newer
   (TE ``get_attention_backend`` disables FlashAttention in favour of FusedAttention on sm90+ "for
@@ -55,6 +58,8 @@ import bisect
 import math
 from dataclasses import dataclass
 
+from simulator.physical.hardware import power_factor
+
 H100_PEAK_TFLOPS = 989.0
 A100_PEAK_TFLOPS = 312.0
 SEQ_POINTS = (512, 1024, 2048, 4096, 8192, 16384)
@@ -64,7 +69,9 @@ ATTENTION_BACKENDS = ("flash", "fa2", "sdpa", "fa3", "cudnn", "unfused")
 # pytorch/benchmark#2296 (287.457, 293.208, 298.428, 287.696, 304.199 TFLOP/s at 1k..16k) over the
 # FA2 curve of _H100_TFLOPS (350, 362, 368, 370, 370); 512 takes the 1k ratio (not measured).
 SDPA_TFLOPS = (287.457, 293.208, 298.428, 287.696, 304.199)  # at SEQ_POINTS[1:]
-SDPA_FA2_RATIO = (SDPA_TFLOPS[0] / 350, *(m / f for m, f in zip(SDPA_TFLOPS, (350, 362, 368, 370, 370))))
+SDPA_HOST_POWER = power_factor(500.0, 700.0)  # the measuring host's 500 W limit (docstring)
+SDPA_FA2_RATIO = tuple(r / SDPA_HOST_POWER for r in
+                       (SDPA_TFLOPS[0] / 350, *(m / f for m, f in zip(SDPA_TFLOPS, (350, 362, 368, 370, 370)))))
 
 # FlashAttention-3 paper, Fig. 5 (forward) and Fig. 6 (backward), H100 SXM5 BF16, TFLOP/s at
 # SEQ_POINTS. Keys: (kernel, direction, causal, head_dim).
