@@ -66,6 +66,9 @@ EXACTNESS_CASES = {
     "zb-v-fsdp": scenario(nodes=2, tp=2, pp=2, dp=4, vp=2, m=4, zero=3, schedule="zb-v"),
     "dualpipe-moe": scenario(model=MOE, nodes=2, tp=1, pp=4, dp=4, ep=4, m=8, zero=1, schedule="dualpipe"),
     "dualpipev": scenario(nodes=2, tp=2, pp=2, dp=4, vp=2, m=4, schedule="dualpipev"),
+    # ZeRO-3 under a pipeline as torch pipelining runs it (torchtitan): gathered once per step
+    "fsdp-pp-torchtitan": dataclasses.replace(scenario(nodes=2, tp=2, pp=2, dp=4, vp=2, m=4, zero=3,
+                                                       schedule="interleaved"), framework="torchtitan"),
     # hybrid sharding: FSDP inside each node's 4 DP ranks, 2 copies all-reducing across nodes
     "hsdp": dataclasses.replace(scenario(nodes=2, tp=2, pp=1, dp=8, m=2, zero=3),
                                 parallelism=ParallelConfig(tp=2, dp=8, zero_stage=3, dp_replicate=2)),

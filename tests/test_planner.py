@@ -86,6 +86,9 @@ def test_bound_never_exceeds_the_step_and_is_exact_without_communication_on_one_
         # the schedules' placements and split backwards (zb-h1's last step on a stage is a W)
         dict(schedule="zb-h1"), dict(schedule="zb-h2"), dict(vp=2, schedule="zb-v"), dict(schedule="dualpipe"),
         dict(vp=2, schedule="dualpipev")))]
+    # ZeRO-3 under a pipeline, torch pipelining style (gathered once per step)
+    cases.append(replace(apply_layout(tiny, replace(layout_of(tiny), zero_stage=3)), framework="torchtitan"))
+    assert cases[-1].parallelism.pp > 1
     for s in cases:
         w = build_workload(s, gpu_of(s.cluster, s.training.precision))
         bound = step_lower_bound(s, w)

@@ -219,7 +219,11 @@ def step_lower_bound(s: Scenario, w: Workload, collective_time: CollectiveTime |
     p, m = par.pp, s.num_microbatches
     place = placement(s.pipeline_schedule, p, par.vp)
     blocking = blocking_tp_s(s, w, collective_time)
-    if group_time is not None and par.zero_stage == 3:
+    # ZeRO-3 gathered once per step under a pipeline (torch pipelining, Software.fsdp_pipeline_unsharded):
+    # no per-micro-batch gathers to charge, so only compute bounds the step
+    per_microbatch_fsdp = par.zero_stage == 3 and not (
+        p > 1 and w.software is not None and w.software.fsdp_pipeline_unsharded)
+    if group_time is not None and per_microbatch_fsdp:
         fwd, bwd = fsdp_stage_compute(s, w, blocking, group_time)
     else:
         fwd, bwd = stage_compute(w, blocking)
@@ -242,6 +246,6 @@ def step_lower_bound(s: Scenario, w: Workload, collective_time: CollectiveTime |
         drained = min(sum(drain[:vs]) + opt[place.locate(0, copy)[0]] for copy, vs in lowest.items())
         work = per_chunk * sum(fwd[vs] + bwd[vs] for _, vs in held)
         best = max(best, head + max(work + opt[stage], before_last_b + drained))
-    if group_time is not None and par.zero_stage == 3:
+    if group_time is not None and per_microbatch_fsdp:
         best = max(best, fsdp_link_bound(s, w, group_time))
     return best * (1 - ROUNDING_MARGIN)

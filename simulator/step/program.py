@@ -153,6 +153,8 @@ class _Builder:
         self.sp = par.sequence_parallel and par.tp > 1
         self.ops: list = []
         self.next_handle = 0
+        self.unsharded = False  # build() sets it (ZeRO-3 under a pipeline, torch pipelining style)
+        self.held_grads: list = []  # layers whose reduce-scatter waits for the chunk's last backward
 
     # emitting --------------------------------------------------------------------------------
 
@@ -441,13 +443,20 @@ class _Builder:
             self.wait(tuple(dict.fromkeys(param_ready.values())), "dp")
             param_ready.clear()
         depth = sw.param_prefetch_depth if sw.param_gather else 0
+        # ZeRO-3 under a pipeline, torch pipelining style (``Software.fsdp_pipeline_unsharded``): a
+        # layer is gathered at its first forward of the step and stays unsharded over the
+        # micro-batches; its gradients are reduce-scattered after the chunk's last backward
+        self.unsharded = zero == 3 and par.pp > 1 and sw.fsdp_pipeline_unsharded
+        gathered: set = set()
         fsdp_ready: dict = {}
         bucket_of = {vs: {layer: b for b in w.buckets[vs] for layer in b.layers}  # the bucket holding a layer
                      for vs in {place.vstage(stage, c) for c in range(place.chunks)}}
 
         def fsdp_gather(layer, key):
-            if zero == 3 and key not in fsdp_ready:
+            if zero == 3 and key not in fsdp_ready and layer not in gathered:
                 fsdp_ready[key] = self.launch("dpcp", "all_gather", w.layer_dense_params[layer] * PARAM_BYTES, "fsdp")
+                if self.unsharded:
+                    gathered.add(layer)
 
         for i, st in enumerate(steps):
             vs = place.vstage(stage, st.chunk)
@@ -463,15 +472,18 @@ class _Builder:
                 self.ops.append(StepBegin())
                 if vs == 0 and self.extras:
                     self.compute("embed", w.embedding[0], "embedding", **at)
+                def fkey(x, mb=mb):
+                    return ("U", x) if self.unsharded else ("F", mb, x)
+
                 for layer in layers:
                     if layer in param_ready:
                         self.wait((param_ready.pop(layer),), "dp", layer=layer, **at)
-                    fsdp_gather(layer, ("F", mb, layer))
+                    fsdp_gather(layer, fkey(layer))
                     for ahead in range(layer + 1, layer + 1 + depth):
                         if ahead in layers:
-                            fsdp_gather(ahead, ("F", mb, ahead))
-                    if zero == 3:
-                        self.wait((fsdp_ready.pop(("F", mb, layer)),), "fsdp", layer=layer, **at)
+                            fsdp_gather(ahead, fkey(ahead))
+                    if zero == 3 and fkey(layer) in fsdp_ready:
+                        self.wait((fsdp_ready.pop(fkey(layer)),), "fsdp", layer=layer, **at)
                     self.layer_forward(layer, mb, chunk)
                 if vs == nvs - 1 and self.extras:
                     self.compute("head", w.head[0], "lm_head+loss", **at)
@@ -486,7 +498,7 @@ class _Builder:
                 if vs == nvs - 1 and self.extras:
                     self.compute("head", w.head[1], "lm_head+loss", **at)
                 for layer in reversed(layers):
-                    if zero == 3:
+                    if zero == 3 and not self.unsharded:
                         fsdp_gather(layer, ("B", mb, layer))
                         for ahead in range(layer - 1, layer - 1 - depth, -1):
                             if ahead in layers:
@@ -499,6 +511,7 @@ class _Builder:
                     self.compute("embed", w.embedding[1], "embedding", **at)
                 if final:
                     self.unlayered_grads(vs, grads)
+                    self.unsharded_grads(pending, deferred)
                 self.ops.append(StepEnd("B", mb, chunk))
                 if vs > 0:
                     self.ops.append(Send(place.locate(vs - 1, copy)[0], vs - 1, mb, "B"))
@@ -509,6 +522,7 @@ class _Builder:
                     self.layer_grads_ready(layer, final, grads_of, grads, pending, deferred)
                 if final:
                     self.unlayered_grads(vs, grads)
+                    self.unsharded_grads(pending, deferred)
                 self.ops.append(StepEnd("W", mb, chunk))
         for item in deferred:
             pending.append(self.enqueue(*item))
@@ -526,7 +540,10 @@ class _Builder:
         w, zero = self.w, self.s.parallelism.zero_stage
         size = w.layer_dense_params[layer] * GRAD_BYTES
         replicas = self.replica_reduce(size)
-        if zero == 3 and not self.sw.grad_reduce:
+        if zero == 3 and self.unsharded:
+            if final:
+                self.held_grads.append(layer)
+        elif zero == 3 and not self.sw.grad_reduce:
             deferred.append(("dpcp", "reduce_scatter", size, "fsdp"))
             deferred.extend((kind, op, n, "dp") for kind, op, n in replicas)
         elif zero == 3 and replicas:
@@ -538,6 +555,21 @@ class _Builder:
         elif final and grads_of[layer].layers[-1] == layer:
             for kind, op, nbytes in self.grad_ops(grads_of[layer], zero):
                 grads(kind, op, nbytes, "dp")
+
+    def unsharded_grads(self, pending, deferred):
+        """ZeRO-3 under a pipeline with ``fsdp_pipeline_unsharded``: the chunk's last backward is
+        done, and FSDP's post-backward reduce-scatters every layer's gradients in turn on its
+        reduce stream (torch pipelining runs post_backward for each block after the last
+        micro-batch's backward)."""
+        for layer in self.held_grads:
+            size = self.w.layer_dense_params[layer] * GRAD_BYTES
+            ops = [("dpcp", "reduce_scatter", size, "fsdp")] + [(k, o, n, "dp") for k, o, n in self.replica_reduce(size)]
+            for op in ops:
+                if self.sw.grad_reduce:
+                    pending.append(self.enqueue(*op))
+                else:
+                    deferred.append(op)
+        self.held_grads = []
 
     def unlayered_grads(self, vs, grads):
         """Buckets holding no layer (embedding, LM head) are reduced after the chunk's last backward."""

@@ -33,7 +33,7 @@ ATTENTION_KERNELS = ("fa2", "sdpa", "fa3", "cudnn")
 CP_COMM_TYPES = ("p2p", "all_gather")
 CP_MERGES = ("te", "torch")
 SECTIONS = {"attention": ("kernel", "cp_comm_type", "kv_heads_expanded", "cp_merge"), "overlap": OVERLAP_KEYS, "fusion": FUSION_KEYS, "execution": EXECUTION_KEYS, "fp8": FP8_KEYS,
-            "optimizer": OPTIMIZER_KEYS, "recompute": ("selective",)}
+            "optimizer": OPTIMIZER_KEYS, "recompute": ("selective",), "fsdp": ("pipeline_unsharded",)}
 
 
 @dataclass(frozen=True)
@@ -64,6 +64,9 @@ class Software:
     cp_comm_type: str = "p2p"  # how K/V cross the CP group: ring (p2p) or gathered first (all_gather)
     kv_heads_expanded: bool = False  # K/V repeated to the query heads before the attention call (GQA not native)
     cp_merge: str = "te"  # how the CP partial outputs and gradients are combined (software.cp_merge_bytes)
+    # ZeRO-3 with pipeline parallelism: parameters gathered once per step and kept unsharded over the
+    # micro-batches, gradients reduce-scattered after each chunk's last backward (torch pipelining)
+    fsdp_pipeline_unsharded: bool = False
 
 
 def framework_names() -> tuple[str, ...]:
@@ -137,4 +140,5 @@ def resolve(s) -> Software:
         cp_comm_type=s.parallelism.cp_comm_type or prof["attention"]["cp_comm_type"],
         kv_heads_expanded=bool(prof["attention"]["kv_heads_expanded"]),
         cp_merge=prof["attention"]["cp_merge"],
+        fsdp_pipeline_unsharded=bool(prof["fsdp"]["pipeline_unsharded"]),
     )

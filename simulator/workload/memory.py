@@ -271,6 +271,13 @@ def _stage_params(s: Scenario, stage: int) -> _Params:
     return _Params(dense, expert, largest)
 
 
+def _pipeline_unsharded(s: Scenario) -> bool:
+    """Whether the scenario's framework keeps ZeRO-3 layers gathered over a pipeline's micro-batches."""
+    from simulator.workload.frameworks import load_profile
+
+    return bool(load_profile(s.framework)["fsdp"]["pipeline_unsharded"])
+
+
 def _check(s: Scenario) -> None:
     par, m, tr = s.parallelism, s.model, s.training
     for name in ("tp", "pp", "cp", "ep", "vp"):
@@ -350,7 +357,12 @@ def stage_memory(
         activations += head * head_in_flight * heads
 
     stage_params = params.dense + params.expert
-    if zero >= 3:
+    if zero >= 3 and pp > 1 and _pipeline_unsharded(s):
+        # torch pipelining: every layer of the stage stays gathered from its first forward to the
+        # chunk's last backward, and its unsharded gradient accumulates over the micro-batches
+        # (frameworks/torchtitan.yaml fsdp.pipeline_unsharded)
+        buffers = stage_params * (weight_bytes + grad_bytes)
+    elif zero >= 3:
         buffers = params.largest_unit * (2 * weight_bytes + grad_bytes)
     else:
         bucket = max(DDP_BUCKET_MIN_PARAMS, DDP_BUCKET_PARAMS_PER_RANK * dense_group)
@@ -416,7 +428,9 @@ def memory_record(
             "cuda_context_gib": CUDA_CONTEXT_BYTES / GiB,
             "nccl_buffers_gib": NCCL_BUFFER_BYTES / GiB,
             "allocator_fragmentation": ALLOCATOR_FRAGMENTATION,
-            "comm_buffers": "FSDP: 2 gathered units + 1 unsharded gradient unit" if par.zero_stage >= 3
+            "comm_buffers": ("FSDP under a pipeline: the stage's layers gathered and their gradients unsharded"
+                             if par.zero_stage >= 3 and par.pp > 1 and _pipeline_unsharded(s) else
+                             "FSDP: 2 gathered units + 1 unsharded gradient unit") if par.zero_stage >= 3
                             else "one DDP bucket of max(40e6, 1e6 x dp x cp) params",
         },
         model_params={"total": counts["total"], "active": counts["active"]},

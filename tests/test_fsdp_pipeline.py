@@ -1,0 +1,68 @@
+"""ZeRO-3 under pipeline parallelism: per micro-batch (stepsim's reference) or gathered once per
+step as torch pipelining runs FSDP2 (``fsdp.pipeline_unsharded``, torchtitan)."""
+import dataclasses
+from collections import Counter
+
+import pytest
+
+from simulator.config import ClusterConfig, ModelConfig, ParallelConfig, Scenario, TrainingConfig
+from simulator.step.inputs import step_inputs
+from simulator.step.program import Enqueue, Launch, StepEnd, build_program
+from simulator.workload.memory import memory_report
+
+MODEL = ModelConfig(hidden_size=1024, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=8,
+                    intermediate_size=4096, vocab_size=32000)
+M = 4  # micro-batches
+
+
+def scenario(framework, pp=2, vp=1):
+    return Scenario(name="t", model=MODEL, cluster=ClusterConfig(topology="dgx-h100", num_nodes=2),
+                    training=TrainingConfig(seq_length=1024, global_batch_size=M * 8),
+                    parallelism=ParallelConfig(tp=1, pp=pp, dp=8, vp=vp, zero_stage=3),
+                    schedule="interleaved" if vp > 1 else "1f1b", framework=framework)
+
+
+def fsdp_ops(s, stage=0):
+    ops = build_program(s, step_inputs(s).workload, stage)
+    gathers = [op for op in ops if isinstance(op, Launch) and op.axis == "fsdp" and op.op == "all_gather"]
+    scatters = [op for op in ops if isinstance(op, (Launch, Enqueue)) and op.op == "reduce_scatter"]
+    return ops, gathers, scatters
+
+
+def test_torch_pipelining_gathers_each_layer_once_and_reduce_scatters_after_the_last_backward():
+    s = scenario("torchtitan")
+    layers = 8 // 2
+    ops, gathers, scatters = fsdp_ops(s)
+    assert len(gathers) == layers and len(scatters) == layers
+    # every reduce-scatter comes after the last backward step of the chunk
+    last_b = max(i for i, op in enumerate(ops) if isinstance(op, StepEnd) and op.kind == "B")
+    first_rs = min(ops.index(op) for op in scatters)
+    assert first_rs > max(i for i, op in enumerate(ops) if isinstance(op, StepEnd) and op.kind == "F")
+    assert first_rs < last_b + 3  # issued right at the end of that backward, before its send
+    assert all(isinstance(op, Enqueue) for op in scatters)  # FSDP's reduce stream, one after another
+
+
+def test_reference_zero3_gathers_per_micro_batch_in_forward_and_backward():
+    _, gathers, scatters = fsdp_ops(scenario("megatron-core"))
+    layers = 8 // 2
+    assert len(gathers) == 2 * M * layers and len(scatters) == M * layers
+
+
+def test_interleaved_chunks_each_keep_their_layers_gathered():
+    _, gathers, scatters = fsdp_ops(scenario("torchtitan", pp=2, vp=2))
+    assert len(gathers) == 4 and len(scatters) == 4  # 8 layers / 2 stages, both chunks
+    assert Counter(op.nbytes for op in gathers) == Counter(op.nbytes for op in gathers[:1] * 4)
+
+
+def test_without_a_pipeline_torchtitan_keeps_per_micro_batch_fsdp():
+    s = dataclasses.replace(scenario("torchtitan", pp=1), parallelism=ParallelConfig(dp=16, zero_stage=3))
+    _, gathers, _ = fsdp_ops(s)
+    assert len(gathers) == 2 * (M * 8 // 16) * 8
+
+
+def test_gathered_once_holds_the_stage_unsharded():
+    tt, ref = scenario("torchtitan"), scenario("megatron-core")
+    a, b = memory_report(tt), memory_report(ref)
+    # the stage's layers (and their unsharded gradients) stay on the GPU: more than two units in flight
+    assert a["stages"][0]["other_gib"] > b["stages"][0]["other_gib"]
+    assert "under a pipeline" in a["assumptions"]["comm_buffers"]
