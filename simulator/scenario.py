@@ -315,7 +315,9 @@ def apply_overrides(d: dict, overrides: Iterable[str]) -> dict:
             out[head] = value
             continue
         if head == FAULTS:
-            if len(parts) != 2 or parts[1] not in FAULT_KEYS:
+            if len(parts) != 2:  # the whole section, or too deep: name one key per --set
+                raise ConfigError(key, value, f"expected {FAULTS}.<key>; valid keys: {', '.join(FAULT_KEYS)}")
+            if parts[1] not in FAULT_KEYS:
                 raise _unknown(key, value, [f"{FAULTS}.{k}" for k in FAULT_KEYS])
             section = out.get(FAULTS)
             if section is None:

@@ -102,6 +102,18 @@ def test_cli_fault_error_is_one_line_with_exit_2():
     assert proc.stderr.startswith("stepsim: error: faults.links[0].link_class: got 'leaf-spine'")
 
 
+
+def test_setting_the_whole_faults_section_says_to_name_one_key():
+    from simulator.errors import ConfigError
+    from simulator.scenario import apply_overrides
+    with pytest.raises(ConfigError) as e:
+        apply_overrides({}, ["faults={compute_jitter_cv: 0.1}"])
+    assert "expected faults.<key>" in str(e.value) and "unknown key" not in str(e.value)
+    with pytest.raises(ConfigError) as e:
+        apply_overrides({}, ["faults.bogus=1"])
+    assert "unknown key" in str(e.value) and "faults.compute_jitter_cv" in str(e.value)
+
+
 # --- link faults on the cluster ---------------------------------------------------------------
 
 def test_link_degradation_scales_both_directions_of_that_nodes_links_only():
