@@ -59,7 +59,7 @@ class TopologySpec:
     oversubscription: float = 1.0
     core_oversubscription: float = 1.0
     nvls: bool = False  # NVSwitch gen 3+ in the node: NVLink SHARP (NCCL's NVLS algorithm) inside the node
-    sharp: bool = False  # SHARP-capable fabric switches (recorded from the datasheets; no algorithm uses it yet)
+    sharp: bool = False  # SHARP-capable fabric switches: NCCL's NVLS+SHARP all_reduce (algorithm: sharp)
     description: str = ""
     source: str = ""
 
