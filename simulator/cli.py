@@ -329,7 +329,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--gpus", type=int, default=8)
     c.add_argument("--cluster", default="dgx-h100", help="topology name from topologies/ or a YAML path")
     c.add_argument("--sizes", default="1MiB,16MiB,1GiB,8GiB", help="comma-separated sizes (nccl-tests conventions)")
-    c.add_argument("--algorithm", default="auto", help="auto (NCCL's choice: ring or NVLS) | ring | hierarchical | nvls")
+    c.add_argument("--algorithm", default="auto", help="auto (NCCL's choice: ring or NVLS) | ring | hierarchical | nvls | sharp (NVLS+SHARP all_reduce across nodes)")
     c.add_argument("--network-bandwidth-Gbps", dest="network_bandwidth_Gbps", type=float, default=None)
     c.add_argument("--nvlink-bandwidth-GBps", dest="nvlink_bandwidth_GBps", type=float, default=None)
     c.add_argument("--oversubscription", type=float, default=None)
@@ -345,7 +345,7 @@ def build_parser() -> argparse.ArgumentParser:
             r.add_argument("--allow-oom", action="store_true", help="simulate even if the plan does not fit in memory")
             r.add_argument("--no-fold", action="store_true",
                            help="simulate every rank instead of one per pipeline stage (slow; for checking)")
-            r.add_argument("--algorithm", default="auto", help="collective algorithm: auto (ring, or NVLS where NCCL's model prefers it) | ring | hierarchical | nvls")
+            r.add_argument("--algorithm", default="auto", help="collective algorithm: auto (ring, or NVLS where NCCL's model prefers it) | ring | hierarchical | nvls | sharp")
             r.add_argument("--trace", metavar="FILE", help="write a Perfetto / Chrome trace (JSON) of the step")
             r.add_argument("--trace-all-ranks", action="store_true",
                            help="simulate unfolded so the trace holds every rank (slow on large clusters)")

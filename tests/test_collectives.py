@@ -190,3 +190,49 @@ def test_gb200_nvl72_all_reduce_over_72_gpus_is_nvlink5_bound():
     assert busbw == pytest.approx(2 * 0.74 * 40.1 / 50 * 900 * 31 / 33, rel=0.01)
     ring, _ = C.time_collective(nvl72, "all_reduce", range(72), size, algorithm="ring")
     assert 850 < size / ring / 1e9 * C.bus_factor("all_reduce", 72) < 900
+
+
+# NVLS + SHARP (NCCL's NVLS algorithm across nodes with CollNet): closed forms from its tuning model.
+
+@pytest.fixture(scope="module")
+def two_b200():
+    return build_cluster(load_topology("dgx-b200"), 2)  # nvls and sharp, 8 x 400 Gb/s NICs per node
+
+
+@pytest.mark.parametrize("size", [2**20, 64 * 2**20, GiB])
+def test_sharp_all_reduce_equals_its_closed_form(two_b200, size):
+    from simulator.physical import nccl
+
+    t, _ = C.time_collective(two_b200, "all_reduce", range(16), size, algorithm="sharp")
+    eff = 0.74 * 40.1 / 50
+    nvlink = size * 15 * 9 / (16 * 7) / (900e9 * eff)  # NVLS over 8 local GPUs: c = 8 channels
+    nic = size * 2 * 15 / 16 / 8 / 50e9                 # each GPU's 400 Gb/s NIC: 2(n-1)/n x S / k
+    assert t == pytest.approx(25e-6 + 18e-6 + max(nvlink, nic), rel=1e-9)
+    assert t == pytest.approx(nccl.sharp_time(16, 8, size, 900e9, 50e9, 5), rel=1e-9)
+
+
+def test_sharp_bus_bandwidth_is_the_nodes_nic_rate_and_beats_the_ring_at_small_sizes(two_b200):
+    size = 4 * GiB
+    t, _ = C.time_collective(two_b200, "all_reduce", range(16), size, algorithm="sharp")
+    assert size / t / 1e9 * C.bus_factor("all_reduce", 16) == pytest.approx(8 * 50, rel=0.01)
+    four = build_cluster(load_topology("dgx-b200"), 4)
+    small = 2**20  # latency-bound: 43 us once against the ring's 2(n-1) network steps
+    sharp, _ = C.time_collective(four, "all_reduce", range(32), small, algorithm="sharp")
+    ring, _ = C.time_collective(four, "all_reduce", range(32), small, algorithm="ring")
+    assert sharp < ring
+
+
+def test_sharp_needs_sharp_switches_and_is_never_nccls_default(two_b200):
+    no_sharp = build_cluster(replace(load_topology("dgx-b200"), sharp=False), 2)
+    t, _ = C.time_collective(no_sharp, "all_reduce", range(16), GiB, algorithm="sharp")
+    ring, _ = C.time_collective(no_sharp, "all_reduce", range(16), GiB, algorithm="ring")
+    assert t == ring
+    # NCCL runs NVLS across nodes only with CollNet enabled: auto keeps the ring
+    auto, _ = C.time_collective(two_b200, "all_reduce", range(16), 2**20)
+    ring, _ = C.time_collective(two_b200, "all_reduce", range(16), 2**20, algorithm="ring")
+    sharp, _ = C.time_collective(two_b200, "all_reduce", range(16), 2**20, algorithm="sharp")
+    assert auto == ring != sharp
+    # inside one node it is NVLS
+    one, _ = C.time_collective(two_b200, "all_reduce", range(8), GiB, algorithm="sharp")
+    nvls, _ = C.time_collective(two_b200, "all_reduce", range(8), GiB, algorithm="nvls")
+    assert one == nvls

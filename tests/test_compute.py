@@ -279,3 +279,38 @@ def test_h100_large_gemms_sustain_mamf_times_the_sustained_fraction():
     assert 0.9 * ceiling < mlp_up.flops / mlp_up.time_s / 989e12 <= ceiling
 
 
+
+
+# Operand quantization for low-precision GEMMs (Transformer Engine): a memory-bound kernel per GEMM
+# input (unless a norm writes it quantized) and per output gradient, both usages written.
+
+@pytest.mark.parametrize("precision, operand", [("fp8", 1.0), ("mxfp8", 1 + 1 / 32), ("nvfp4", 0.5 + 1 / 16)])
+def test_low_precision_gemms_pay_their_quantize_kernels(precision, operand):
+    gpu = get_gpu("GB200")
+    train = TrainingConfig(seq_length=4096, micro_batch_size=1, precision=precision)
+    cost = layer_cost(LLAMA31_8B, train, ParallelConfig(), gpu, 0)
+    t, h, ff = 4096, 4096, 14336
+    bw = gpu.hbm_bandwidth_Bps * gpu.memory_efficiency
+    fwd = {op.name: op for op in cost.attn_fwd.ops + cost.mlp_fwd.ops}
+    # qkv_proj and mlp_up read what the fused norm + quantize wrote: no kernel of their own
+    assert "qkv_proj_quantize" not in fwd and "mlp_up_quantize" not in fwd
+    assert fwd["out_proj_quantize"].bytes == pytest.approx(t * h * (2 + 2 * operand))
+    assert fwd["mlp_down_quantize"].bytes == pytest.approx(t * ff * (2 + 2 * operand))
+    assert fwd["mlp_down_quantize"].time_s == pytest.approx(t * ff * (2 + 2 * operand) / bw + gpu.launch_overhead_s)
+    bwd = {op.name: op for op in cost.attn_bwd.ops + cost.mlp_bwd.ops}
+    qkv_out = (32 + 2 * 8) * 128
+    assert bwd["qkv_proj_quantize_bwd"].bytes == pytest.approx(t * qkv_out * (2 + 2 * operand))
+    assert bwd["mlp_up_quantize_bwd"].bytes == pytest.approx(t * 2 * ff * (2 + 2 * operand))
+    assert sum(name.endswith("_quantize_bwd") for name in bwd) == 4
+    bf16 = layer_cost(LLAMA31_8B, TrainingConfig(seq_length=4096, micro_batch_size=1), ParallelConfig(), gpu, 0)
+    assert not any("quantize" in op.name for b in (bf16.attn_fwd, bf16.mlp_fwd, bf16.attn_bwd, bf16.mlp_bwd)
+                   for op in b.ops)
+
+
+def test_router_stays_16_bit_and_fp8_experts_keep_their_own_cast():
+    train = TrainingConfig(seq_length=32, micro_batch_size=2, precision="fp8")
+    cost = layer_cost(MOE, train, ParallelConfig(), H100, 1)
+    names = [op.name for op in cost.mlp_fwd.ops + cost.mlp_bwd.ops]
+    assert "router_quantize" not in names and "router_quantize_bwd" not in names
+    assert "expert_fp8_cast" in names and not any(n.startswith("expert_") and "quantize" in n for n in names)
+    assert "shared_down_quantize" in names

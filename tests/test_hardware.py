@@ -158,3 +158,17 @@ def test_a_power_limit_slows_a_compute_bound_step_and_a_bad_one_is_a_one_line_er
         assert len(r.stderr.strip().splitlines()) == 1
     r = run("cluster.gpu=B200-SXM-180GB", "cluster.topology=dgx-b200", "cluster.gpu_power_limit_W=800")
     assert r.returncode == 2 and "no catalogued TDP" in r.stderr
+
+
+def test_blackwell_gemm_ceilings_are_the_published_mamf():
+    """S. Bekman's MAMF table (ml-engineering, compute/accelerator): B200 1745.0 / 3432.5, B300
+    1769.0 / 3353.3, GB200 1822.0 / 3615.6 TFLOP/s BF16 / FP8; GB300 takes B300's (same die)."""
+    from simulator.physical.hardware import gemm_ceiling
+
+    for name, bf16, fp8, peak16 in (("B200", 1745.0, 3432.5, 2250), ("B300", 1769.0, 3353.3, 2250),
+                                    ("GB200", 1822.0, 3615.6, 2500), ("GB300", 1769.0, 3353.3, 2250)):
+        gpu = get_gpu(name)
+        assert gpu.gemm_efficiency["bf16"] == pytest.approx(bf16 / peak16)
+        assert gpu.gemm_efficiency["fp8"] == pytest.approx(fp8 / (2 * peak16))
+        assert gpu.gemm_efficiency["mxfp8"] == gpu.gemm_efficiency["nvfp4"] == gpu.gemm_efficiency["fp8"]
+        assert gemm_ceiling(gpu, "bf16") == pytest.approx(bf16 / peak16 * gpu.sustained_fraction)

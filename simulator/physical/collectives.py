@@ -37,11 +37,16 @@ Algorithms (what is modelled, and what is not):
   all_reduce takes the ring (LL) up to about 1 MiB and NVLS above, about 487-490 GB/s busbw at
   1-8 GiB against 466-480 measured. Groups spanning nodes keep the ring (NCCL's NVLS across
   nodes needs SHARP; NVLS-Tree is not modelled).
+- NVLS + SHARP (``algorithm: sharp``): an all_reduce spanning nodes with the same k ranks on
+  each, on a topology with ``nvls: true`` and ``sharp: true`` (InfiniBand switches reducing in
+  the network, NCCL's NVLS algorithm with the CollNet/SHARP plugin): NVLS inside every node and,
+  at the same time, each GPU's slice through its own NIC on its rail, NCCL's per-GPU bytes
+  (:func:`simulator.physical.nccl.sharp_wire_bytes`), plus 25 + 18 us. NCCL uses it only with
+  CollNet enabled, so ``auto`` keeps the ring; other ops and layouts fall back to it too.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass
 from typing import Generator, Sequence
 
@@ -53,7 +58,7 @@ from simulator.physical.network import Network
 from simulator.physical.topology import Cluster
 
 OPS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "send_recv")
-ALGORITHMS = ("auto", "ring", "hierarchical", "nvls")
+ALGORITHMS = ("auto", "ring", "hierarchical", "nvls", "sharp")
 
 
 def bus_factor(op: str, n: int) -> float:
@@ -63,6 +68,38 @@ def bus_factor(op: str, n: int) -> float:
     if op in ("reduce_scatter", "all_gather", "all_to_all"):
         return (n - 1) / n
     return 1.0
+
+
+def _link_counts(links: np.ndarray, num_links: int) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(links, return_counts=True)`` for link ids in [0, num_links): a bincount when
+    the array is long enough for one pass over the ids to beat sorting it (same result)."""
+    if len(links) * 8 < num_links:
+        return np.unique(links, return_counts=True)
+    counts = np.bincount(links, minlength=num_links)
+    ids = np.flatnonzero(counts)
+    return ids, counts[ids]
+
+
+class _LazyPhases:
+    """Per-group phases built on first use (truthy: there is at least one moving pair; only the
+    unmerged fallback iterates them)."""
+
+    def __init__(self, build):
+        self._build, self._items = build, None
+
+    def _get(self) -> list:
+        if self._items is None:
+            self._items = self._build()
+        return self._items
+
+    def __bool__(self) -> bool:
+        return True
+
+    def __iter__(self):
+        return iter(self._get())
+
+    def __len__(self) -> int:
+        return len(self._get())
 
 
 @dataclass(frozen=True)
@@ -115,9 +152,9 @@ class Collectives:
         """``op`` over ``ranks`` as one NVLS transfer, if the algorithm allows NVLS here and (under
         ``auto``) NCCL's cost model prefers it to the ring; else None."""
         c = self.cluster
-        if (self.algorithm not in ("auto", "nvls") or not c.spec.nvls
+        if (self.algorithm not in ("auto", "nvls", "sharp") or not c.spec.nvls
                 or c.nvlink_generation not in nccl.NVLS_EFFICIENCY
-                or len({c.node_of(r) for r in ranks}) != 1):
+                or c.node_of(min(ranks)) != c.node_of(max(ranks))):
             return None
         n = len(ranks)
         edges, _, link_bw = self._geometry.get(tuple(ranks)) or self._ring_geometry([ranks])[0]
@@ -132,6 +169,31 @@ class Collectives:
         hit = self._specs[key]
         return None if hit is None else Spec(edges, *hit)
 
+    def sharp_phase(self, ranks: Sequence[int], size: float) -> Phase | None:
+        """An all_reduce over ``ranks`` as NVLS + SHARP (:mod:`simulator.physical.nccl`): one phase of
+        concurrent transfers, NVLS inside each node (its ring edges, the NVLink bytes NCCL's model
+        charges) beside the inter-node part on the rails (rank j of every node, each GPU's own NIC
+        carrying the NIC bytes), so the slower of the two sets the time, as NCCL's model takes the
+        smaller bandwidth. None where it cannot run: no NVLS or no SHARP in the topology, NVLink
+        before generation 4, one node, unequal ranks per node, or GPUs sharing a NIC."""
+        c = self.cluster
+        if (not c.spec.nvls or not getattr(c.spec, "sharp", False)
+                or c.nvlink_generation not in nccl.NVLS_EFFICIENCY):
+            return None
+        nodes = self._node_groups(ranks)
+        if nodes is None or len(nodes) < 2 or len(nodes[0]) < 2:
+            return None
+        k = len(nodes[0])
+        if len({c.nic_of(r) for r in nodes[0]}) != k:
+            return None
+        intra_bytes, nic_bytes = nccl.sharp_wire_bytes(len(ranks), k, size)
+        latency = nccl.NVLS_LATENCY_S + nccl.SHARP_NET_LATENCY_S
+        rails = [[node[j] for node in nodes] for j in range(k)]
+        geometry = self._ring_geometry(nodes + rails)
+        wire = intra_bytes / nccl.NVLS_EFFICIENCY[c.nvlink_generation]
+        return ([Spec(edges, wire, latency) for edges, _, _ in geometry[:len(nodes)]]
+                + [Spec(edges, nic_bytes, latency) for edges, _, _ in geometry[len(nodes):]])
+
     def _ring_geometry(self, rings: Sequence[Sequence[int]]) -> list[tuple]:
         """(edges, fraction of edges between nodes, slowest link on any edge's route) of each ring
         (rank i sends to rank i + 1, the last to the first); cached, and computed for all the
@@ -142,7 +204,7 @@ class Collectives:
             c = self.cluster
             lengths = np.array([len(k) for k in missing])
             starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
-            src = np.fromiter((r for k in missing for r in k), dtype=np.int64, count=int(lengths.sum()))
+            src = np.concatenate([np.asarray(k, dtype=np.int64) for k in missing])
             succ = np.arange(len(src)) + 1
             succ[starts + lengths - 1] = starts
             dst = src[succ]
@@ -176,11 +238,15 @@ class Collectives:
 
     def _node_groups(self, ranks: Sequence[int]) -> list[list[int]] | None:
         """Ranks per node (nodes in order) if every node holds the same count, else None."""
-        by_node: dict[int, list[int]] = defaultdict(list)
-        for r in sorted(ranks):
-            by_node[self.cluster.node_of(r)].append(r)
-        counts = {len(v) for v in by_node.values()}
-        return [by_node[k] for k in sorted(by_node)] if len(counts) == 1 else None
+        arr = np.sort(np.asarray(ranks, dtype=np.int64))
+        if not len(arr):
+            return None
+        nodes = arr // self.cluster.spec.gpus_per_node
+        cuts = np.flatnonzero(nodes[1:] != nodes[:-1]) + 1
+        counts = np.diff(np.concatenate([[0], cuts, [len(arr)]]))
+        if len(counts) and (counts != counts[0]).any():
+            return None
+        return [part.tolist() for part in np.split(arr, cuts)]
 
     def _hierarchy(self, ranks: Sequence[int]):
         """(intra-node groups, inter-node rail groups) for the hierarchical form, or None for rings."""
@@ -200,7 +266,8 @@ class Collectives:
         if nodes is None or len(nodes) < 2 or len(nodes[0]) < 2:
             return [ranks]
         k = len(nodes[0])
-        return [[r for node in nodes for r in node[c:] + node[:c]] for c in range(k)]
+        grid = np.array(nodes, dtype=np.int64)
+        return [np.roll(grid, -c, axis=1).ravel().tolist() for c in range(k)]
 
     def _rings_phase(self, op: str, rings: list[list[int]], per_step: float, steps: int) -> Phase:
         return [self.ring_spec(op, r, per_step, steps) for r in rings if len(r) > 1 and steps > 0]
@@ -224,6 +291,10 @@ class Collectives:
         nvls = self.nvls_spec(op, ranks, size)
         if nvls is not None:
             return [[nvls]]
+        if op == "all_reduce" and self.algorithm == "sharp":
+            sharp = self.sharp_phase(ranks, size)
+            if sharp is not None:
+                return [sharp]
         if self.cluster.node_of(ranks[0]) == self.cluster.node_of(ranks[-1]):  # one node: one ring
             return [[self.ring_spec(op, ranks, size / 1 / n, steps)]]
         h = self._hierarchy(ranks)
@@ -249,6 +320,21 @@ class Collectives:
         moving = [e for e in ends if e[0] != e[1]]
         lat = iter(self._latencies(moving)) if moving else iter(())
         return [[] if a == b else [[Spec(((a, b),), size, next(lat))]] for a, b in ends]
+
+    def _prepare_send_recv(self, groups, size: float):
+        """``prepare("send_recv", groups, size, merge=True)`` straight from arrays: every moving
+        pair is one member of a single merged transfer (what ``_merged`` makes of the per-pair
+        specs, without building one Spec per pair: a folded stage of a 100K-GPU job sends
+        thousands). The per-group phases are built only if someone iterates them."""
+        ends = np.array([(g[0], g[-1]) for g in groups], dtype=np.int64).reshape(-1, 2)
+        moving = ends[ends[:, 0] != ends[:, 1]]
+        if not len(moving):
+            return [], []
+        src, dst = moving[:, 0], moving[:, 1]
+        latency = max(self.cluster.route_latencies(src, dst).tolist())
+        links, mult = _link_counts(self.cluster.route_links(src, dst), self.cluster.num_links)
+        merged = [[(self.net.template(links, mult.astype(float)), size, latency, len(src))]]
+        return merged, _LazyPhases(lambda: [ph for ph in self._send_recv_phases(groups, size) if ph])
 
     def _edge_src_dst(self, specs: list[Spec]) -> tuple[np.ndarray, np.ndarray]:
         """The (src, dst) arrays of all the specs' edges; rings reuse the arrays they were routed with."""
@@ -288,7 +374,7 @@ class Collectives:
                     return None
                 src, dst = self._edge_src_dst(specs)
                 count = len(src)
-                links, mult = np.unique(self.cluster.route_links(src, dst), return_counts=True)
+                links, mult = _link_counts(self.cluster.route_links(src, dst), self.cluster.num_links)
                 transfers.append((self.net.template(links, mult.astype(float)), specs[0].size,
                                   max(s.latency for s in specs), count))
             out.append(transfers)
@@ -303,6 +389,11 @@ class Collectives:
         key = (op, groups if isinstance(groups, tuple) else tuple(tuple(g) for g in groups), size, merge)
         hit = self._prepared.get(key)
         if hit is None:
+            if op == "send_recv" and merge:
+                hit = self._prepare_send_recv(groups, size)
+                self._prepared[key] = hit
+                self._by_id[fast] = (groups, hit)
+                return hit
             if op == "send_recv":
                 per_group = [ph for ph in self._send_recv_phases(groups, size) if ph]
             else:

@@ -115,15 +115,30 @@ _LAUNCH_S = 3e-6
 _A100_NVLINK = 0.80
 _HOPPER_NVLINK = 1.0
 
-# Blackwell (B200, B300, GB200, GB300): no public MAMF, sustained or NVLink measurement for these
-# parts yet, so they take the Hopper constants. The block-scaled formats are GEMM precisions only:
+# Blackwell (B200, B300, GB200, GB300). MAMF measured per part (S. Bekman, "Machine Learning
+# Engineering", compute/accelerator/README.md, MAMF table, mean of 100 iterations at the best
+# shape found, BF16 / FP8 e4m3): B200 SXM 1745.0 / 2250 = 0.776 and 3432.5 / 4500 = 0.763 (torch
+# 2.7.1+cu128); B300 SXM 1769.0 / 2250 = 0.786 and 3353.3 / 4500 = 0.745 (2.9.1+cu130); GB200
+# 1822.0 / 2500 = 0.729 and 3615.6 / 5000 = 0.723 (2.10.0.dev+cu130). GB300 is not in the table:
+# it takes B300's fractions (the same Blackwell Ultra die and tensor cores). The sustained
+# fraction and NVLink efficiency have no public Blackwell measurement and stay Hopper's.
+# The block-scaled formats are GEMM precisions only:
 # MXFP8 (OCP Microscaling: FP8 E4M3 elements with one E8M0 scale per 32) runs on Blackwell's
 # tensor cores at the FP8 rate and NVFP4 (E2M1 elements, one E4M3 scale per 16) at the FP4 rate
 # (NVIDIA Blackwell architecture technical brief; Transformer Engine docs, "Using FP8 and FP4
 # with Transformer Engine": MXFP8BlockScaling and NVFP4BlockScaling recipes quantize Linear
 # layers only, attention stays BF16 unless fp8_dot_product_attention). Their GEMM ceiling is the
-# FP8 estimate: same tensor-core pipeline, scales applied in the MMA instruction.
-_BLACKWELL_GEMM = {**_HOPPER_GEMM, "mxfp8": _HOPPER_GEMM["fp8"], "nvfp4": _HOPPER_GEMM["fp8"]}
+# part's measured FP8 MAMF: same tensor-core pipeline, scales applied in the MMA instruction
+# (no public MXFP8 or NVFP4 MAMF).
+
+
+def _blackwell_gemm(bf16: float, fp8: float) -> dict[str, float]:
+    return {"bf16": bf16, "fp16": bf16, "tf32": bf16, "fp8": fp8, "mxfp8": fp8, "nvfp4": fp8}
+
+
+_B200_GEMM = _blackwell_gemm(1745.0 / 2250, 3432.5 / 4500)
+_B300_GEMM = _blackwell_gemm(1769.0 / 2250, 3353.3 / 4500)
+_GB200_GEMM = _blackwell_gemm(1822.0 / 2500, 3615.6 / 5000)
 
 _AMPERE = dict(gemm_efficiency=_A100_GEMM, sustained_fraction=_A100_SUSTAINED, tdp_w=400.0,
                memory_efficiency=_MEM_EFF, launch_overhead_s=_LAUNCH_S, nvlink_efficiency=_A100_NVLINK,
@@ -132,7 +147,7 @@ _HOPPER = dict(gemm_efficiency=_HOPPER_GEMM, sustained_fraction=_HOPPER_SUSTAINE
                memory_efficiency=_MEM_EFF, launch_overhead_s=_LAUNCH_S, nvlink_efficiency=_HOPPER_NVLINK,
                nvlink_generation=4)
 
-_BLACKWELL = {**_HOPPER, "gemm_efficiency": _BLACKWELL_GEMM, "nvlink_generation": 5, "tdp_w": None}  # unmeasured: Hopper's constants, see above
+_BLACKWELL = {**{k: v for k, v in _HOPPER.items() if k != "gemm_efficiency"}, "nvlink_generation": 5, "tdp_w": None}  # sustained and NVLink: Hopper's constants, see above
 
 # Dense peaks shared by the parts of one die: both A100 memory sizes, and H100 / H800 / H200
 # (the same GH100 compute at the same clocks; H800 differs in NVLink, H200 in memory).
@@ -221,6 +236,7 @@ GPU_CATALOG: dict[str, GPUSpec] = {
         "4.5 PF FP8 dense, 180 GB HBM3e at 8 TB/s, NVLink5 1.8 TB/s bidirectional; 148 SMs; "
         "MXFP8 at the FP8 rate, NVFP4 9 PF dense (DGX B200: 144 PF FP4 sparse over 8 GPUs)",
         num_sms=148,
+        gemm_efficiency=_B200_GEMM,
         **_BLACKWELL,
     ),
     # Blackwell parts with the block-scaled precisions (dense = the datasheets' sparse figures halved).
@@ -235,6 +251,7 @@ GPU_CATALOG: dict[str, GPUSpec] = {
         "2.3 TB HBM3e), per GPU and dense: 2.25 PF BF16, 4.5 PF FP8/MXFP8, 13.5 PF NVFP4, 288 GB HBM3e "
         "at 8 TB/s; NVLink5 1.8 TB/s bidirectional; Blackwell Ultra: 160 SMs",
         num_sms=160,
+        gemm_efficiency=_B300_GEMM,
         **_BLACKWELL,
     ),
     "GB200": GPUSpec(
@@ -248,6 +265,7 @@ GPU_CATALOG: dict[str, GPUSpec] = {
         "13.4 TB HBM3e at 576 TB/s; 130 TB/s NVLink), per GPU and dense: 2.5 PF BF16, 5 PF FP8/MXFP8, "
         "10 PF NVFP4, 186 GB at 8 TB/s, NVLink5 1.8 TB/s bidirectional; 148 SMs",
         num_sms=148,
+        gemm_efficiency=_GB200_GEMM,
         **_BLACKWELL,
     ),
     "GB300": GPUSpec(
@@ -261,6 +279,7 @@ GPU_CATALOG: dict[str, GPUSpec] = {
         "576 TB/s, 130 TB/s NVLink), per GPU and dense: 2.5 PF BF16, 5 PF FP8/MXFP8, 15 PF NVFP4, "
         "288 GB HBM3e at 8 TB/s, NVLink5 1.8 TB/s bidirectional; Blackwell Ultra: 160 SMs",
         num_sms=160,
+        gemm_efficiency=_B300_GEMM,
         **_BLACKWELL,
     ),
     "H20": GPUSpec(

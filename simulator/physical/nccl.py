@@ -128,3 +128,41 @@ def ring_time(op: str, n: int, size: float, link_bw: float, inter_fraction: floa
     nbytes = steps / n * size
     proto, eff = choose(op, nbytes, steps, link_bw, inter_fraction)
     return proto.base_s + steps * step_latency(proto, inter_fraction) + nbytes / (link_bw * eff)
+
+
+# --- NVLS + SHARP: in-network reduction across nodes (NCCL's NVLS algorithm with CollNet) -------
+#
+# With the SHARP plugin (NCCL_COLLNET_ENABLE=1, InfiniBand Quantum switches with SHARP), NCCL runs
+# a multi-node all_reduce as NVLS: the node's NVSwitch reduces across its local GPUs and each NVLS
+# head sends its slice through its NIC to the SHARP aggregation tree, which reduces across nodes
+# in the switches and returns the result, multicast back over NVLink. ``src/graph/tuning.cc``
+# (``ncclTopoTuneModel``) prices it per channel as min(intra, inter): intra the single-node NVLS
+# term above with c = min(local ranks, 32) channels, inter the channel's NIC rate (``bwInter``),
+# over as many channels as the node has NVLS heads (one per NIC), so the bus bandwidth is
+# min(2 eff L (c - 1) / (c + 1), k x NIC) for k local GPUs each with its own NIC, and the time
+# S 2(n - 1)/n / busbw plus the NVLS latencies: 25 us on NVLink and 18 us on the network
+# (hwLatencies NVLINK and NET, NVLS/Simple; the route's own latency is left out). NCCL's model
+# charges each NIC 2(n-1)/n x S/k, twice what the aggregation tree moves (S/k up, S/k down): the
+# model is kept as NCCL's tuner sees it. Only all_reduce: reduce_scatter and all_gather over SHARP
+# need plugin support NCCL checks at run time. NCCL uses it only when CollNet is enabled, so
+# ``auto`` never picks it; ``algorithm: sharp`` asks for it.
+
+SHARP_NET_LATENCY_S = 18.0 * US
+
+
+def sharp_wire_bytes(n: int, local: int, size: float) -> tuple[float, float] | None:
+    """(NVLink bytes per GPU per direction, NIC bytes per GPU per direction) NCCL's model charges an
+    NVLS+SHARP all_reduce of ``size`` over ``n`` GPUs, ``local`` on each node; None where it cannot run."""
+    c = min(local, NVLS_MAX_ARITY)
+    if n <= local or local < 2 or n % local:
+        return None
+    return size * (n - 1) * (c + 1) / (n * (c - 1)), size * 2 * (n - 1) / (n * local)
+
+
+def sharp_time(n: int, local: int, size: float, link_bw: float, nic_bw: float, generation: int) -> float | None:
+    """Modelled time of an uncontended NVLS+SHARP all_reduce (see above); None where it cannot run."""
+    eff = NVLS_EFFICIENCY.get(generation)
+    wire = sharp_wire_bytes(n, local, size)
+    if eff is None or wire is None:
+        return None
+    return NVLS_LATENCY_S + SHARP_NET_LATENCY_S + max(wire[0] / (link_bw * eff), wire[1] / nic_bw)

@@ -59,7 +59,7 @@ class TopologySpec:
     oversubscription: float = 1.0
     core_oversubscription: float = 1.0
     nvls: bool = False  # NVSwitch gen 3+ in the node: NVLink SHARP (NCCL's NVLS algorithm) inside the node
-    sharp: bool = False  # SHARP-capable fabric switches (recorded from the datasheets; no algorithm uses it yet)
+    sharp: bool = False  # SHARP-capable fabric switches: NCCL's NVLS+SHARP all_reduce (algorithm: sharp)
     description: str = ""
     source: str = ""
 
@@ -225,10 +225,9 @@ class Cluster:
         lengths = (table >= 0).sum(axis=1)
         for n in np.unique(lengths).tolist():
             rows = np.flatnonzero(lengths == n)
-            lat = self.link_lat[table[rows, :n]]
-            uniq, inv = np.unique(lat, axis=0, return_inverse=True)
-            sums = np.array([float(u.sum()) for u in uniq])  # each route summed as route_latency does
-            out[rows] = sums[inv.reshape(-1)]
+            # Row sums of a C-contiguous array run numpy's per-row summation loop, the same float
+            # additions as route_latency's 1-D .sum() of each route.
+            out[rows] = np.ascontiguousarray(self.link_lat[table[rows, :n]]).sum(axis=1)
         return out
 
     def route_latency(self, src: int, dst: int) -> float:

@@ -102,7 +102,8 @@ def cases(quick: bool = False) -> list[tuple[str, str, list[str]]]:
 
 
 # GB200 NVL72 racks for case (e). The 1,792-rack (129,024-GPU) step finishes (vectorized routing,
-# link classes in the network: about 13 s of CPU and 0.7 GiB); the default run leaves it out to
+# link classes in the network, folded send/recv prepared from arrays: about 9.5 s of CPU including
+# start-up, 2.7x the 16-rack run's, and 0.6 GiB; farm-bench medians of 3, 2026-11); the default run leaves it out to
 # stay short and ``stepsim bench --scale`` runs the three rack counts alone; the planner's cases
 # (many simulations each) run with ``stepsim bench --plan``.
 SCALE_RACKS = (16, 224, 1792)

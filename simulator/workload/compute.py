@@ -12,7 +12,8 @@ Conventions:
   across TP, or divided by tp with sequence parallelism (Korthikanti et al. 2022).
 - Activations are 16-bit; with ``precision="fp8"`` GEMMs use the FP8 peak and 1-byte operands
   (Transformer Engine), ``mxfp8`` / ``nvfp4`` the block-scaled peaks and operand sizes
-  (``GEMM_OPERAND_BYTES``); attention and elementwise kernels stay 16-bit.
+  (``GEMM_OPERAND_BYTES``); attention and elementwise kernels stay 16-bit. Low-precision GEMMs
+  also pay the kernels that quantize their operands (``QUANTIZED_PRECISIONS``, ``quantize_bytes``).
 - Backward: a GEMM Y = X W becomes dgrad dX = dY W^T and wgrad dW = X^T dY, each with the
   forward's FLOPs; flash-attention backward is 2.5x its forward FLOPs (5 matmuls vs 2,
   FlashAttention-2, Dao 2023) at 63/73 of the forward's efficiency; memory-bound kernels move 2x
@@ -354,6 +355,31 @@ def _mlp_plan(
     return plan
 
 
+# Low-precision GEMMs need their operands quantized first (Transformer Engine, "Using FP8 and FP4 with
+# Transformer Engine"; transformer_engine/pytorch/module/linear.py and base.py
+# ``grad_output_preprocess``): a memory-bound kernel reads the 16-bit tensor and writes it in both
+# usages the GEMMs need, rowwise for the forward / dgrad and columnwise for the wgrad (FP8:
+# cast + transpose; MXFP8 / NVFP4: the 1-D block scales run along K, so each usage is quantized
+# apart, with its scales, GEMM_OPERAND_BYTES). Forward: each GEMM's input, except where a
+# LayerNorm/RMSNorm writes it quantized (TE LayerNormLinear fuses the norm and the cast). Backward:
+# each GEMM's output gradient. The router stays 16-bit (Megatron-core runs it outside TE), and
+# under FP8 the experts' casts are moe.py's ``expert_fp8_cast``. Weights are quantized once per
+# step (TE caches them across micro-batches) and left out.
+QUANTIZED_PRECISIONS = ("fp8", "mxfp8", "nvfp4")
+QUANTIZE_USAGES = 2
+
+
+def quantize_bytes(elements: float, precision: str) -> float:
+    """HBM bytes of quantizing ``elements`` 16-bit values for low-precision GEMMs (read once, both usages written)."""
+    return elements * (ACT_BYTES + QUANTIZE_USAGES * GEMM_OPERAND_BYTES[precision])
+
+
+def _quantized(step: _Gemm, precision: str) -> bool:
+    if precision not in QUANTIZED_PRECISIONS or step.name == "router":
+        return False
+    return not (precision == "fp8" and step.name.startswith("expert_"))
+
+
 def _run(
     plan: list[_Step],
     model: ModelConfig,
@@ -364,12 +390,22 @@ def _run(
 ) -> BlockCost:
     ops: list[Op] = []
     steps = reversed(plan) if backward else plan
+    precision = training.precision
+    previous = None
     for step in steps:
         if isinstance(step, _Gemm):
+            quantize = _quantized(step, precision)
             if backward:
-                ops.extend(_gemm_bwd(step.name, step.m, step.n, step.k, gpu, training.precision, step.groups))
+                if quantize:
+                    ops.append(_mem(f"{step.name}_quantize_bwd",
+                                    quantize_bytes(step.groups * step.m * step.n, precision), gpu))
+                ops.extend(_gemm_bwd(step.name, step.m, step.n, step.k, gpu, precision, step.groups))
             else:
-                ops.append(_gemm(step.name, step.m, step.n, step.k, gpu, training.precision, step.groups))
+                fused = isinstance(previous, _Mem) and previous.name.endswith("norm")
+                if quantize and not fused:
+                    ops.append(_mem(f"{step.name}_quantize",
+                                    quantize_bytes(step.groups * step.m * step.k, precision), gpu))
+                ops.append(_gemm(step.name, step.m, step.n, step.k, gpu, precision, step.groups))
         elif isinstance(step, _Latency):
             if not backward:
                 ops.append(Op(step.name, 0.0, 0.0, step.time_s))
@@ -382,6 +418,7 @@ def _run(
             ops.append(_mem(f"{step.name}_bwd", 2.0 * step.nbytes, gpu))
         else:
             ops.append(_mem(step.name, step.nbytes, gpu))
+        previous = step
     return BlockCost(tuple(ops))
 
 
