@@ -172,3 +172,12 @@ def test_blackwell_gemm_ceilings_are_the_published_mamf():
         assert gpu.gemm_efficiency["fp8"] == pytest.approx(fp8 / (2 * peak16))
         assert gpu.gemm_efficiency["mxfp8"] == gpu.gemm_efficiency["nvfp4"] == gpu.gemm_efficiency["fp8"]
         assert gemm_ceiling(gpu, "bf16") == pytest.approx(bf16 / peak16 * gpu.sustained_fraction)
+
+
+def test_hopper_fp8_gemm_ceiling_is_the_published_mamf():
+    """Bekman's MAMF table: H100 SXM FP8 e4m3 1402.6 of 1979 TFLOP/s (the matmul alone; casts are
+    compute.py's quantize ops)."""
+    from simulator.physical.hardware import gemm_ceiling
+    gpu = get_gpu("H100-SXM5-80GB")
+    assert gpu.gemm_efficiency["fp8"] == pytest.approx(1402.6 / 1979)
+    assert gemm_ceiling(gpu, "fp8") == pytest.approx(1402.6 / 1979 * gpu.sustained_fraction)

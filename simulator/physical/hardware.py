@@ -53,11 +53,11 @@ class GPUSpec:
 # MAMF (maximum achievable matmul FLOPS, BF16, best shape found by brute force), from
 # S. Bekman, "Machine Learning Engineering", compute/accelerator/README.md, MAMF table:
 # A100 SXM 267.9/312 = 0.859 (CUDA 12.1); H100 SXM 792.1/989 = 0.801 (CUDA 12.1).
-# H800 and H200 share the H100 die and 700 W limit, so they take the H100 value; no public MAMF
-# for B200 or for FP8: B200 takes the Hopper fraction, and FP8 0.70 is an estimate (public H100
-# FP8 GEMM benchmarks report roughly 1.3-1.5 of 1.98 PFLOP/s; scaling and casts cost more).
+# H800 and H200 share the H100 die and 700 W limit, so they take the H100 value. FP8 (e4m3) on
+# H100 SXM: 1402.6 / 1979 = 0.709 (same table, torch 2.7.0+cu126): the matmul alone; the kernels
+# that quantize its operands are priced apart (compute.py ``quantize_bytes``, software.py casts).
 _A100_GEMM = {"bf16": 0.859, "fp16": 0.859, "tf32": 0.859}
-_HOPPER_GEMM = {"bf16": 0.801, "fp16": 0.801, "tf32": 0.801, "fp8": 0.70}
+_HOPPER_GEMM = {"bf16": 0.801, "fp16": 0.801, "tf32": 0.801, "fp8": 1402.6 / 1979}
 
 # Fused attention kernels are not one constant per GPU: simulator.workload.attention holds their
 # measured curves (kernel, direction, causal mask, head dim, key length).

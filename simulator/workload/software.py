@@ -35,8 +35,8 @@ as its own named :class:`Op` (so a ``megatron-core`` profile adds nothing):
     per 32 elements per layout) = 4.02 / 4.06 bytes, 1 kernel.
   The reference (TE delayed, LayerNormLinear) pays 4 bytes / 1 kernel for every X except those a
   norm produces (QKV, MLP up: cast fused into the norm, 0), for every dY, and casts each weight once
-  per step (amortised to 0 per micro-batch); the FP8 GEMM ceiling in hardware.py (0.70 of peak)
-  already prices those. A profile pays its recipe's cost on every tensor, except norm-produced X when
+  per step (amortised to 0 per micro-batch); compute.py prices those as ``*_quantize`` ops
+  (``quantize_bytes``). A profile pays its recipe's cost on every tensor, except norm-produced X when
   it fuses casts into producers with a single-pass recipe, and the weight when it caches FP8
   weights over micro-batches; the difference is an ``fp8_cast`` op in the forward and
   ``fp8_cast_bwd`` in the backward.
