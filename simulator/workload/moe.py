@@ -30,6 +30,13 @@ and the rest (``split_moe_block``). Every cost is its own op in the trace:
   CUTLASS grouped GEMM schedules them; small per-expert M fills its 128-row tiles poorly), on the
   tokens the busiest rank receives: mean x ``imbalance`` when dropless, capacity_factor x mean
   (padded) with token dropping. Without ``grouped_gemm`` each expert is its own GEMM launch.
+  With ``grouped_gemm_streams`` (Transformer Engine's GroupedLinear, which Megatron-core's
+  TEGroupedMLP runs): TE's ``nvte_multi_tensor_gemm`` takes its CUTLASS grouped kernel only on
+  Hopper, in BF16/FP16, with ``NVTE_USE_CUTLASS_GROUPED_GEMM=1`` (off by default); otherwise
+  ``multi_stream_cublas_gemm`` launches one cuBLAS GEMM per expert, expert i on compute stream
+  i mod 4 (``get_num_compute_streams``: 4) (transformer_engine/common/gemm/cublaslt_gemm.cu and
+  common/util/multi_stream.cpp, TE d0067d0). So at most 4 experts' tiles share the SMs at a time
+  and small per-expert GEMMs fill the waves worse than one grouped kernel would.
 - ``expert_fp8_cast``: with fp8, Transformer Engine quantises each expert's input and the
   activation before the second GEMM (read 2, write 1 byte per element).
 - Shared experts (DeepSeek-MoE, Llama 4): one dense MLP of num_shared_experts x
@@ -62,6 +69,9 @@ HOST_SYNC_S = 10e-6
 # Host ops per local expert and forward GEMM that Transformer Engine's GroupedLinear issues (the
 # per-expert split of the input by the host-side token counts, and its quantisation under fp8).
 HOST_OPS_PER_EXPERT = 1
+# Concurrent compute streams Transformer Engine's multi_stream_cublas_gemm spreads per-expert GEMMs
+# over (transformer_engine/common/util/multi_stream.cpp get_num_compute_streams: 4).
+TE_GEMM_STREAMS = 4
 # Achieved fraction of the nominal per-direction link rate in an EP all-to-all:
 # DeepEP (docs/legacy.md, H800 with ~160 GB/s usable NVLink and CX7 400 Gb/s): intranode EP8
 # dispatch 153 / combine 158 GB/s on H800's 200 GB/s per direction -> 0.78; internode EP16
@@ -130,10 +140,11 @@ def moe_steps(model: ModelConfig, tokens: float, tokens_norm: float, par: Parall
     if precision == "fp8":
         plan.append(_Mem("expert_fp8_cast", 3 * copies * (h + ffe / etp)))
     if moe.grouped_gemm:
+        streams = moe.grouped_gemm_streams
         plan += [
-            _Gemm("expert_up", per_expert, (mm - 1) * ffe / etp, h, nloc),
+            _Gemm("expert_up", per_expert, (mm - 1) * ffe / etp, h, nloc, streams),
             _Mem("expert_act", mm * ACT_BYTES * copies * ffe / etp),
-            _Gemm("expert_down", per_expert, h, ffe / etp, nloc),
+            _Gemm("expert_down", per_expert, h, ffe / etp, nloc, streams),
         ]
     else:
         for e in range(nloc):
