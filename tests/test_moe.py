@@ -298,3 +298,19 @@ def test_validate_runs_megatron_experts_through_te_streams_on_hopper_only():
     blackwell = dict(cases["mbridge-2511-h100-qwen3-30b-a3b-fp8cs-16"],
                      hardware=dict(cases["mbridge-2511-h100-qwen3-30b-a3b-fp8cs-16"]["hardware"], gpu="B200"))
     assert "grouped_gemm_streams" not in case_to_scenario_dict(blackwell)["moe"]
+
+
+def test_nccl_all_to_all_inside_a_node_runs_at_370_of_450_gbps():
+    """NCCL's non-allreduce collectives reach 370 GB/s of H100's 450 GB/s NVLink line rate
+    (S. Jeaugey, NVIDIA/nccl-tests issue 212); links already derated (A100 0.80) pay nothing more."""
+    assert moe.a2a_efficiency(MoEConfig(), 1, H100.nvlink_efficiency) == pytest.approx(370 / 450)
+    assert moe.a2a_efficiency(MoEConfig(), 1, get_gpu("A100").nvlink_efficiency) == 1.0
+    assert moe.a2a_efficiency(MoEConfig(), 2, H100.nvlink_efficiency) == moe.NCCL_A2A_NET_EFFICIENCY
+    assert moe.a2a_efficiency(MoEConfig(token_dispatcher="flex"), 1) == moe.DEEPEP_NVLINK_EFFICIENCY
+    from simulator.workload.workload import build_workload
+
+    s = scenario_from_dict({"model": {"hf_id": "Qwen/Qwen3-30B-A3B", "num_hidden_layers": 2, "vocab_size": 1024},
+                            "cluster": {"num_nodes": 1, "gpu": "H100"},
+                            "training": {"seq_length": 1024, "global_batch_size": 8}, "parallelism": {"ep": 8}})
+    w = build_workload(s, H100)
+    assert w.ep_bytes == pytest.approx(w.ep_payload_bytes * 450 / 370)

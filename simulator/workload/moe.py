@@ -77,12 +77,17 @@ TE_GEMM_STREAMS = 4
 # dispatch 153 / combine 158 GB/s on H800's 200 GB/s per direction -> 0.78; internode EP16
 # 43 GB/s of ~50 GB/s -> 0.86, EP32/64 50-58 GB/s (the NIC's rate) -> 1.0.
 # NCCL all-to-all across nodes: "CX-7 NICs at NDR rate should achieve up to 48-49 GB/s per NIC"
-# (NVIDIA/nccl-tests issue 267, NVIDIA) -> 0.97; no published intranode NCCL all-to-all
-# efficiency was found, so it stays at the nominal NVLink rate.
+# (NVIDIA/nccl-tests issue 267, NVIDIA) -> 0.97. Within a node: "450GB/s is the line rate. With
+# the protocol overhead (~20%) NCCL can get an effective NVLink bandwidth of 370GB/s, which you
+# can observe as BusBw when running non-allreduce operations" (S. Jeaugey, NCCL, NVIDIA/nccl-tests
+# issue 212, DGX H100) -> 370 / 450 of the nominal rate. Only NVLS all-reduce gets above it, which
+# is why the cluster's Hopper NVLink links carry the nominal rate (hardware._HOPPER_NVLINK); the
+# all-to-all is charged the difference (a GPU whose links already carry less, A100's 0.80, pays
+# nothing more). Measured on NVLink 4; taken as the same protocol share on NVLink 5.
 DEEPEP_NVLINK_EFFICIENCY = 155.5 / 200
 DEEPEP_RDMA_EFFICIENCY = {2: 43 / 50}  # by nodes in the EP group; 1.0 from 4 nodes on
 NCCL_A2A_NET_EFFICIENCY = 48.5 / 50
-NCCL_A2A_NVLINK_EFFICIENCY = 1.0
+NCCL_A2A_NVLINK_EFFICIENCY = 370 / 450
 
 
 def local_experts(model: ModelConfig, par: ParallelConfig) -> int:
@@ -221,13 +226,17 @@ def dispatch_bytes(model: ModelConfig, tokens: float, par: ParallelConfig, moe: 
     return t * per_token * h * ACT_BYTES * scale
 
 
-def a2a_efficiency(moe: MoEConfig, ep_nodes: int) -> float:
-    """Achieved fraction of the nominal link rate for the EP all-to-all (constants above)."""
+def a2a_efficiency(moe: MoEConfig, ep_nodes: int, nvlink_efficiency: float = 1.0) -> float:
+    """Achieved fraction of the modelled link rate for the EP all-to-all (constants above); the
+    NCCL NVLink figure is a fraction of the nominal rate, so it is divided by the share of it the
+    cluster's NVLink links already carry (``GPUSpec.nvlink_efficiency``), and never above 1."""
     if moe.token_dispatcher == "flex":
         if ep_nodes <= 1:
             return DEEPEP_NVLINK_EFFICIENCY
         return DEEPEP_RDMA_EFFICIENCY.get(ep_nodes, 1.0)
-    return NCCL_A2A_NET_EFFICIENCY if ep_nodes > 1 else NCCL_A2A_NVLINK_EFFICIENCY
+    if ep_nodes > 1:
+        return NCCL_A2A_NET_EFFICIENCY
+    return min(1.0, NCCL_A2A_NVLINK_EFFICIENCY / nvlink_efficiency)
 
 
 def ep_nodes(par: ParallelConfig, gpus_per_node: int) -> int:
