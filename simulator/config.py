@@ -159,6 +159,9 @@ class MoEConfig:
     token_dispatcher: str = "alltoall"  # moe_token_dispatcher_type: alltoall | allgather | flex (DeepEP)
     overlap_a2a: bool = False  # EP all-to-all hidden behind other compute (only if the framework does it)
     grouped_gemm: bool = True  # moe_grouped_gemm: one grouped kernel for the local experts
+    # Transformer Engine's GroupedLinear on Hopper: one cuBLAS GEMM per expert, round-robin on 4
+    # streams (simulator.workload.moe); None: one grouped kernel over all experts' tiles (CUTLASS)
+    grouped_gemm_streams: int | None = None
     router_dtype: str = "fp32"  # moe_router_dtype: fp32 (Megatron recipes) or bf16
 
 

@@ -249,6 +249,7 @@ _CHECKS: dict[str, dict[str, Checker]] = {
         "token_dispatcher": partial(_choice, choices=TOKEN_DISPATCHERS),
         "overlap_a2a": _boolean,
         "grouped_gemm": _boolean,
+        "grouped_gemm_streams": partial(_optional_whole, minimum=1),
         "router_dtype": partial(_choice, choices=("fp32", "bf16")),
     },
 }

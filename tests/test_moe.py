@@ -261,3 +261,56 @@ def test_validate_runs_the_stated_dualpipe_schedule_with_overlapped_all_to_alls(
     d = case_to_scenario_dict(odd, notes)
     assert d["schedule"] == "1f1b" and not d["moe"].get("overlap_a2a")
     assert any("dualpipe cannot run" in n for n in notes)
+
+
+def test_te_multi_stream_experts_fill_the_sms_as_four_gemms_at_a_time():
+    """Transformer Engine's GroupedLinear on Hopper: one cuBLAS GEMM per expert on 4 streams
+    (cublaslt_gemm.cu multi_stream_cublas_gemm, multi_stream.cpp: 4), so the wave occupancy is
+    that of min(4, experts) GEMMs' tiles, not of one grouped kernel over all of them."""
+    from simulator.workload.compute import gemm_efficiency
+    from simulator.physical.hardware import peak
+
+    m = model("Qwen/Qwen3-30B-A3B")  # 128 experts, moe_intermediate 768, hidden 2048
+    t, par = TrainingConfig(seq_length=4096, micro_batch_size=1), ParallelConfig(ep=8)  # 16 local experts
+    up = lambda c: next(op for op in c.mlp_fwd.ops if op.name == "expert_up")  # noqa: E731
+    one_kernel = up(layer_cost(m, t, par, H100, 0, MoEConfig()))
+    streams = up(layer_cost(m, t, par, H100, 0, MoEConfig(grouped_gemm_streams=moe.TE_GEMM_STREAMS)))
+    rows = 4096 * 8 / 16  # balanced: the rank's experts get tokens x top-k copies, 2048 rows each
+    flops = 2 * 16 * rows * 2 * 768 * 2048
+    assert streams.flops == one_kernel.flops == pytest.approx(flops)
+    rate = peak(H100, "bf16") * gemm_efficiency(rows, 2 * 768, 2048, H100, "bf16", 4)
+    assert streams.time_s == pytest.approx(flops / rate + H100.launch_overhead_s)
+    assert streams.time_s > 1.1 * one_kernel.time_s  # 4 x 96 tiles per wave set against 16 x 96
+    # with no more experts than streams the two are the same kernel shape
+    few = ParallelConfig(ep=64)  # 2 local experts
+    assert (up(layer_cost(m, t, few, H100, 0, MoEConfig(grouped_gemm_streams=4))).time_s
+            == up(layer_cost(m, t, few, H100, 0, MoEConfig())).time_s)
+
+
+def test_validate_runs_megatron_experts_through_te_streams_on_hopper_only():
+    import yaml
+
+    cases = {c["id"]: c for c in yaml.safe_load((ROOT / "tests/data/moe-runs.yaml").read_text())["cases"]}
+    mcore = case_to_scenario_dict(cases["mbridge-2511-h100-qwen3-30b-a3b-fp8cs-16"])
+    assert mcore["moe"]["grouped_gemm_streams"] == 4
+    automodel = case_to_scenario_dict(cases["automodel-h100-qwen3-30b-a3b-bf16-8"])
+    assert "grouped_gemm_streams" not in automodel["moe"]
+    blackwell = dict(cases["mbridge-2511-h100-qwen3-30b-a3b-fp8cs-16"],
+                     hardware=dict(cases["mbridge-2511-h100-qwen3-30b-a3b-fp8cs-16"]["hardware"], gpu="B200"))
+    assert "grouped_gemm_streams" not in case_to_scenario_dict(blackwell)["moe"]
+
+
+def test_nccl_all_to_all_inside_a_node_runs_at_370_of_450_gbps():
+    """NCCL's non-allreduce collectives reach 370 GB/s of H100's 450 GB/s NVLink line rate
+    (S. Jeaugey, NVIDIA/nccl-tests issue 212); links already derated (A100 0.80) pay nothing more."""
+    assert moe.a2a_efficiency(MoEConfig(), 1, H100.nvlink_efficiency) == pytest.approx(370 / 450)
+    assert moe.a2a_efficiency(MoEConfig(), 1, get_gpu("A100").nvlink_efficiency) == 1.0
+    assert moe.a2a_efficiency(MoEConfig(), 2, H100.nvlink_efficiency) == moe.NCCL_A2A_NET_EFFICIENCY
+    assert moe.a2a_efficiency(MoEConfig(token_dispatcher="flex"), 1) == moe.DEEPEP_NVLINK_EFFICIENCY
+    from simulator.workload.workload import build_workload
+
+    s = scenario_from_dict({"model": {"hf_id": "Qwen/Qwen3-30B-A3B", "num_hidden_layers": 2, "vocab_size": 1024},
+                            "cluster": {"num_nodes": 1, "gpu": "H100"},
+                            "training": {"seq_length": 1024, "global_batch_size": 8}, "parallelism": {"ep": 8}})
+    w = build_workload(s, H100)
+    assert w.ep_bytes == pytest.approx(w.ep_payload_bytes * 450 / 370)

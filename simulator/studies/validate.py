@@ -79,7 +79,11 @@ only, so predictions are the same with them removed. Documented defaults for unk
   capacity_factor; ``moe_a2a_1f1b_overlap`` -> overlap_a2a; "node-limited to N" -> max_nodes_per_token;
   a model whose router picks topk_group of n_group expert groups (DeepSeek-V3: 4 of 8) with EP
   spanning exactly n_group nodes is node-limited to topk_group nodes. Routing is taken as balanced
-  (imbalance 1): published MoE benchmarks force-balance the router.
+  (imbalance 1): published MoE benchmarks force-balance the router. Megatron-core cases on Hopper
+  run their experts through Transformer Engine's GroupedLinear, which there launches one cuBLAS
+  GEMM per expert on 4 streams (``moe.grouped_gemm_streams: 4``, simulator.workload.moe); the
+  CUTLASS grouped kernel is opt-in (NVTE_USE_CUTLASS_GROUPED_GEMM) and BF16-only. Other
+  frameworks and GPUs keep the one grouped kernel (not checked against their sources here).
 
 Predicted TFLOP/s per GPU are the measured ones scaled by measured / predicted step time, i.e.
 the source's own FLOP convention (model or hardware FLOPs) applied to the predicted step.
@@ -356,11 +360,24 @@ def case_to_scenario_dict(case: dict, notes: list[str] | None = None) -> dict:
         "schedule": split_schedule or ("interleaved" if vp > 1 else "1f1b"),
         **_framework_keys(case),
     }
+    if m.get("experts") and out["framework"] == "megatron-core" and _hopper(gpu):
+        from simulator.workload.moe import TE_GEMM_STREAMS
+
+        moe["grouped_gemm_streams"] = TE_GEMM_STREAMS  # TE GroupedLinear on Hopper (module docstring)
     if split_schedule in ("dualpipe", "dualpipev") and m.get("experts"):
         moe["overlap_a2a"] = True  # DualPipe's chunk pairing hides the all-to-alls (module docstring)
     if moe:
         out["moe"] = moe
     return out
+
+
+def _hopper(gpu: str) -> bool:
+    from simulator.physical.hardware import get_gpu
+
+    try:
+        return get_gpu(gpu).nvlink_generation == 4
+    except ConfigError:
+        return False
 
 
 def topology_for(gpu: str) -> str:

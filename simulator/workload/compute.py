@@ -136,22 +136,30 @@ GEMM_OPERAND_BYTES = {"fp8": 1.0, "mxfp8": 1.0 + 1 / 32, "nvfp4": 0.5 + 1 / 16}
 
 
 def _gemm(
-    name: str, m: float, n: float, k: float, gpu: GPUSpec, precision: str, groups: int = 1
+    name: str, m: float, n: float, k: float, gpu: GPUSpec, precision: str, groups: int = 1,
+    streams: int | None = None,
 ) -> Op:
+    """``groups`` equal GEMMs: one grouped kernel over all their tiles (``streams`` None), or one
+    kernel per GEMM issued round-robin onto ``streams`` concurrent streams (Transformer Engine's
+    ``multi_stream_cublas_gemm``), so only min(streams, groups) GEMMs share the SMs at a time:
+    the wave occupancy is that of min(streams, groups) GEMMs' tiles. The per-GEMM launches come
+    from one C++ loop in a single host op, so the op counts as one host-issued kernel."""
     in_bytes = GEMM_OPERAND_BYTES.get(precision, ACT_BYTES)
     flops = 2.0 * groups * m * n * k
     nbytes = groups * (in_bytes * (m * k + k * n) + ACT_BYTES * m * n)
-    rate = peak(gpu, precision) * gemm_efficiency(m, n, k, gpu, precision, groups)
+    together = groups if streams is None else min(streams, groups)
+    rate = peak(gpu, precision) * gemm_efficiency(m, n, k, gpu, precision, together)
     return Op(name, flops, nbytes, _roofline(flops, nbytes, gpu, rate))
 
 
 def _gemm_bwd(
-    name: str, m: float, n: float, k: float, gpu: GPUSpec, precision: str, groups: int = 1
+    name: str, m: float, n: float, k: float, gpu: GPUSpec, precision: str, groups: int = 1,
+    streams: int | None = None,
 ) -> tuple[Op, Op]:
     """dgrad (m x n)(n x k) and wgrad (k x m)(m x n) of the forward GEMM (m x k)(k x n)."""
     return (
-        _gemm(f"{name}_dgrad", m, k, n, gpu, precision, groups),
-        _gemm(f"{name}_wgrad", k, n, m, gpu, precision, groups),
+        _gemm(f"{name}_dgrad", m, k, n, gpu, precision, groups, streams),
+        _gemm(f"{name}_wgrad", k, n, m, gpu, precision, groups, streams),
     )
 
 
@@ -284,6 +292,7 @@ class _Gemm:
     n: float
     k: float
     groups: int = 1
+    streams: int | None = None  # per-GEMM kernels on this many streams (see _gemm); None: one grouped kernel
 
 
 @dataclass(frozen=True)
@@ -399,13 +408,15 @@ def _run(
                 if quantize:
                     ops.append(_mem(f"{step.name}_quantize_bwd",
                                     quantize_bytes(step.groups * step.m * step.n, precision), gpu))
-                ops.extend(_gemm_bwd(step.name, step.m, step.n, step.k, gpu, precision, step.groups))
+                ops.extend(_gemm_bwd(step.name, step.m, step.n, step.k, gpu, precision, step.groups,
+                                     step.streams))
             else:
                 fused = isinstance(previous, _Mem) and previous.name.endswith("norm")
                 if quantize and not fused:
                     ops.append(_mem(f"{step.name}_quantize",
                                     quantize_bytes(step.groups * step.m * step.k, precision), gpu))
-                ops.append(_gemm(step.name, step.m, step.n, step.k, gpu, precision, step.groups))
+                ops.append(_gemm(step.name, step.m, step.n, step.k, gpu, precision, step.groups,
+                                 step.streams))
         elif isinstance(step, _Latency):
             if not backward:
                 ops.append(Op(step.name, 0.0, 0.0, step.time_s))

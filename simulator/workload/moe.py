@@ -30,6 +30,13 @@ and the rest (``split_moe_block``). Every cost is its own op in the trace:
   CUTLASS grouped GEMM schedules them; small per-expert M fills its 128-row tiles poorly), on the
   tokens the busiest rank receives: mean x ``imbalance`` when dropless, capacity_factor x mean
   (padded) with token dropping. Without ``grouped_gemm`` each expert is its own GEMM launch.
+  With ``grouped_gemm_streams`` (Transformer Engine's GroupedLinear, which Megatron-core's
+  TEGroupedMLP runs): TE's ``nvte_multi_tensor_gemm`` takes its CUTLASS grouped kernel only on
+  Hopper, in BF16/FP16, with ``NVTE_USE_CUTLASS_GROUPED_GEMM=1`` (off by default); otherwise
+  ``multi_stream_cublas_gemm`` launches one cuBLAS GEMM per expert, expert i on compute stream
+  i mod 4 (``get_num_compute_streams``: 4) (transformer_engine/common/gemm/cublaslt_gemm.cu and
+  common/util/multi_stream.cpp, TE d0067d0). So at most 4 experts' tiles share the SMs at a time
+  and small per-expert GEMMs fill the waves worse than one grouped kernel would.
 - ``expert_fp8_cast``: with fp8, Transformer Engine quantises each expert's input and the
   activation before the second GEMM (read 2, write 1 byte per element).
 - Shared experts (DeepSeek-MoE, Llama 4): one dense MLP of num_shared_experts x
@@ -62,17 +69,25 @@ HOST_SYNC_S = 10e-6
 # Host ops per local expert and forward GEMM that Transformer Engine's GroupedLinear issues (the
 # per-expert split of the input by the host-side token counts, and its quantisation under fp8).
 HOST_OPS_PER_EXPERT = 1
+# Concurrent compute streams Transformer Engine's multi_stream_cublas_gemm spreads per-expert GEMMs
+# over (transformer_engine/common/util/multi_stream.cpp get_num_compute_streams: 4).
+TE_GEMM_STREAMS = 4
 # Achieved fraction of the nominal per-direction link rate in an EP all-to-all:
 # DeepEP (docs/legacy.md, H800 with ~160 GB/s usable NVLink and CX7 400 Gb/s): intranode EP8
 # dispatch 153 / combine 158 GB/s on H800's 200 GB/s per direction -> 0.78; internode EP16
 # 43 GB/s of ~50 GB/s -> 0.86, EP32/64 50-58 GB/s (the NIC's rate) -> 1.0.
 # NCCL all-to-all across nodes: "CX-7 NICs at NDR rate should achieve up to 48-49 GB/s per NIC"
-# (NVIDIA/nccl-tests issue 267, NVIDIA) -> 0.97; no published intranode NCCL all-to-all
-# efficiency was found, so it stays at the nominal NVLink rate.
+# (NVIDIA/nccl-tests issue 267, NVIDIA) -> 0.97. Within a node: "450GB/s is the line rate. With
+# the protocol overhead (~20%) NCCL can get an effective NVLink bandwidth of 370GB/s, which you
+# can observe as BusBw when running non-allreduce operations" (S. Jeaugey, NCCL, NVIDIA/nccl-tests
+# issue 212, DGX H100) -> 370 / 450 of the nominal rate. Only NVLS all-reduce gets above it, which
+# is why the cluster's Hopper NVLink links carry the nominal rate (hardware._HOPPER_NVLINK); the
+# all-to-all is charged the difference (a GPU whose links already carry less, A100's 0.80, pays
+# nothing more). Measured on NVLink 4; taken as the same protocol share on NVLink 5.
 DEEPEP_NVLINK_EFFICIENCY = 155.5 / 200
 DEEPEP_RDMA_EFFICIENCY = {2: 43 / 50}  # by nodes in the EP group; 1.0 from 4 nodes on
 NCCL_A2A_NET_EFFICIENCY = 48.5 / 50
-NCCL_A2A_NVLINK_EFFICIENCY = 1.0
+NCCL_A2A_NVLINK_EFFICIENCY = 370 / 450
 
 
 def local_experts(model: ModelConfig, par: ParallelConfig) -> int:
@@ -130,10 +145,11 @@ def moe_steps(model: ModelConfig, tokens: float, tokens_norm: float, par: Parall
     if precision == "fp8":
         plan.append(_Mem("expert_fp8_cast", 3 * copies * (h + ffe / etp)))
     if moe.grouped_gemm:
+        streams = moe.grouped_gemm_streams
         plan += [
-            _Gemm("expert_up", per_expert, (mm - 1) * ffe / etp, h, nloc),
+            _Gemm("expert_up", per_expert, (mm - 1) * ffe / etp, h, nloc, streams),
             _Mem("expert_act", mm * ACT_BYTES * copies * ffe / etp),
-            _Gemm("expert_down", per_expert, h, ffe / etp, nloc),
+            _Gemm("expert_down", per_expert, h, ffe / etp, nloc, streams),
         ]
     else:
         for e in range(nloc):
@@ -210,13 +226,17 @@ def dispatch_bytes(model: ModelConfig, tokens: float, par: ParallelConfig, moe: 
     return t * per_token * h * ACT_BYTES * scale
 
 
-def a2a_efficiency(moe: MoEConfig, ep_nodes: int) -> float:
-    """Achieved fraction of the nominal link rate for the EP all-to-all (constants above)."""
+def a2a_efficiency(moe: MoEConfig, ep_nodes: int, nvlink_efficiency: float = 1.0) -> float:
+    """Achieved fraction of the modelled link rate for the EP all-to-all (constants above); the
+    NCCL NVLink figure is a fraction of the nominal rate, so it is divided by the share of it the
+    cluster's NVLink links already carry (``GPUSpec.nvlink_efficiency``), and never above 1."""
     if moe.token_dispatcher == "flex":
         if ep_nodes <= 1:
             return DEEPEP_NVLINK_EFFICIENCY
         return DEEPEP_RDMA_EFFICIENCY.get(ep_nodes, 1.0)
-    return NCCL_A2A_NET_EFFICIENCY if ep_nodes > 1 else NCCL_A2A_NVLINK_EFFICIENCY
+    if ep_nodes > 1:
+        return NCCL_A2A_NET_EFFICIENCY
+    return min(1.0, NCCL_A2A_NVLINK_EFFICIENCY / nvlink_efficiency)
 
 
 def ep_nodes(par: ParallelConfig, gpus_per_node: int) -> int:

@@ -144,7 +144,7 @@ def build_workload(s: Scenario, gpu: GPUSpec) -> Workload:
     if m.is_moe:
         nodes = moe_model.ep_nodes(par, s.cluster.gpus_per_node)
         payload = moe_model.dispatch_bytes(m, tokens, par, s.moe, nodes)
-        ep_bytes = payload / moe_model.a2a_efficiency(s.moe, nodes)
+        ep_bytes = payload / moe_model.a2a_efficiency(s.moe, nodes, gpu.nvlink_efficiency)
     else:
         payload = ep_bytes = 0.0
     return Workload(
