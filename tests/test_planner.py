@@ -253,3 +253,26 @@ def test_planner_best_fits_and_is_no_slower_on_every_published_run_slow(runs):
                if "error" in row or not (row["best_fits"] and row["no_slower"])}
     # Known failures, kept strict so a fix shows up here (issue 17 stays open while any remain).
     assert failing.keys() == KNOWN_PLAN_FAILURES.get(runs, {}).keys(), failing
+
+
+@pytest.mark.parametrize("key", list(SPACES))
+def test_cheap_bound_never_exceeds_the_exact_bound_and_memory_peak_is_the_reports(key):
+    """The planner's cheap bound (shared by layouts with the same layer costs) is at most the
+    exact bound on every layout of the small spaces, whatever their pipeline, and its memory pass
+    gives ``memory_report``'s peak and capacity."""
+    from simulator.workload.memory import memory_peak, memory_report
+
+    raw, space = SPACES[key]
+    s = scenario_from_dict(raw)
+    space = [a for a in space if not a.startswith(("pp=", "vp=", "zero_stage="))] + [
+        "pp=1,2,4", "vp=1,2", "zero_stage=0,1,2,3"]
+    bounds = planner._Bounds(s)
+    checked = 0
+    for layout in enumerate_layouts(s, parse_space(space, s)).valid:
+        cs = candidate_scenario(s, layout)
+        mem = memory_report(cs)
+        assert memory_peak(cs) == (mem["peak_gib"], mem["stages"][0]["capacity_gib"])
+        cheap = bounds.cheap(layout)
+        assert cheap is not None and cheap <= bounds.exact(layout)
+        checked += 1
+    assert checked > 20

@@ -30,7 +30,7 @@ layer and one micro-batch that recompute re-materialises during its backward.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from simulator.config import ModelConfig, Scenario
 from simulator.errors import ConfigError
@@ -349,27 +349,13 @@ def _check(s: Scenario) -> None:
     check_schedule_args(s.pipeline_schedule, par.pp, s.num_microbatches, par.vp)
 
 
-def stage_memory(
-    s: Scenario, stage: int, weight_bytes: float = 2, grad_bytes: float = 2,
-    optimizer_bytes: float = 12,
-) -> StageMemory:
-    """Peak bytes per GPU of pipeline stage ``stage`` (module docstring has the accounting).
-
-    other = communication buffers (one DDP gradient bucket of max(40e6, 1e6 x DP x CP)
-    parameters, Megatron-core's default bucket size, capped at the stage's parameters; with
-    ZeRO-3 instead the FSDP buffers: two gathered units in flight for prefetch plus one
-    unsharded gradient unit before its reduce-scatter, Zhao et al. 2023) + CUDA context + NCCL
-    buffers + allocator fragmentation on all tensor bytes.
-    """
-    _check(s)
+@functools.lru_cache(maxsize=8192)
+def _stage_layout_part(s: Scenario, stage: int) -> tuple[_Params, float, int]:
+    """(parameters, activation bytes, chunk activations in flight) of ``stage``: the part of
+    ``stage_memory`` the ZeRO stage does not change (``s`` has zero_stage 0)."""
     par, tr, m = s.parallelism, s.training, s.model
-    tp, pp, vp, zero = par.tp, par.pp, par.vp, par.zero_stage
-    dense_group = s.dp * par.cp
-    expert_group = s.expert_dp
+    tp, pp, vp = par.tp, par.pp, par.vp
     params = _stage_params(s, stage)
-    dense_states = _state_components(params.dense, dense_group, zero, weight_bytes, grad_bytes, optimizer_bytes)
-    expert_states = _state_components(params.expert, expert_group, zero, weight_bytes, grad_bytes, optimizer_bytes)
-    weights, grads, optim = (d + e for d, e in zip(dense_states, expert_states))
     # DualPipe keeps a second model copy: every rank also holds the mirrored stage, whose layers
     # ``stage_layers`` already counts (2x states in total).
     place = placement(s.pipeline_schedule, pp, vp)
@@ -405,6 +391,33 @@ def stage_memory(
         head = 2 * ACT_BYTES * seq * b * m.hidden_size * rep + LOGIT_BYTES * seq * b * m.vocab_size / tp
         activations += head * head_in_flight * heads
 
+    return params, activations, in_flight
+
+
+def stage_memory(
+    s: Scenario, stage: int, weight_bytes: float = 2, grad_bytes: float = 2,
+    optimizer_bytes: float = 12,
+) -> StageMemory:
+    """Peak bytes per GPU of pipeline stage ``stage`` (module docstring has the accounting).
+
+    other = communication buffers (one DDP gradient bucket of max(40e6, 1e6 x DP x CP)
+    parameters, Megatron-core's default bucket size, capped at the stage's parameters; with
+    ZeRO-3 instead the FSDP buffers: two gathered units in flight for prefetch plus one
+    unsharded gradient unit before its reduce-scatter, Zhao et al. 2023) + CUDA context + NCCL
+    buffers + allocator fragmentation on all tensor bytes.
+    """
+    _check(s)
+    par = s.parallelism
+    zero = par.zero_stage
+    dense_group = s.dp * par.cp
+    expert_group = s.expert_dp
+    # Everything but the model states and buffers is the same for every ZeRO stage: computed once
+    # per layout for all four (the planner screens each layout at each stage).
+    params, activations, in_flight = _stage_layout_part(replace(s, parallelism=replace(par, zero_stage=0)), stage)
+    dense_states = _state_components(params.dense, dense_group, zero, weight_bytes, grad_bytes, optimizer_bytes)
+    expert_states = _state_components(params.expert, expert_group, zero, weight_bytes, grad_bytes, optimizer_bytes)
+    weights, grads, optim = (d + e for d, e in zip(dense_states, expert_states))
+
     stage_params = params.dense + params.expert
     if zero >= 3:
         buffers = params.largest_unit * (2 * weight_bytes + grad_bytes)
@@ -414,6 +427,17 @@ def stage_memory(
     tensors = weights + grads + optim + activations + buffers
     other = buffers + CUDA_CONTEXT_BYTES + NCCL_BUFFER_BYTES + ALLOCATOR_FRAGMENTATION * tensors
     return StageMemory(stage, weights, grads, optim, activations, other, in_flight)
+
+
+def memory_peak(s: Scenario) -> tuple[float, float]:
+    """(peak GiB per GPU, GPU capacity GiB) exactly as ``memory_report`` gives them (its
+    ``peak_gib`` and each stage's ``capacity_gib``), without building the report: what the
+    planner needs for each of its tens of thousands of layouts."""
+    from simulator.physical.hardware import gpu_of
+
+    capacity = gpu_of(s.cluster, s.training.precision).hbm_capacity_bytes / GiB
+    peak = max(round(stage_memory(s, st).total / GiB, 4) for st in range(s.parallelism.pp))
+    return peak, round(capacity, 4)
 
 
 def memory_report(
