@@ -225,12 +225,10 @@ def test_planner_is_no_slower_than_a_published_layout():
 
 
 # Known failures on the runs on at most 8 GPUs, kept strict so a fix shows up here (issue 17 stays
-# open while any remain). On the runs up to 64 GPUs the same cause accounts for 9 of 57.
-_NO_FIT = "the memory model puts the published layout above the GPU memory: the planner's best is slower"
-KNOWN_PLAN_FAILURES = {
-    "framework-runs.yaml": {"tt2412-llama31-8b-fsdp8-eager": _NO_FIT, "tt2412-llama31-8b-fsdp8-compile": _NO_FIT,
-                            "tt2412-llama31-8b-fsdp8-compile-fp8": _NO_FIT, "maxtext-a3-llama2-7b-1node": _NO_FIT},
-}
+# open while any remain). None since the memory model follows the frameworks' selective-recompute
+# policies (torchtitan's per-op SAC, MaxText's minimal_flash): the four torchtitan / MaxText FSDP
+# rows it used to put above the GPU memory now fit, their published layout ranked first.
+KNOWN_PLAN_FAILURES: dict[str, dict[str, str]] = {}
 
 
 @pytest.mark.slow
