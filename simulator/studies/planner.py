@@ -5,12 +5,13 @@ layout is the "given" one, always simulated and ranked among the others. Candida
 (``planner_space``) are pruned in order, each prune counted:
 
 1. rules: ``scenario.validate_plan`` rejects the layout (counted per rule);
-2. memory: ``memory.memory_report``'s peak exceeds ``max_memory_fraction`` of the GPU memory;
+2. memory: ``memory.memory_report``'s peak (``memory.memory_peak``) exceeds ``max_memory_fraction`` of the GPU memory;
 3. bound: ``bound.step_lower_bound`` (compute only, no communication, pipeline fill and drain,
    never above the simulated step) shows the layout cannot enter the top ``top`` nor, with
    ``pareto``, the Pareto front of step time against peak memory (memory in steps of
    ``PARETO_BIN_FRACTION`` of the GPU's: the front is the fastest layout of each step that beats
-   every layout of the steps below).
+   every layout of the steps below). The bound is computed lazily: ``_Bounds.cheap``, a weaker
+   bound shared by all layouts with the same layer costs, prunes most layouts without it.
 
 The survivors are simulated in ascending order of their bound, so good layouts are found first
 and the bound prunes the most. With ``workers`` simulations in flight, the decision on the k-th
