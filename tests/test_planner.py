@@ -274,3 +274,28 @@ def test_cheap_bound_never_exceeds_the_exact_bound_and_memory_peak_is_the_report
         assert cheap is not None and cheap <= bounds.exact(layout)
         checked += 1
     assert checked > 20
+
+
+def test_zero1_and_zero2_simulate_alike_and_the_planner_shares_their_simulation():
+    """ZeRO-1 and ZeRO-2 run the same program (only their memory differs), so the planner
+    simulates one of a pair and reuses it for the other: every ranked row of such a plan is the
+    row ``sweep.evaluate`` gives that layout on its own."""
+    from simulator.studies.sweep import METRICS
+
+    raw, _ = SPACES["gpt1.3b-8gpu"]
+    space = ["tp=1,2", "pp=1,2", "cp=1", "vp=1", "micro_batch_size=1", "recompute=none", "zero_stage=1,2",
+             "sequence_parallel=false"]
+    s = scenario_from_dict(raw)
+    for layout in enumerate_layouts(s, parse_space(space, s)).valid[:4]:
+        z1 = evaluate(Task(raw, ".", "s", replace(layout, zero_stage=1).overrides()))
+        z2 = evaluate(Task(raw, ".", "s", replace(layout, zero_stage=2).overrides()))
+        assert z1["error"] is None and z1["peak_memory_gib"] > z2["peak_memory_gib"]
+        assert {k: z1[k] for k in METRICS if k not in ("peak_memory_gib", "fits")} == \
+            {k: z2[k] for k in METRICS if k not in ("peak_memory_gib", "fits")}
+    result = plan(raw, space=space, top=8, workers=1, progress=None)
+    assert result["candidates"]["shared_with_zero_twin"] > 0
+    for e in result["ranked"]:
+        layout = next(x for x in enumerate_layouts(s, parse_space(space, s)).valid if x.label() == e["layout"])
+        row = evaluate(Task(raw, ".", "s", layout.overrides()))
+        assert (e["step_time_s"], e["memory_gib_per_gpu"], e["fits"], e["bubble_fraction"]) == \
+            (row["step_time_s"], row["peak_memory_gib"], row["fits"], row["bubble_fraction"])

@@ -355,6 +355,8 @@ def plan(scenario: str | Path | Scenario | dict, *, sets: Sequence[str] = (), sp
         pruned_bound: list[Screened] = []
         peak_of = {c.layout: c.peak_gib for c in fitting}
         exact_of: dict[Layout, float] = {}
+        submitted: dict[Layout, int] = {}  # candidate -> its submission index
+        twin_of: dict[int, int] = {}  # submission -> the earlier one whose simulation it shares
 
         def task_id(index: int) -> str:
             return point_id(base, {"given": True} if index == 0 else order[index].key())
@@ -366,7 +368,8 @@ def plan(scenario: str | Path | Scenario | dict, *, sets: Sequence[str] = (), sp
                 if tid in done:
                     row = done[tid]
                 else:
-                    row = {"point_id": tid, "layout": order[i].key(), **runner.result(i)}
+                    metrics = (_twin_row(results[twin_of[i]], s, order[i]) if i in twin_of else runner.result(i))
+                    row = {"point_id": tid, "layout": order[i].key(), **metrics}
                     done[tid] = row
                     if log is not None:
                         log.write(json.dumps(row, sort_keys=True) + "\n")
@@ -381,6 +384,12 @@ def plan(scenario: str | Path | Scenario | dict, *, sets: Sequence[str] = (), sp
         def submit(layout: Layout) -> None:
             order.append(layout)
             i = len(order) - 1
+            if i > 0 or given_is_candidate:
+                twin = _zero_twin(layout)
+                if twin in submitted:
+                    twin_of[i] = submitted[twin]
+                    return
+                submitted[layout] = i
             if task_id(i) not in done:
                 runner.submit(i, Task(raw, base_dir, name, () if i == 0 else layout.overrides()))
 
@@ -425,11 +434,36 @@ def plan(scenario: str | Path | Scenario | dict, *, sets: Sequence[str] = (), sp
 
     result = _result(s, enum, screened, fitting, pruned_bound, order, results, given_is_candidate, top,
                      objective, max_memory_fraction, pareto, bounds, exact_of)
+    # of the simulated layouts, those whose ZeRO-1/2 twin's simulation was reused (``_zero_twin``)
+    result["candidates"]["shared_with_zero_twin"] = len(twin_of)
     if folder is not None and result["pareto"]:
         from simulator.reports.plots import plot_pareto
 
         plot_pareto(result, str(folder / PARETO_PLOT))
     return result
+
+
+def _zero_twin(layout: Layout) -> Layout | None:
+    """The layout that simulates exactly like ``layout``: ZeRO-1 and ZeRO-2 run the same program
+    (``program.build_program`` reduce-scatters the gradients and all-gathers the parameters for
+    either; ``workload.build_workload`` shards the optimizer step for any stage >= 1; nothing else
+    on the simulation path reads the stage), so only their memory differs."""
+    if layout.zero_stage not in (1, 2):
+        return None
+    return replace(layout, zero_stage=3 - layout.zero_stage)
+
+
+def _twin_row(twin: dict, s: Scenario, layout: Layout) -> dict:
+    """``sweep.evaluate``'s row for ``layout`` from its ZeRO twin's: the simulated metrics shared,
+    the memory its own."""
+    from simulator.studies.sweep import METRICS
+    from simulator.workload.memory import memory_report
+
+    row = {k: twin.get(k) for k in METRICS}
+    if row.get("error") is None:
+        mem = memory_report(candidate_scenario(s, layout))
+        row["peak_memory_gib"], row["fits"] = mem["peak_gib"], mem["fits"]
+    return row
 
 
 def fit_of_layouts(fitting: list[Screened]) -> set[Layout]:
