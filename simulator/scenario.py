@@ -24,7 +24,7 @@ import copy
 import json
 import math
 from collections.abc import Callable, Iterable
-from dataclasses import MISSING, asdict, fields
+from dataclasses import MISSING, asdict, fields, is_dataclass
 from functools import partial
 from pathlib import Path
 
@@ -291,6 +291,18 @@ def load_scenario(path: str, overrides: Iterable[str] = ()) -> Scenario:
     return scenario_from_dict(read_scenario_file(p), overrides, base_dir=p.parent, default_name=p.stem)
 
 
+def _copy_data(x):
+    """``copy.deepcopy`` of parsed YAML data, faster on its dicts, lists and scalars."""
+    t = type(x)
+    if t in (int, float, str, bool, type(None)):
+        return x
+    if t is dict:
+        return {k: _copy_data(v) for k, v in x.items()}
+    if t is list:
+        return [_copy_data(v) for v in x]
+    return copy.deepcopy(x)
+
+
 def apply_overrides(d: dict, overrides: Iterable[str]) -> dict:
     """A copy of ``d`` with each ``key.path=value`` applied; values are parsed as YAML scalars.
 
@@ -298,7 +310,7 @@ def apply_overrides(d: dict, overrides: Iterable[str]) -> dict:
     value. Setting a model field drops its aliases (``model.num_experts=16`` replaces a
     ``num_local_experts`` written in the file).
     """
-    out = copy.deepcopy(d)
+    out = _copy_data(d)
     for item in overrides:
         key, sep, text = str(item).partition("=")
         key = key.strip()
@@ -641,11 +653,28 @@ def faults_to_dict(f: Faults) -> dict:
     }
 
 
+def _plain(x):
+    """``dataclasses.asdict``'s conversion (dataclasses to dicts, lists, tuples and dicts rebuilt,
+    other values deep-copied) without deep-copying the immutable scalars scenarios are made of:
+    the planner converts thousands of scenarios."""
+    if type(x) in (int, float, str, bool, type(None)):
+        return x
+    if is_dataclass(x) and not isinstance(x, type):
+        return {f.name: _plain(getattr(x, f.name)) for f in fields(x)}
+    if isinstance(x, tuple) and hasattr(x, "_fields"):
+        return type(x)(*[_plain(v) for v in x])
+    if isinstance(x, (list, tuple)):
+        return type(x)(_plain(v) for v in x)
+    if isinstance(x, dict):
+        return type(x)((_plain(k), _plain(v)) for k, v in x.items())
+    return copy.deepcopy(x)
+
+
 def scenario_to_dict(s: Scenario) -> dict:
     """Every field of ``s`` as plain data; ``scenario_from_dict`` of it gives ``s`` back."""
     out: dict = {"name": s.name}
     for name in SECTIONS:
-        out[name] = asdict(getattr(s, name))
+        out[name] = _plain(getattr(s, name))
     out["schedule"] = s.schedule
     out["framework"] = s.framework
     if s.faults != Faults():

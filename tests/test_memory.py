@@ -379,3 +379,78 @@ def test_random_plans_report_or_config_error(tp, pp, cp, ep, vp, nodes, gbs, zer
     assert len(report["stages"]) == pp
     for row in report["stages"]:
         assert row["total_gib"] > 0 and all(row[k] >= 0 for k in STAGE_KEYS if k.endswith("_gib"))
+
+
+# --- framework selective-recompute policies (profile recompute.selective) -------------------------
+
+LLAMA8B = ModelConfig(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+                      intermediate_size=14336, vocab_size=128256, hidden_act="silu")
+
+
+def _sac_kept_bytes(model, s, b, t, sp):
+    """torchtitan's per-op SAC replayed over a Llama block's forward ops in order (torchtitan
+    activation_checkpoint.py: save mm, SDPA, reduce-scatter outputs except every 2nd mm), plus the
+    block's input that the checkpoint keeps; each op's output as (op, elements per rank)."""
+    h, a, d = model.hidden_size, model.num_attention_heads, model.head_dim
+    T = s * b
+    q, kv, f = a * d, max(model.num_key_value_heads, t) * d, model.intermediate_size
+    seq_local = T / t if sp else T
+    ops = [("rms_norm", seq_local * h), ("mm", T * q / t), ("mm", T * kv / t), ("mm", T * kv / t),
+           ("rope", T * (q + kv) / t), ("sdpa", T * q / t), ("mm", T * h)]
+    if sp and t > 1:
+        ops.append(("reduce_scatter", T * h / t))
+    ops += [("add", seq_local * h), ("rms_norm", seq_local * h), ("mm", T * f / t), ("silu", T * f / t),
+            ("mm", T * f / t), ("mul", T * f / t), ("mm", T * h)]
+    if sp and t > 1:
+        ops.append(("reduce_scatter", T * h / t))
+    ops.append(("add", seq_local * h))
+    kept, mms = 2 * seq_local * h, 0
+    for op, elements in ops:
+        if op == "mm":
+            mms += 1
+            if mms % 2 == 0:
+                continue
+        if op in ("mm", "sdpa", "reduce_scatter"):
+            kept += 2 * elements + (4 * a * T / t if op == "sdpa" else 0)  # SDPA also returns fp32 LSE
+    return kept
+
+
+@pytest.mark.parametrize("t,sp", [(1, False), (2, True), (4, True), (8, True)])
+def test_torchtitan_selective_keeps_what_its_sac_policy_saves(t, sp):
+    from simulator.workload.memory import saved_op_activation_bytes
+
+    s, b = 8192, 2
+    assert saved_op_activation_bytes(LLAMA8B, s, b, t, sp, "every_second_matmul") == pytest.approx(
+        _sac_kept_bytes(LLAMA8B, s, b, t, sp), rel=1e-12)
+
+
+def test_framework_selective_between_full_and_none_and_used_by_the_report():
+    """torchtitan's SAC and MaxText's minimal_flash keep more than full recompute and less than no
+    recompute; the report uses them for a scenario of that framework (the 8B on 8 GPUs the
+    torchtitan 2024-12 benchmark ran at mbs 2 with FSDP: 68 GiB of Korthikanti activations, about
+    half under the SAC policy), and Megatron's selective stays Korthikanti's."""
+    from simulator.workload.memory import saved_op_activation_bytes
+
+    s, b = 8192, 2
+    for t, sp in ((1, False), (4, True)):
+        full = layer_activation_bytes(LLAMA8B, 0, s, b, t, sp, "full", flash_attention=True, dropout=False)
+        none = layer_activation_bytes(LLAMA8B, 0, s, b, t, sp, "none", flash_attention=True, dropout=False)
+        for policy in ("every_second_matmul", "elementwise"):
+            kept = saved_op_activation_bytes(LLAMA8B, s, b, t, sp, policy)
+            assert full < kept < none
+    assert saved_op_activation_bytes(LLAMA8B, s, b, 1, False, "attention_core") is None
+    base = Scenario(name="8b", model=LLAMA8B, cluster=ClusterConfig(num_nodes=1, gpus_per_node=8, gpu="H100"),
+                    training=TrainingConfig(seq_length=s, micro_batch_size=b, global_batch_size=16,
+                                            recompute="selective"),
+                    parallelism=ParallelConfig(zero_stage=3))
+    megatron = stage_memory(base, 0)
+    titan = stage_memory(dataclasses.replace(base, framework="torchtitan"), 0)
+    layers = LLAMA8B.num_hidden_layers
+    saved = layers * (layer_activation_bytes(LLAMA8B, 0, s, b, 1, False, "selective", flash_attention=True,
+                                             dropout=False)
+                      - saved_op_activation_bytes(LLAMA8B, s, b, 1, False, "every_second_matmul"))
+    # fewer kept bytes per layer, a larger recompute working set of one layer
+    working = (layer_activation_bytes(LLAMA8B, 0, s, b, 1, False, "selective", flash_attention=True, dropout=False)
+               - saved_op_activation_bytes(LLAMA8B, s, b, 1, False, "every_second_matmul"))
+    assert megatron.activations - titan.activations == pytest.approx(saved - working, rel=1e-9)
+    assert titan.weights == megatron.weights and titan.optimizer == megatron.optimizer

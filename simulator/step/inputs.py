@@ -39,15 +39,19 @@ def step_inputs(s: Scenario, options: SimOptions = SimOptions(), cluster: Cluste
         programs={st: build_program(s, work, st, options.extras) for st in range(par.pp)})
 
 
-@functools.lru_cache(maxsize=64)
 def scenario_cluster(s: Scenario) -> Cluster:
     """The cluster a scenario runs on: its topology scaled to its nodes, with its link overrides
-    and its link faults (``simulator.physical.faults``)."""
-    c = s.cluster
+    and its link faults (``simulator.physical.faults``). Cached by the cluster and fault sections
+    alone, which are all it reads: the planner's layouts of one scenario share one cluster."""
+    return _cluster(s.cluster, s.faults)
+
+
+@functools.lru_cache(maxsize=64)
+def _cluster(c, faults) -> Cluster:
     return apply_link_faults(build_cluster(load_topology(c.topology), c.num_nodes, gpus_per_node=c.gpus_per_node,
                                            nvlink_bandwidth_GBps=c.nvlink_bandwidth_GBps,
                                            network_bandwidth_Gbps=c.network_bandwidth_Gbps,
-                                           oversubscription=c.oversubscription, gpu=c.gpu), s.faults)
+                                           oversubscription=c.oversubscription, gpu=c.gpu), faults)
 
 
 def scaled_gpu(gpu: GPUSpec, factor: float) -> GPUSpec:

@@ -5,12 +5,13 @@ layout is the "given" one, always simulated and ranked among the others. Candida
 (``planner_space``) are pruned in order, each prune counted:
 
 1. rules: ``scenario.validate_plan`` rejects the layout (counted per rule);
-2. memory: ``memory.memory_report``'s peak exceeds ``max_memory_fraction`` of the GPU memory;
+2. memory: ``memory.memory_report``'s peak (``memory.memory_peak``) exceeds ``max_memory_fraction`` of the GPU memory;
 3. bound: ``bound.step_lower_bound`` (compute only, no communication, pipeline fill and drain,
    never above the simulated step) shows the layout cannot enter the top ``top`` nor, with
    ``pareto``, the Pareto front of step time against peak memory (memory in steps of
    ``PARETO_BIN_FRACTION`` of the GPU's: the front is the fastest layout of each step that beats
-   every layout of the steps below).
+   every layout of the steps below). The bound is computed lazily: ``_Bounds.cheap``, a weaker
+   bound shared by all layouts with the same layer costs, prunes most layouts without it.
 
 The survivors are simulated in ascending order of their bound, so good layouts are found first
 and the bound prunes the most. With ``workers`` simulations in flight, the decision on the k-th
@@ -29,6 +30,7 @@ simulation (appended, fsynced; a rerun skips what is logged, a line cut short is
 
 from __future__ import annotations
 
+import heapq
 import json
 import math
 import os
@@ -36,7 +38,7 @@ import sys
 import time
 from bisect import insort
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import yaml
@@ -61,33 +63,84 @@ PARETO_PLOT = "pareto.png"
 
 @dataclass(frozen=True)
 class Screened:
-    """A valid layout after the memory pass: its peak memory, verdict and (if it fits) its bound."""
+    """A valid layout after the memory pass: its peak memory, verdict and (if it fits) its bound
+    (None until computed: the planner computes it only when ``cheap_s`` cannot settle the layout)."""
 
     layout: Layout
     peak_gib: float
     fits: bool
     bound_s: float | None
+    cheap_s: float | None = None
 
 
-def _screen(args: tuple) -> list[tuple[float, bool, float | None]]:
-    """(peak GiB, fits, lower bound) of each layout: the cheap pass, run in the worker pool."""
-    from simulator.physical.hardware import gpu_of
-    from simulator.step.bound import step_lower_bound
-    from simulator.workload.memory import memory_report
-    from simulator.workload.workload import build_workload
+def _screen(args: tuple) -> list[tuple[float, bool]]:
+    """(peak GiB, fits) of each layout: the memory pass, run in the worker pool."""
+    from simulator.workload.memory import memory_peak
 
     s, layouts, fraction = args
-    gpu = gpu_of(s.cluster, s.training.precision)
-    collective_time = node_collective_time(s)
-    group_time = cluster_collective_time(s)
     out = []
     for layout in layouts:
-        cs = candidate_scenario(s, layout)
-        mem = memory_report(cs)
-        fits = mem["peak_gib"] <= fraction * mem["stages"][0]["capacity_gib"]
-        bound = step_lower_bound(cs, build_workload(cs, gpu), collective_time, group_time) if fits else None
-        out.append((mem["peak_gib"], fits, bound))
+        peak, capacity = memory_peak(candidate_scenario(s, layout))
+        out.append((peak, peak <= fraction * capacity))
     return out
+
+
+# The cheap bound is a sum of the same costs in another order than ``step_lower_bound``'s: this
+# margin keeps it below that bound whatever the float rounding.
+CHEAP_MARGIN = 1e-6
+
+
+class _Bounds:
+    """Lower bounds of one scenario's layouts: ``exact`` is ``bound.step_lower_bound``; ``cheap``
+    a weaker one shared by many layouts, so most layouts never need the exact one.
+
+    cheap = m x (sum over all layers of F + B per micro-batch, with the blocking TP collectives,
+    plus the embedding's and LM head's) / pp. With one model copy (every schedule but DualPipe)
+    each virtual stage is held by one rank, so the pp ranks' works ``W_s`` of ``step_lower_bound``
+    add up to at least that sum x m (under ZeRO-3 each F and B is an ``fsdp_chain``, never below its
+    plain sum), and the bound is at least the largest ``W_s``, hence at least their mean. Layer,
+    embedding and head costs and the blocking TP seconds depend only on tp, cp, sequence
+    parallelism, ep, etp, micro-batch size and recompute (``workload.build_workload`` and
+    ``bound.blocking_tp_s`` read nothing else of the layout), so they are computed once per such
+    key; ``tests/test_planner.py`` checks cheap <= exact on every fitting layout of its spaces."""
+
+    def __init__(self, s: Scenario):
+        from simulator.physical.hardware import gpu_of
+
+        self.s = s
+        self.gpu = gpu_of(s.cluster, s.training.precision)
+        self.collective_time = node_collective_time(s)
+        self.group_time = cluster_collective_time(s)
+        self._per_key: dict[tuple, float] = {}
+
+    def exact(self, layout: Layout) -> float:
+        from simulator.step.bound import step_lower_bound
+        from simulator.workload.workload import build_workload
+
+        cs = candidate_scenario(self.s, layout)
+        return step_lower_bound(cs, build_workload(cs, self.gpu), self.collective_time, self.group_time)
+
+    def cheap(self, layout: Layout) -> float | None:
+        """The cheap bound, or None when it does not apply (DualPipe's two model copies)."""
+        from simulator.step.bound import blocking_tp_s
+        from simulator.step.schedules import placement
+        from simulator.workload.workload import build_workload
+
+        if placement(layout.schedule, layout.pp, layout.vp).copies != 1:
+            return None
+        key = (layout.tp, layout.cp, layout.sequence_parallel, layout.ep, layout.etp, layout.micro_batch_size,
+               layout.recompute)
+        if key not in self._per_key:
+            cs = candidate_scenario(self.s, layout)
+            w = build_workload(cs, self.gpu)
+            blocking = blocking_tp_s(cs, w, self.collective_time)
+            moe_layer = cs.model.is_moe_layer
+            total = sum(w.layer_costs[x].fwd_time_s + w.layer_costs[x].bwd_time_s + sum(blocking[moe_layer(x)])
+                        for x in range(cs.model.num_hidden_layers))
+            total += w.embedding[0].time_s + w.embedding[1].time_s + w.head[0].time_s + w.head[1].time_s
+            self._per_key[key] = total
+        m = self.s.training.global_batch_size // (layout.micro_batch_size * layout.dp)
+        return m * self._per_key[key] / layout.pp * (1 - CHEAP_MARGIN)
 
 
 def node_collective_time(s: Scenario):
@@ -265,10 +318,16 @@ def plan(scenario: str | Path | Scenario | dict, *, sets: Sequence[str] = (), sp
         screened_chunks = runner.map_local(_screen, [(s, c, max_memory_fraction) for c in chunks])
         by_layout = {}
         for chunk, results in zip(chunks, screened_chunks):
-            for layout, (peak, fits, bound) in zip(chunk, results):
-                by_layout[layout] = Screened(layout, peak, fits, bound)
-        screened = [by_layout[x] for x in enum.valid]
-        fitting = sorted((c for c in screened if c.fits), key=lambda c: (c.bound_s, layout_order(c.layout)))
+            for layout, (peak, fits) in zip(chunk, results):
+                by_layout[layout] = (peak, fits)
+        bounds = _Bounds(s)
+        screened = []
+        for x in enum.valid:
+            peak, fits = by_layout[x]
+            cheap = bounds.cheap(x) if fits else None
+            exact = bounds.exact(x) if fits and cheap is None else None
+            screened.append(Screened(x, peak, fits, exact, exact if cheap is None else cheap))
+        fitting = [c for c in screened if c.fits]
         if not fitting:
             smallest = min(screened, key=lambda c: (c.peak_gib, layout_order(c.layout)))
             capacity = _capacity_gib(s)
@@ -295,6 +354,9 @@ def plan(scenario: str | Path | Scenario | dict, *, sets: Sequence[str] = (), sp
         front = _Front(_capacity_gib(s))
         pruned_bound: list[Screened] = []
         peak_of = {c.layout: c.peak_gib for c in fitting}
+        exact_of: dict[Layout, float] = {}
+        submitted: dict[Layout, int] = {}  # candidate -> its submission index
+        twin_of: dict[int, int] = {}  # submission -> the earlier one whose simulation it shares
 
         def task_id(index: int) -> str:
             return point_id(base, {"given": True} if index == 0 else order[index].key())
@@ -306,7 +368,8 @@ def plan(scenario: str | Path | Scenario | dict, *, sets: Sequence[str] = (), sp
                 if tid in done:
                     row = done[tid]
                 else:
-                    row = {"point_id": tid, "layout": order[i].key(), **runner.result(i)}
+                    metrics = (_twin_row(results[twin_of[i]], s, order[i]) if i in twin_of else runner.result(i))
+                    row = {"point_id": tid, "layout": order[i].key(), **metrics}
                     done[tid] = row
                     if log is not None:
                         log.write(json.dumps(row, sort_keys=True) + "\n")
@@ -321,16 +384,43 @@ def plan(scenario: str | Path | Scenario | dict, *, sets: Sequence[str] = (), sp
         def submit(layout: Layout) -> None:
             order.append(layout)
             i = len(order) - 1
+            if i > 0 or given_is_candidate:
+                twin = _zero_twin(layout)
+                if twin in submitted:
+                    twin_of[i] = submitted[twin]
+                    return
+                submitted[layout] = i
             if task_id(i) not in done:
                 runner.submit(i, Task(raw, base_dir, name, () if i == 0 else layout.overrides()))
 
         submit(given)
-        for cand in fitting:
-            if given_is_candidate and cand.layout == given:
-                continue
+        # The candidates in ascending (exact bound, layout) order, exact bounds computed lazily: a
+        # heap holds those computed; the rest wait in ascending cheap-bound order and join the heap
+        # while their cheap bound is at most the heap's least exact bound (so the heap's top is the
+        # least of all), unless the cheap bound already prunes them. Pruning is monotone in the
+        # bound and in the simulated results (which only grow), so a layout the cheap bound prunes
+        # now, its exact bound would prune at its turn: the submissions are those of visiting
+        # every layout in exact-bound order.
+        waiting = sorted((c for c in fitting if not (given_is_candidate and c.layout == given)),
+                         key=lambda c: (c.cheap_s, layout_order(c.layout)))
+        heap: list = []
+        nxt = 0
+        while True:
             collect(max(0, len(order) - workers + 1))
-            if front.prunes(cand.bound_s, cand.peak_gib, top, pareto):
-                pruned_bound.append(cand)
+            while nxt < len(waiting) and (not heap or waiting[nxt].cheap_s <= heap[0][0]):
+                cand = waiting[nxt]
+                nxt += 1
+                if cand.bound_s is None and front.prunes(cand.cheap_s, cand.peak_gib, top, pareto):
+                    pruned_bound.append(cand)
+                    continue
+                exact = cand.bound_s if cand.bound_s is not None else bounds.exact(cand.layout)
+                exact_of[cand.layout] = exact
+                heapq.heappush(heap, (exact, layout_order(cand.layout), len(exact_of), cand))
+            if not heap:
+                break
+            exact, _, _, cand = heapq.heappop(heap)
+            if front.prunes(exact, cand.peak_gib, top, pareto):
+                pruned_bound.append(replace(cand, bound_s=exact))
                 continue
             submit(cand.layout)
         collect(len(order))
@@ -343,12 +433,37 @@ def plan(scenario: str | Path | Scenario | dict, *, sets: Sequence[str] = (), sp
             lock.release()
 
     result = _result(s, enum, screened, fitting, pruned_bound, order, results, given_is_candidate, top,
-                     objective, max_memory_fraction, pareto)
+                     objective, max_memory_fraction, pareto, bounds, exact_of)
+    # of the simulated layouts, those whose ZeRO-1/2 twin's simulation was reused (``_zero_twin``)
+    result["candidates"]["shared_with_zero_twin"] = len(twin_of)
     if folder is not None and result["pareto"]:
         from simulator.reports.plots import plot_pareto
 
         plot_pareto(result, str(folder / PARETO_PLOT))
     return result
+
+
+def _zero_twin(layout: Layout) -> Layout | None:
+    """The layout that simulates exactly like ``layout``: ZeRO-1 and ZeRO-2 run the same program
+    (``program.build_program`` reduce-scatters the gradients and all-gathers the parameters for
+    either; ``workload.build_workload`` shards the optimizer step for any stage >= 1; nothing else
+    on the simulation path reads the stage), so only their memory differs."""
+    if layout.zero_stage not in (1, 2):
+        return None
+    return replace(layout, zero_stage=3 - layout.zero_stage)
+
+
+def _twin_row(twin: dict, s: Scenario, layout: Layout) -> dict:
+    """``sweep.evaluate``'s row for ``layout`` from its ZeRO twin's: the simulated metrics shared,
+    the memory its own."""
+    from simulator.studies.sweep import METRICS
+    from simulator.workload.memory import memory_report
+
+    row = {k: twin.get(k) for k in METRICS}
+    if row.get("error") is None:
+        mem = memory_report(candidate_scenario(s, layout))
+        row["peak_memory_gib"], row["fits"] = mem["peak_gib"], mem["fits"]
+    return row
 
 
 def fit_of_layouts(fitting: list[Screened]) -> set[Layout]:
@@ -388,9 +503,11 @@ def _entry(s: Scenario, layout: Layout, row: dict, bound: float | None) -> dict:
 
 
 def _result(s, enum, screened, fitting, pruned_bound, order, results, given_is_candidate, top, objective,
-            fraction, pareto) -> dict:
-    bound_of = {c.layout: c.bound_s for c in fitting}
+            fraction, pareto, bounds: _Bounds, exact_of: dict) -> dict:
+    fits = {c.layout for c in fitting}
     given, given_row = order[0], results[0]
+    if given in fits and given not in exact_of:
+        exact_of[given] = bounds.exact(given)
     if given_row.get("error"):
         raise ConfigError("scenario", s.name, f"the given layout cannot run: {given_row['error']}")
     scored = [(layout, row) for i, (layout, row) in enumerate(zip(order, results))
@@ -398,10 +515,14 @@ def _result(s, enum, screened, fitting, pruned_bound, order, results, given_is_c
     scored.sort(key=lambda lr: (lr[1]["step_time_s"], layout_order(lr[0])))
     ranked = []
     for i, (layout, row) in enumerate(scored):
-        ranked.append({**_entry(s, layout, row, bound_of[layout]), "rank": i + 1})
-    g = _entry(s, given, given_row, bound_of.get(given))
+        ranked.append({**_entry(s, layout, row, exact_of[layout]), "rank": i + 1})
+    g = _entry(s, given, given_row, exact_of.get(given))
     g["rank"] = 1 + sum(e["step_time_s"] < g["step_time_s"] for e in ranked)
-    g["rank_exact"] = not any(c.bound_s < g["step_time_s"] for c in pruned_bound)
+    # exact when no pruned layout's bound is below the given step (a cheap bound at or above it
+    # settles a layout; below it, the exact bound decides)
+    g["rank_exact"] = not any(c.cheap_s < g["step_time_s"] and
+                              (c.bound_s if c.bound_s is not None else bounds.exact(c.layout)) < g["step_time_s"]
+                              for c in pruned_bound)
     g["in_space"] = given_is_candidate
     g["gap"] = g["step_time_s"] / ranked[0]["step_time_s"] - 1
     front, low = [], math.inf

@@ -23,7 +23,7 @@ import math
 import re
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 
 import yaml
 
@@ -237,9 +237,13 @@ def _reason(err: ConfigError) -> str:
     return f"{err.field}: {re.sub(r'[0-9]+', 'N', text)}"
 
 
+_LAYOUT_FIELDS = tuple(f.name for f in fields(Layout))
+
+
 def layout_order(layout: Layout) -> tuple:
-    """A total order on layouts (None etp first), for deterministic ties."""
-    return tuple(-1 if v is None else v for v in asdict(layout).values())
+    """A total order on layouts (None etp first), for deterministic ties: the fields in
+    declaration order (as ``asdict`` lists them, without its deep copies)."""
+    return tuple(-1 if v is None else v for v in (getattr(layout, k) for k in _LAYOUT_FIELDS))
 
 
 def enumerate_layouts(s: Scenario, space: Mapping[str, tuple]) -> Enumeration:

@@ -30,7 +30,7 @@ layer and one micro-batch that recompute re-materialises during its backward.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from simulator.config import ModelConfig, Scenario
 from simulator.errors import ConfigError
@@ -38,6 +38,7 @@ from simulator.records import Record
 from simulator.step.plan import vstage_layers
 from simulator.step.schedules import SCHEDULES, check_schedule_args, peak_in_flight, placement
 from simulator.units import GiB
+from simulator.workload.frameworks import resolve
 
 RECOMPUTE_MODES = ("none", "selective", "full")
 ZERO_STAGES = (0, 1, 2, 3)
@@ -153,6 +154,58 @@ def layer_activation_bytes(
     else:
         mlp += _ffn_bytes(model, tokens, model.intermediate_size, t)
     return attn + mlp
+
+
+def saved_op_activation_bytes(model: ModelConfig, s: float, b: float, t: int, sp: bool, policy: str) -> float | None:
+    """Activation bytes one dense transformer layer keeps per micro-batch under a framework's
+    op-level selective recompute (profile ``recompute.selective``), or None where the policy is the
+    reference (``attention_core``: Korthikanti's accounting, ``layer_activation_bytes``) or does not
+    apply (MoE and MLA layers, whose compute keeps the reference too: ``software.layer_with_software``).
+
+    Both policies keep the layer's input (the checkpointed function's argument, 2sbh, /t with SP)
+    and then only the tensors the policy saves; every other tensor of the layer is re-created by
+    the recompute in the backward (counted in the working set, ``stage_memory``):
+
+    - ``every_second_matmul``, torchtitan's per-op SAC (torchtitan/distributed/activation_checkpoint.py
+      ``_save_list`` / ``_get_custom_policy``, the same from 2024-12 to now): an op's output is saved
+      when the op is ``aten.mm``, SDPA, a functional reduce-scatter or ``max``, except every second
+      mm of the block (a fresh count per block call). torch.utils.checkpoint's SAC
+      (``_CachingTorchDispatchMode``) caches the outputs of those ops during the forward whether or
+      not the backward reads them. In a Llama block (mm order wq, wk, wv, wo, w1, w3, w2) it keeps
+      wq 2sb q/t, wv 2sb kv/t, w1 2sbf/t and w2's output (2sbh: a row-parallel mm's partial sum over
+      the whole sequence), plus with SP the reduce-scatters after attention and after the MLP
+      (2sbh/t each), and SDPA's output (2sb q/t) and fp32 log-sum-exp (4asb/t); with a 2-matrix MLP
+      (mm order wq, wk, wv, wo, w1, w2) wq, wv, w1.
+    - ``elementwise``, MaxText's ``minimal_flash`` remat policy (src/maxtext/layers/decoders.py
+      ``get_remat_policy``: ``save_from_both_policies(checkpoint_dots_with_no_batch_dims,
+      save_only_these_names('context'))``): JAX keeps, among the values the backward needs, the
+      projections' outputs and the attention context: Q, K, V (2sb(q + 2kv)/t), the context
+      (2sb q/t, with the kernel's fp32 log-sum-exp 4asb/t), the output projection's result (2sbh,
+      /t with SP: the residual sum the MLP's norm is recomputed from) and the MLP's gate and up
+      projections (2sbf/t each; 2sbf/t for one up projection with a 2-matrix MLP). The down
+      projection's output is not a residual of the backward and is not kept.
+    """
+    if policy not in ("every_second_matmul", "elementwise") or model.is_mla:
+        return None
+    h, d, a = model.hidden_size, model.head_dim, model.num_attention_heads
+    tokens = s * b
+    rep = 1 / t if sp else 1.0
+    q, kv = a * d, max(model.num_key_value_heads, t) * d
+    f = model.intermediate_size
+    kept = ACT_BYTES * tokens * h * rep  # the layer's input
+    kept += ACT_BYTES * tokens * q / t + 4 * a * tokens / t  # attention output and log-sum-exp
+    if policy == "every_second_matmul":
+        kept += ACT_BYTES * tokens * (q + kv) / t  # wq, wv (wk and wo are the 2nd and 4th mm)
+        kept += ACT_BYTES * tokens * f / t  # w1 (5th); w3 (6th) re-runs
+        if model.mlp_matrices == 3:
+            kept += ACT_BYTES * tokens * h  # w2 (7th), before its reduction
+        if sp and t > 1:
+            kept += 2 * ACT_BYTES * tokens * h / t  # the two reduce-scatters
+    else:
+        kept += ACT_BYTES * tokens * (q + 2 * kv) / t
+        kept += ACT_BYTES * tokens * h * rep
+        kept += ACT_BYTES * tokens * f * (model.mlp_matrices - 1) / t
+    return kept
 
 
 def _ffn_bytes(model: ModelConfig, tokens: float, f: float, t: int) -> float:
@@ -303,27 +356,13 @@ def _check(s: Scenario) -> None:
     check_schedule_args(s.pipeline_schedule, par.pp, s.num_microbatches, par.vp)
 
 
-def stage_memory(
-    s: Scenario, stage: int, weight_bytes: float = 2, grad_bytes: float = 2,
-    optimizer_bytes: float = 12,
-) -> StageMemory:
-    """Peak bytes per GPU of pipeline stage ``stage`` (module docstring has the accounting).
-
-    other = communication buffers (one DDP gradient bucket of max(40e6, 1e6 x DP x CP)
-    parameters, Megatron-core's default bucket size, capped at the stage's parameters; with
-    ZeRO-3 instead the FSDP buffers: two gathered units in flight for prefetch plus one
-    unsharded gradient unit before its reduce-scatter, Zhao et al. 2023) + CUDA context + NCCL
-    buffers + allocator fragmentation on all tensor bytes.
-    """
-    _check(s)
+@functools.lru_cache(maxsize=8192)
+def _stage_layout_part(s: Scenario, stage: int) -> tuple[_Params, float, int]:
+    """(parameters, activation bytes, chunk activations in flight) of ``stage``: the part of
+    ``stage_memory`` the ZeRO stage does not change (``s`` has zero_stage 0)."""
     par, tr, m = s.parallelism, s.training, s.model
-    tp, pp, vp, zero = par.tp, par.pp, par.vp, par.zero_stage
-    dense_group = par.shard_group(s.dp)  # dp x cp, or one copy's shard group with dp_replicate
-    expert_group = s.expert_dp
+    tp, pp, vp = par.tp, par.pp, par.vp
     params = _stage_params(s, stage)
-    dense_states = _state_components(params.dense, dense_group, zero, weight_bytes, grad_bytes, optimizer_bytes)
-    expert_states = _state_components(params.expert, expert_group, zero, weight_bytes, grad_bytes, optimizer_bytes)
-    weights, grads, optim = (d + e for d, e in zip(dense_states, expert_states))
     # DualPipe keeps a second model copy: every rank also holds the mirrored stage, whose layers
     # ``stage_layers`` already counts (2x states in total).
     place = placement(s.pipeline_schedule, pp, vp)
@@ -336,11 +375,14 @@ def stage_memory(
     # attention window kept in the key too): the same values, computed once per kind, summed in
     # the same order.
     kinds: dict[tuple, tuple[float, float]] = {}
+    policy = resolve(s).selective_recompute if rc == "selective" else "attention_core"
     per_mb, working_set = [], []
     for layer in layers:
         kind = (m.is_moe_layer(layer), m.attention_window(layer))
         if kind not in kinds:
             a = layer_activation_bytes(m, layer, seq, b, tp, sp, rc, **kernels)
+            if rc == "selective" and policy != "attention_core" and not kind[0]:
+                a = saved_op_activation_bytes(m, seq, b, tp, sp, policy) or a
             kinds[kind] = (a, layer_activation_bytes(m, layer, seq, b, tp, sp, "none", **kernels) - a)
         per_mb.append(kinds[kind][0])
         working_set.append(kinds[kind][1])
@@ -356,6 +398,33 @@ def stage_memory(
         head = 2 * ACT_BYTES * seq * b * m.hidden_size * rep + LOGIT_BYTES * seq * b * m.vocab_size / tp
         activations += head * head_in_flight * heads
 
+    return params, activations, in_flight
+
+
+def stage_memory(
+    s: Scenario, stage: int, weight_bytes: float = 2, grad_bytes: float = 2,
+    optimizer_bytes: float = 12,
+) -> StageMemory:
+    """Peak bytes per GPU of pipeline stage ``stage`` (module docstring has the accounting).
+
+    other = communication buffers (one DDP gradient bucket of max(40e6, 1e6 x DP x CP)
+    parameters, Megatron-core's default bucket size, capped at the stage's parameters; with
+    ZeRO-3 instead the FSDP buffers: two gathered units in flight for prefetch plus one
+    unsharded gradient unit before its reduce-scatter, Zhao et al. 2023) + CUDA context + NCCL
+    buffers + allocator fragmentation on all tensor bytes.
+    """
+    _check(s)
+    par = s.parallelism
+    zero, pp = par.zero_stage, par.pp
+    dense_group = par.shard_group(s.dp)  # dp x cp, or one copy's shard group with dp_replicate
+    expert_group = s.expert_dp
+    # Everything but the model states and buffers is the same for every ZeRO stage: computed once
+    # per layout for all four (the planner screens each layout at each stage).
+    params, activations, in_flight = _stage_layout_part(replace(s, parallelism=replace(par, zero_stage=0)), stage)
+    dense_states = _state_components(params.dense, dense_group, zero, weight_bytes, grad_bytes, optimizer_bytes)
+    expert_states = _state_components(params.expert, expert_group, zero, weight_bytes, grad_bytes, optimizer_bytes)
+    weights, grads, optim = (d + e for d, e in zip(dense_states, expert_states))
+
     stage_params = params.dense + params.expert
     if zero >= 3 and pp > 1 and _pipeline_unsharded(s):
         # torch pipelining: every layer of the stage stays gathered from its first forward to the
@@ -370,6 +439,17 @@ def stage_memory(
     tensors = weights + grads + optim + activations + buffers
     other = buffers + CUDA_CONTEXT_BYTES + NCCL_BUFFER_BYTES + ALLOCATOR_FRAGMENTATION * tensors
     return StageMemory(stage, weights, grads, optim, activations, other, in_flight)
+
+
+def memory_peak(s: Scenario) -> tuple[float, float]:
+    """(peak GiB per GPU, GPU capacity GiB) exactly as ``memory_report`` gives them (its
+    ``peak_gib`` and each stage's ``capacity_gib``), without building the report: what the
+    planner needs for each of its tens of thousands of layouts."""
+    from simulator.physical.hardware import gpu_of
+
+    capacity = gpu_of(s.cluster, s.training.precision).hbm_capacity_bytes / GiB
+    peak = max(round(stage_memory(s, st).total / GiB, 4) for st in range(s.parallelism.pp))
+    return peak, round(capacity, 4)
 
 
 def memory_report(
