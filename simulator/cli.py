@@ -412,7 +412,7 @@ def build_parser() -> argparse.ArgumentParser:
     which.add_argument("--quick", action="store_true", help="only the small cases")
     which.add_argument("--plan", action="store_true", help="only the planner cases (stepsim plan against one run)")
     which.add_argument("--scale", action="store_true",
-                   help="only the GB200 NVL72 rack-scale cases, including 1,792 racks (129,024 GPUs; slow today)")
+                   help="only the GB200 NVL72 rack-scale cases, including 1,792 racks (129,024 GPUs)")
     b.set_defaults(func=_bench)
 
     for name, func, text in (("sweep", _sweep, "simulate the cartesian product of varied scenario keys, in parallel"),
