@@ -20,7 +20,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _collective(args) -> int:
-    from simulator.physical.collectives import ALGORITHMS, OPS, bus_factor, time_collective
+    from simulator.physical.collectives import ALGORITHMS, OPS, algorithm_used, bus_factor, time_collective
     from simulator.physical.topology import build_cluster, load_topology
 
     if args.op not in OPS:
@@ -49,8 +49,11 @@ def _collective(args) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
+    used = sorted({algorithm_used(cluster, args.op, ranks, size, args.algorithm) for size in sizes})
+    ran = "" if args.algorithm == "auto" or used == [args.algorithm] else \
+        f" (not available for {args.op} here: ran {', '.join(used)})"
     print(f"# {args.op} over {args.gpus} GPUs of {cluster.spec.name} ({num_nodes} node(s)), "
-          f"algorithm {args.algorithm}")
+          f"algorithm {args.algorithm}{ran}")
     print(f"{'size':>12} {'bytes':>14} {'time_us':>12} {'algbw_GB/s':>11} {'busbw_GB/s':>11}")
     for r in rows:
         print(f"{units.format_size(r['size_bytes']):>12} {r['size_bytes']:>14d} {r['time_s'] * 1e6:>12.2f} "

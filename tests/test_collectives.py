@@ -236,3 +236,21 @@ def test_sharp_needs_sharp_switches_and_is_never_nccls_default(two_b200):
     one, _ = C.time_collective(two_b200, "all_reduce", range(8), GiB, algorithm="sharp")
     nvls, _ = C.time_collective(two_b200, "all_reduce", range(8), GiB, algorithm="nvls")
     assert one == nvls
+
+
+def test_collective_cli_says_when_the_asked_algorithm_cannot_run():
+    """``--algorithm sharp`` for an all_gather or ``nvls`` on A100 fall back to the ring: the header says so."""
+    import subprocess
+    import sys
+
+    def header(*args):
+        r = subprocess.run([sys.executable, "-m", "simulator", "collective", *args, "--sizes", "1GiB"],
+                           capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        return r.stdout.splitlines()[0]
+
+    assert header("--op", "all_gather", "--algorithm", "sharp", "--cluster", "dgx-h100", "--gpus", "16").endswith(
+        "algorithm sharp (not available for all_gather here: ran ring)")
+    assert "ran ring" in header("--op", "all_reduce", "--algorithm", "nvls", "--cluster", "dgx-a100", "--gpus", "8")
+    assert header("--op", "all_reduce", "--algorithm", "nvls", "--cluster", "dgx-h100", "--gpus", "8").endswith(
+        "algorithm nvls")

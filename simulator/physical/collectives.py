@@ -515,6 +515,22 @@ def broadcast_time(n: int, size: float, bw: float, alpha: float) -> float:
     return (n - 1) * alpha + size / bw
 
 
+def algorithm_used(cluster: Cluster, op: str, ranks: Sequence[int], size: float, algorithm: str = "auto") -> str:
+    """What ``algorithm`` runs for one ``op`` over ``ranks``: nvls or sharp where they can run
+    (``Collectives.phases``), else the ring (hierarchical when asked for and possible)."""
+    coll = Collectives(simpy.Environment(), Network(simpy.Environment(), cluster.link_bw), cluster, algorithm)
+    ranks = sorted(ranks)
+    if op in ("send_recv", "all_to_all", "broadcast") or len(ranks) < 2:
+        return "direct"
+    if coll.nvls_spec(op, ranks, size) is not None:
+        return "nvls"
+    if op == "all_reduce" and algorithm == "sharp" and coll.sharp_phase(ranks, size) is not None:
+        return "sharp"
+    if cluster.node_of(ranks[0]) != cluster.node_of(ranks[-1]) and coll._hierarchy(ranks) is not None:
+        return "hierarchical"
+    return "ring"
+
+
 def time_collective(cluster: Cluster, op: str, ranks: Sequence[int], size: float,
                     algorithm: str = "auto") -> tuple[float, Network]:
     """Simulate one collective alone on an idle cluster: (time in s, the network after it)."""
