@@ -274,40 +274,45 @@ class Collectives:
 
     def phases(self, op: str, ranks: Sequence[int], size: float) -> list[Phase]:
         """The phases of ``op`` over one group (see the module docstring for the algorithms)."""
+        return self.algorithm_and_phases(op, ranks, size)[1]
+
+    def algorithm_and_phases(self, op: str, ranks: Sequence[int], size: float) -> tuple[str, list[Phase]]:
+        """(the algorithm that runs: direct, nvls, sharp, ring or hierarchical; its phases) for
+        ``op`` over one group: the asked algorithm where it can run, else the ring."""
         if op == "send_recv":
             a, b = ranks[0], ranks[-1]
-            return [] if a == b else [[Spec(((a, b),), size, self.cluster.route_latency(a, b))]]
+            return "direct", [] if a == b else [[Spec(((a, b),), size, self.cluster.route_latency(a, b))]]
         ranks = sorted(ranks)
         n = len(ranks)
         if n < 2:
-            return []
+            return "direct", []
         if op == "all_to_all":
             pairs = tuple((a, b) for a in ranks for b in ranks if a != b)
-            return [[Spec(pairs, size / n, max(self._latencies(pairs)))]]
+            return "direct", [[Spec(pairs, size / n, max(self._latencies(pairs)))]]
         if op == "broadcast":
             pairs = tuple(zip(ranks, ranks[1:]))
-            return [[Spec(pairs, size, sum(self._latencies(pairs)))]]
+            return "direct", [[Spec(pairs, size, sum(self._latencies(pairs)))]]
         steps = {"all_reduce": 2 * (n - 1), "reduce_scatter": n - 1, "all_gather": n - 1}[op]
         nvls = self.nvls_spec(op, ranks, size)
         if nvls is not None:
-            return [[nvls]]
+            return "nvls", [[nvls]]
         if op == "all_reduce" and self.algorithm == "sharp":
             sharp = self.sharp_phase(ranks, size)
             if sharp is not None:
-                return [sharp]
+                return "sharp", [sharp]
         if self.cluster.node_of(ranks[0]) == self.cluster.node_of(ranks[-1]):  # one node: one ring
-            return [[self.ring_spec(op, ranks, size / 1 / n, steps)]]
+            return "ring", [[self.ring_spec(op, ranks, size / 1 / n, steps)]]
         h = self._hierarchy(ranks)
         if h is None:
             rings = self.channel_rings(ranks)
-            return [self._rings_phase(op, rings, size / len(rings) / n, steps)]
+            return "ring", [self._rings_phase(op, rings, size / len(rings) / n, steps)]
         nodes, rails = h
         k, m = len(nodes[0]), len(nodes)
         intra = self._rings_phase("reduce_scatter", nodes, size / k, k - 1)
         if op == "all_reduce":
-            return [intra, self._rings_phase(op, rails, size / k / m, 2 * (m - 1)), intra]
+            return "hierarchical", [intra, self._rings_phase(op, rails, size / k / m, 2 * (m - 1)), intra]
         inter = self._rings_phase(op, rails, size / k / m, m - 1)
-        return [intra, inter] if op == "reduce_scatter" else [inter, intra]
+        return "hierarchical", [intra, inter] if op == "reduce_scatter" else [inter, intra]
 
     def _latencies(self, pairs) -> list[float]:
         """``route_latency`` of each (src, dst) pair, computed for all of them at once."""
@@ -516,19 +521,10 @@ def broadcast_time(n: int, size: float, bw: float, alpha: float) -> float:
 
 
 def algorithm_used(cluster: Cluster, op: str, ranks: Sequence[int], size: float, algorithm: str = "auto") -> str:
-    """What ``algorithm`` runs for one ``op`` over ``ranks``: nvls or sharp where they can run
-    (``Collectives.phases``), else the ring (hierarchical when asked for and possible)."""
-    coll = Collectives(simpy.Environment(), Network(simpy.Environment(), cluster.link_bw), cluster, algorithm)
-    ranks = sorted(ranks)
-    if op in ("send_recv", "all_to_all", "broadcast") or len(ranks) < 2:
-        return "direct"
-    if coll.nvls_spec(op, ranks, size) is not None:
-        return "nvls"
-    if op == "all_reduce" and algorithm == "sharp" and coll.sharp_phase(ranks, size) is not None:
-        return "sharp"
-    if cluster.node_of(ranks[0]) != cluster.node_of(ranks[-1]) and coll._hierarchy(ranks) is not None:
-        return "hierarchical"
-    return "ring"
+    """What ``algorithm`` runs for one ``op`` over ``ranks`` (``Collectives.algorithm_and_phases``)."""
+    env = simpy.Environment()
+    coll = Collectives(env, Network(env, cluster.link_bw), cluster, algorithm)
+    return coll.algorithm_and_phases(op, list(ranks), size)[0]
 
 
 def time_collective(cluster: Cluster, op: str, ranks: Sequence[int], size: float,

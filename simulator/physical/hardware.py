@@ -44,7 +44,7 @@ class GPUSpec:
     nvlink_efficiency: float = 1.0
     nvlink_generation: int = 0  # 3 Ampere, 4 Hopper (NVSwitch gen 3: NVLS), 5 Blackwell
     tdp_w: float | None = None  # board power the sustained fraction was fitted at; None: not catalogued
-    power_limit_w: float | None = None  # the part's default power limit when below its TDP (else None)
+    power_limit_w: float | None = None  # the part's default power limit when below its TDP (``gpu_of`` applies it)
 
     def __hash__(self) -> int:
         return hash(self.name)
@@ -200,8 +200,7 @@ GPU_CATALOG: dict[str, GPUSpec] = {
         "500 W power limit ('tuning it up to 700W TDP can potentially provide further speedups'), "
         "priced by power_factor",
         num_sms=132,
-        **{**_HOPPER, "power_limit_w": 500.0,
-           "sustained_fraction": _HOPPER_SUSTAINED * power_factor(500.0, 700.0)},
+        **{**_HOPPER, "power_limit_w": 500.0},
     ),
     "H800-80GB": GPUSpec(
         name="H800-80GB",
@@ -390,16 +389,12 @@ def gpu_of(cluster, precision: str) -> GPUSpec:
     if getattr(cluster, "gpu_peak_tflops", None) is not None:
         scale = cluster.gpu_peak_tflops * TERA / peak(gpu, precision)
         changes["peak_flops"] = {k: v * scale for k, v in gpu.peak_flops.items()}
-    limit = getattr(cluster, "gpu_power_limit_W", None)
+    # the power limit: ``cluster.gpu_power_limit_W`` or the part's default; the catalogue's
+    # sustained fraction is the one at TDP (``power_factor``)
+    limit = getattr(cluster, "gpu_power_limit_W", None) or gpu.power_limit_w
     if limit is not None:
-        changes["sustained_fraction"] = with_power_limit(gpu, limit)
+        if gpu.tdp_w is None:
+            raise ValueError(f"{gpu.name} has no catalogued TDP")
+        changes["sustained_fraction"] = gpu.sustained_fraction * power_factor(limit, gpu.tdp_w)
         changes["power_limit_w"] = float(limit) if limit < gpu.tdp_w else None
     return replace(gpu, **changes) if changes else gpu
-
-
-def with_power_limit(gpu: GPUSpec, limit_w: float) -> float:
-    """``gpu``'s sustained fraction at power limit ``limit_w`` instead of its default (``power_factor``)."""
-    if gpu.tdp_w is None:
-        raise ValueError(f"{gpu.name} has no catalogued TDP")
-    at_tdp = gpu.sustained_fraction / power_factor(gpu.power_limit_w or gpu.tdp_w, gpu.tdp_w)
-    return at_tdp * power_factor(limit_w, gpu.tdp_w)

@@ -214,6 +214,7 @@ def step_lower_bound(s: Scenario, w: Workload, collective_time: CollectiveTime |
     """Seconds the simulated step of ``s`` (default ``SimOptions``) cannot beat (module docstring);
     without ``collective_time`` compute only, without ``group_time`` no FSDP all-gathers."""
     from simulator.step.schedules import SCHEDULES, placement
+    from simulator.workload.frameworks import fsdp_gathered_once
 
     par = s.parallelism
     p, m = par.pp, s.num_microbatches
@@ -221,8 +222,7 @@ def step_lower_bound(s: Scenario, w: Workload, collective_time: CollectiveTime |
     blocking = blocking_tp_s(s, w, collective_time)
     # ZeRO-3 gathered once per step under a pipeline (torch pipelining, Software.fsdp_pipeline_unsharded):
     # no per-micro-batch gathers to charge, so only compute bounds the step
-    per_microbatch_fsdp = par.zero_stage == 3 and not (
-        p > 1 and w.software is not None and w.software.fsdp_pipeline_unsharded)
+    per_microbatch_fsdp = par.zero_stage == 3 and not fsdp_gathered_once(s, w.software)
     if group_time is not None and per_microbatch_fsdp:
         fwd, bwd = fsdp_stage_compute(s, w, blocking, group_time)
     else:

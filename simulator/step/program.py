@@ -33,6 +33,7 @@ from simulator.config import Scenario
 from simulator.step.schedules import SCHEDULES, Placement, Step, placement
 from simulator.workload.compute import (CP_CORE_OPS, CP_LOCAL_OPS, BlockCost, joined, split_around,
                                         split_at_gemm, split_weight_grad)
+from simulator.workload.frameworks import fsdp_gathered_once
 from simulator.workload.moe import split_moe_block
 from simulator.workload.workload import GRAD_BYTES, PARAM_BYTES, Workload
 
@@ -153,7 +154,10 @@ class _Builder:
         self.sp = par.sequence_parallel and par.tp > 1
         self.ops: list = []
         self.next_handle = 0
-        self.unsharded = False  # build() sets it (ZeRO-3 under a pipeline, torch pipelining style)
+        # ZeRO-3 under a pipeline, torch pipelining style (``frameworks.fsdp_gathered_once``): a layer
+        # is gathered at its first forward of the step and stays unsharded over the micro-batches;
+        # its gradients are reduce-scattered after the chunk's last backward
+        self.unsharded = fsdp_gathered_once(s, self.sw)
         self.held_grads: list = []  # layers whose reduce-scatter waits for the chunk's last backward
 
     # emitting --------------------------------------------------------------------------------
@@ -443,11 +447,7 @@ class _Builder:
             self.wait(tuple(dict.fromkeys(param_ready.values())), "dp")
             param_ready.clear()
         depth = sw.param_prefetch_depth if sw.param_gather else 0
-        # ZeRO-3 under a pipeline, torch pipelining style (``Software.fsdp_pipeline_unsharded``): a
-        # layer is gathered at its first forward of the step and stays unsharded over the
-        # micro-batches; its gradients are reduce-scattered after the chunk's last backward
-        self.unsharded = zero == 3 and par.pp > 1 and sw.fsdp_pipeline_unsharded
-        gathered: set = set()
+        gathered: set = set()  # layers kept gathered (``self.unsharded``)
         fsdp_ready: dict = {}
         bucket_of = {vs: {layer: b for b in w.buckets[vs] for layer in b.layers}  # the bucket holding a layer
                      for vs in {place.vstage(stage, c) for c in range(place.chunks)}}
@@ -506,12 +506,12 @@ class _Builder:
                         self.wait((fsdp_ready.pop(("B", mb, layer)),), "fsdp", layer=layer, **at)
                     self.layer_backward(layer, mb, chunk, split)
                     if not split:
-                        self.layer_grads_ready(layer, final, grads_of, grads, pending, deferred)
+                        self.layer_grads_ready(layer, final, grads_of, grads, pending)
                 if vs == 0 and self.extras:
                     self.compute("embed", w.embedding[1], "embedding", **at)
                 if final:
                     self.unlayered_grads(vs, grads)
-                    self.unsharded_grads(pending, deferred)
+                    self.unsharded_grads(grads)
                 self.ops.append(StepEnd("B", mb, chunk))
                 if vs > 0:
                     self.ops.append(Send(place.locate(vs - 1, copy)[0], vs - 1, mb, "B"))
@@ -519,10 +519,10 @@ class _Builder:
                 self.ops.append(StepBegin())
                 for layer in reversed(layers):
                     self.layer_weight_grad(layer, mb, chunk)
-                    self.layer_grads_ready(layer, final, grads_of, grads, pending, deferred)
+                    self.layer_grads_ready(layer, final, grads_of, grads, pending)
                 if final:
                     self.unlayered_grads(vs, grads)
-                    self.unsharded_grads(pending, deferred)
+                    self.unsharded_grads(grads)
                 self.ops.append(StepEnd("W", mb, chunk))
         for item in deferred:
             pending.append(self.enqueue(*item))
@@ -534,41 +534,38 @@ class _Builder:
             self.compute("opt", w.optimizer[stage], "optimizer")
         return self._stamped(tuple(self.ops))
 
-    def layer_grads_ready(self, layer, final, grads_of, grads, pending, deferred):
+    def layer_grads_ready(self, layer, final, grads_of, grads, pending):
         """A layer's weight gradients exist: FSDP reduce-scatters them now; with DDP a bucket is
         reduced when its last layer's gradients of the chunk's last micro-batch are ready."""
-        w, zero = self.w, self.s.parallelism.zero_stage
-        size = w.layer_dense_params[layer] * GRAD_BYTES
-        replicas = self.replica_reduce(size)
-        if zero == 3 and self.unsharded:
+        zero = self.s.parallelism.zero_stage
+        if self.unsharded:
             if final:
                 self.held_grads.append(layer)
-        elif zero == 3 and not self.sw.grad_reduce:
-            deferred.append(("dpcp", "reduce_scatter", size, "fsdp"))
-            deferred.extend((kind, op, n, "dp") for kind, op, n in replicas)
-        elif zero == 3 and replicas:
-            # the all-reduce across copies needs the reduce-scatter's result: both on the DP stream
-            pending.append(self.enqueue("dpcp", "reduce_scatter", size, "fsdp"))
-            pending.extend(self.enqueue(kind, op, n, "dp") for kind, op, n in replicas)
+        elif zero == 3 and (self.s.parallelism.dp_replicate > 1 or not self.sw.grad_reduce):
+            # on the DP stream, in order (the all-reduce across copies needs the reduce-scatter's
+            # result), or after the backward without gradient-reduce overlap
+            for op in self.fsdp_grad_ops(layer):
+                grads(*op)
         elif zero == 3:
-            pending.append(self.launch("dpcp", "reduce_scatter", size, "fsdp"))
+            pending.append(self.launch("dpcp", "reduce_scatter", self.w.layer_dense_params[layer] * GRAD_BYTES, "fsdp"))
         elif final and grads_of[layer].layers[-1] == layer:
             for kind, op, nbytes in self.grad_ops(grads_of[layer], zero):
                 grads(kind, op, nbytes, "dp")
 
-    def unsharded_grads(self, pending, deferred):
+    def fsdp_grad_ops(self, layer):
+        """(group, op, bytes, axis) of one layer's ZeRO-3 gradient reduction: the reduce-scatter
+        inside the copy, then with hybrid sharding the all-reduce across copies."""
+        size = self.w.layer_dense_params[layer] * GRAD_BYTES
+        return [("dpcp", "reduce_scatter", size, "fsdp")] + [(k, o, n, "dp") for k, o, n in self.replica_reduce(size)]
+
+    def unsharded_grads(self, grads):
         """ZeRO-3 under a pipeline with ``fsdp_pipeline_unsharded``: the chunk's last backward is
         done, and FSDP's post-backward reduce-scatters every layer's gradients in turn on its
         reduce stream (torch pipelining runs post_backward for each block after the last
         micro-batch's backward)."""
         for layer in self.held_grads:
-            size = self.w.layer_dense_params[layer] * GRAD_BYTES
-            ops = [("dpcp", "reduce_scatter", size, "fsdp")] + [(k, o, n, "dp") for k, o, n in self.replica_reduce(size)]
-            for op in ops:
-                if self.sw.grad_reduce:
-                    pending.append(self.enqueue(*op))
-                else:
-                    deferred.append(op)
+            for op in self.fsdp_grad_ops(layer):
+                grads(*op)
         self.held_grads = []
 
     def unlayered_grads(self, vs, grads):

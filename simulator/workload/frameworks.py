@@ -142,3 +142,13 @@ def resolve(s) -> Software:
         cp_merge=prof["attention"]["cp_merge"],
         fsdp_pipeline_unsharded=bool(prof["fsdp"]["pipeline_unsharded"]),
     )
+
+
+def fsdp_gathered_once(s, sw: Software | None = None) -> bool:
+    """Whether ZeRO-3 keeps each layer gathered over a pipeline's micro-batches: zero_stage 3, pp > 1
+    and a framework whose profile says so (``fsdp.pipeline_unsharded``; ``sw`` is the resolved
+    profile when the caller has it, else it is resolved here, only when the layout can need it)."""
+    par = s.parallelism
+    if par.zero_stage != 3 or par.pp == 1:
+        return False
+    return (sw or resolve(s)).fsdp_pipeline_unsharded

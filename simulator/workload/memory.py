@@ -38,7 +38,7 @@ from simulator.records import Record
 from simulator.step.plan import vstage_layers
 from simulator.step.schedules import SCHEDULES, check_schedule_args, peak_in_flight, placement
 from simulator.units import GiB
-from simulator.workload.frameworks import resolve
+from simulator.workload.frameworks import fsdp_gathered_once, resolve
 
 RECOMPUTE_MODES = ("none", "selective", "full")
 ZERO_STAGES = (0, 1, 2, 3)
@@ -324,13 +324,6 @@ def _stage_params(s: Scenario, stage: int) -> _Params:
     return _Params(dense, expert, largest)
 
 
-def _pipeline_unsharded(s: Scenario) -> bool:
-    """Whether the scenario's framework keeps ZeRO-3 layers gathered over a pipeline's micro-batches."""
-    from simulator.workload.frameworks import load_profile
-
-    return bool(load_profile(s.framework)["fsdp"]["pipeline_unsharded"])
-
-
 def _check(s: Scenario) -> None:
     par, m, tr = s.parallelism, s.model, s.training
     for name in ("tp", "pp", "cp", "ep", "vp"):
@@ -415,7 +408,7 @@ def stage_memory(
     """
     _check(s)
     par = s.parallelism
-    zero, pp = par.zero_stage, par.pp
+    zero = par.zero_stage
     dense_group = par.shard_group(s.dp)  # dp x cp, or one copy's shard group with dp_replicate
     expert_group = s.expert_dp
     # Everything but the model states and buffers is the same for every ZeRO stage: computed once
@@ -426,7 +419,7 @@ def stage_memory(
     weights, grads, optim = (d + e for d, e in zip(dense_states, expert_states))
 
     stage_params = params.dense + params.expert
-    if zero >= 3 and pp > 1 and _pipeline_unsharded(s):
+    if fsdp_gathered_once(s):
         # torch pipelining: every layer of the stage stays gathered from its first forward to the
         # chunk's last backward, and its unsharded gradient accumulates over the micro-batches
         # (frameworks/torchtitan.yaml fsdp.pipeline_unsharded)
@@ -509,7 +502,7 @@ def memory_record(
             "nccl_buffers_gib": NCCL_BUFFER_BYTES / GiB,
             "allocator_fragmentation": ALLOCATOR_FRAGMENTATION,
             "comm_buffers": ("FSDP under a pipeline: the stage's layers gathered and their gradients unsharded"
-                             if par.zero_stage >= 3 and par.pp > 1 and _pipeline_unsharded(s) else
+                             if fsdp_gathered_once(s) else
                              "FSDP: 2 gathered units + 1 unsharded gradient unit") if par.zero_stage >= 3
                             else "one DDP bucket of max(40e6, 1e6 x dp x cp) params",
         },
