@@ -88,3 +88,34 @@ def test_cli_rejects_bad_dp_replicate_with_exit_2(tmp_path):
     r = subprocess.run([sys.executable, "-m", "simulator", "run", str(y)], capture_output=True, text=True)
     assert r.returncode == 2 and "parallelism.dp_replicate" in r.stderr and "Traceback" not in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_maxtext_combines_the_cross_copy_all_reduces_into_groups_of_at_most_the_threshold():
+    """XLA's all-reduce combiner (maxtext profile ``fsdp.replica_combine_bytes`` = 1 GiB): the same
+    bytes cross the copies in fewer, larger all-reduces, each launched after the reduce-scatter of
+    its last layer; a framework without combining (torchtitan) keeps one per layer."""
+    base = scenario(dp=16, replicate=4)
+    per_layer = dataclasses.replace(base, framework="torchtitan")
+    combined = dataclasses.replace(base, framework="maxtext")
+    ars = {}
+    for name, s in (("per_layer", per_layer), ("combined", combined)):
+        ops = build_program(s, step_inputs(s).workload, 0)
+        ars[name] = [op.nbytes for op in ops if isinstance(op, Enqueue) and op.group == "dprep"]
+    layer, m = ars["per_layer"][0], base.num_microbatches
+    assert m == 2 and len(ars["per_layer"]) == DENSE.num_hidden_layers * m  # ZeRO-3 reduces every micro-batch
+    assert sum(ars["combined"]) == pytest.approx(sum(ars["per_layer"]))
+    # 8 layers of 12.6 MB fit far under 1 GiB: one all-reduce after each backward pass
+    assert ars["combined"] == [pytest.approx(8 * layer)] * m
+    # a 2.5-layer threshold: groups of two layers (a third would not fit), the remainder at the end
+    sw = step_inputs(combined).workload
+    small = dataclasses.replace(sw, software=dataclasses.replace(sw.software, fsdp_replica_combine_bytes=2.5 * layer))
+    ops = build_program(combined, small, 0)
+    assert [op.nbytes for op in ops if isinstance(op, Enqueue) and op.group == "dprep"] == \
+        [pytest.approx(2 * layer)] * 4 * m
+
+
+def test_combined_cross_copy_all_reduces_fold_exactly():
+    s = dataclasses.replace(scenario(dp=16, replicate=4), framework="maxtext")
+    folded = simulate(s, SimOptions(fold=True))
+    unfolded = simulate(s, SimOptions(fold=False))
+    assert folded.step_time_s == unfolded.step_time_s

@@ -159,6 +159,7 @@ class _Builder:
         # its gradients are reduce-scattered after the chunk's last backward
         self.unsharded = fsdp_gathered_once(s, self.sw)
         self.held_grads: list = []  # layers whose reduce-scatter waits for the chunk's last backward
+        self.replica_held = 0.0  # bytes of cross-copy all-reduce not yet launched (``fsdp_grad_ops``)
 
     # emitting --------------------------------------------------------------------------------
 
@@ -507,6 +508,8 @@ class _Builder:
                     self.layer_backward(layer, mb, chunk, split)
                     if not split:
                         self.layer_grads_ready(layer, final, grads_of, grads, pending)
+                for op in self.flush_replica():
+                    grads(*op)
                 if vs == 0 and self.extras:
                     self.compute("embed", w.embedding[1], "embedding", **at)
                 if final:
@@ -520,6 +523,8 @@ class _Builder:
                 for layer in reversed(layers):
                     self.layer_weight_grad(layer, mb, chunk)
                     self.layer_grads_ready(layer, final, grads_of, grads, pending)
+                for op in self.flush_replica():
+                    grads(*op)
                 if final:
                     self.unlayered_grads(vs, grads)
                     self.unsharded_grads(grads)
@@ -554,9 +559,27 @@ class _Builder:
 
     def fsdp_grad_ops(self, layer):
         """(group, op, bytes, axis) of one layer's ZeRO-3 gradient reduction: the reduce-scatter
-        inside the copy, then with hybrid sharding the all-reduce across copies."""
+        inside the copy, then with hybrid sharding the all-reduce across copies. A framework that
+        combines those all-reduces (``fsdp.replica_combine_bytes``: XLA's all-reduce combiner under
+        MaxText's --xla_gpu_all_reduce_combine_threshold_bytes) holds them until a group is full:
+        the group is launched with the layer after which the next one (a stack's layers are the
+        same size) would not fit, the rest by ``flush_replica`` when the backward pass ends."""
         size = self.w.layer_dense_params[layer] * GRAD_BYTES
-        return [("dpcp", "reduce_scatter", size, "fsdp")] + [(k, o, n, "dp") for k, o, n in self.replica_reduce(size)]
+        ops = [("dpcp", "reduce_scatter", size, "fsdp")]
+        limit = self.sw.fsdp_replica_combine_bytes
+        replica = self.replica_reduce(size)
+        if not (replica and limit > 0):
+            return ops + [(k, o, n, "dp") for k, o, n in replica]
+        nbytes = replica[0][2]
+        self.replica_held += nbytes
+        if self.replica_held + nbytes > limit:
+            ops += self.flush_replica()
+        return ops
+
+    def flush_replica(self):
+        """The combined cross-copy all-reduce still held (``fsdp_grad_ops``), if any."""
+        held, self.replica_held = self.replica_held, 0.0
+        return [("dprep", "all_reduce", held, "dp")] if held > 0 else []
 
     def unsharded_grads(self, grads):
         """ZeRO-3 under a pipeline with ``fsdp_pipeline_unsharded``: the chunk's last backward is
@@ -566,6 +589,8 @@ class _Builder:
         for layer in self.held_grads:
             for op in self.fsdp_grad_ops(layer):
                 grads(*op)
+        for op in self.flush_replica():
+            grads(*op)
         self.held_grads = []
 
     def unlayered_grads(self, vs, grads):

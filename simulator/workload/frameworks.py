@@ -33,7 +33,7 @@ ATTENTION_KERNELS = ("fa2", "sdpa", "fa3", "cudnn")
 CP_COMM_TYPES = ("p2p", "all_gather")
 CP_MERGES = ("te", "torch")
 SECTIONS = {"attention": ("kernel", "cp_comm_type", "kv_heads_expanded", "cp_merge"), "overlap": OVERLAP_KEYS, "fusion": FUSION_KEYS, "execution": EXECUTION_KEYS, "fp8": FP8_KEYS,
-            "optimizer": OPTIMIZER_KEYS, "recompute": ("selective",), "fsdp": ("pipeline_unsharded",)}
+            "optimizer": OPTIMIZER_KEYS, "recompute": ("selective",), "fsdp": ("pipeline_unsharded", "replica_combine_bytes")}
 
 
 @dataclass(frozen=True)
@@ -67,6 +67,9 @@ class Software:
     # ZeRO-3 with pipeline parallelism: parameters gathered once per step and kept unsharded over the
     # micro-batches, gradients reduce-scattered after each chunk's last backward (torch pipelining)
     fsdp_pipeline_unsharded: bool = False
+    # hybrid sharding: the cross-copy gradient all-reduces combined into groups of up to this many
+    # bytes per GPU, each launched when its last gradient exists (0: one all-reduce per FSDP unit)
+    fsdp_replica_combine_bytes: float = 0.0
 
 
 def framework_names() -> tuple[str, ...]:
@@ -141,6 +144,7 @@ def resolve(s) -> Software:
         kv_heads_expanded=bool(prof["attention"]["kv_heads_expanded"]),
         cp_merge=prof["attention"]["cp_merge"],
         fsdp_pipeline_unsharded=bool(prof["fsdp"]["pipeline_unsharded"]),
+        fsdp_replica_combine_bytes=float(prof["fsdp"]["replica_combine_bytes"]),
     )
 
 
