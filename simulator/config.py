@@ -185,6 +185,9 @@ class FrameworkOptions:
     compile: bool | None = None  # torch.compile / XLA: fused elementwise kernels, lower host cost
     cuda_graphs: bool | None = None  # kernels replayed from a CUDA graph: no per-kernel host issue
     fp8_recipe: str | None = None  # delayed | tensorwise | rowwise | blockwise | mxfp8
+    # hybrid sharding: cross-copy gradient all-reduces combined up to this many bytes per GPU
+    # (XLA's --xla_gpu_all_reduce_combine_threshold_bytes when layers are not scanned)
+    replica_combine_bytes: float | None = None
 
 
 @dataclass(frozen=True)

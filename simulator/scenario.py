@@ -241,6 +241,7 @@ _CHECKS: dict[str, dict[str, Checker]] = {
         "compile": _optional_boolean,
         "cuda_graphs": _optional_boolean,
         "fp8_recipe": partial(_optional_choice, choices=FP8_RECIPES),
+        "replica_combine_bytes": partial(_optional_number, minimum=0, inclusive=True),
     },
     "moe": {
         "imbalance": _imbalance,

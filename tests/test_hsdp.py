@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from simulator.config import ClusterConfig, ModelConfig, ParallelConfig, Scenario, TrainingConfig
+from simulator.config import ClusterConfig, FrameworkOptions, ModelConfig, ParallelConfig, Scenario, TrainingConfig
 from simulator.errors import ConfigError
 from simulator.scenario import validate_plan
 from simulator.step.engine import SimOptions, simulate
@@ -91,12 +91,19 @@ def test_cli_rejects_bad_dp_replicate_with_exit_2(tmp_path):
 
 
 def test_maxtext_combines_the_cross_copy_all_reduces_into_groups_of_at_most_the_threshold():
-    """XLA's all-reduce combiner (maxtext profile ``fsdp.replica_combine_bytes`` = 1 GiB): the same
-    bytes cross the copies in fewer, larger all-reduces, each launched after the reduce-scatter of
-    its last layer; a framework without combining (torchtitan) keeps one per layer."""
+    """XLA's all-reduce combiner (``framework_options.replica_combine_bytes`` = 1 GiB, MaxText with
+    unscanned layers): the same bytes cross the copies in fewer, larger all-reduces, each launched
+    after the reduce-scatter of its last layer; MaxText's default (scanned layers) and torchtitan
+    keep one per layer."""
     base = scenario(dp=16, replicate=4)
     per_layer = dataclasses.replace(base, framework="torchtitan")
-    combined = dataclasses.replace(base, framework="maxtext")
+    combined = dataclasses.replace(base, framework="maxtext",
+                                   framework_options=FrameworkOptions(replica_combine_bytes=2 ** 30))
+    scanned = dataclasses.replace(base, framework="maxtext")
+    assert [op.nbytes for op in build_program(scanned, step_inputs(scanned).workload, 0)
+            if isinstance(op, Enqueue) and op.group == "dprep"] == \
+        [op.nbytes for op in build_program(per_layer, step_inputs(per_layer).workload, 0)
+         if isinstance(op, Enqueue) and op.group == "dprep"]
     ars = {}
     for name, s in (("per_layer", per_layer), ("combined", combined)):
         ops = build_program(s, step_inputs(s).workload, 0)
@@ -115,7 +122,22 @@ def test_maxtext_combines_the_cross_copy_all_reduces_into_groups_of_at_most_the_
 
 
 def test_combined_cross_copy_all_reduces_fold_exactly():
-    s = dataclasses.replace(scenario(dp=16, replicate=4), framework="maxtext")
+    s = dataclasses.replace(scenario(dp=16, replicate=4), framework="maxtext",
+                            framework_options=FrameworkOptions(replica_combine_bytes=2 ** 30))
     folded = simulate(s, SimOptions(fold=True))
     unfolded = simulate(s, SimOptions(fold=False))
     assert folded.step_time_s == unfolded.step_time_s
+
+
+@pytest.mark.parametrize("value", [-1, "1GiB", True])
+def test_bad_replica_combine_bytes_is_a_one_line_error(tmp_path, value):
+    import yaml
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump({"model": "meta-llama/Llama-3.1-8B", "cluster": {"topology": "dgx-h100", "num_nodes": 2},
+                                    "training": {"seq_length": 1024, "global_batch_size": 32},
+                                    "parallelism": {"dp": 16, "zero_stage": 3, "dp_replicate": 2},
+                                    "framework": "maxtext", "framework_options": {"replica_combine_bytes": value}}))
+    out = subprocess.run([sys.executable, "-m", "simulator", "run", str(path)], capture_output=True, text=True)
+    assert out.returncode == 2, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "framework_options.replica_combine_bytes" in lines[0] and ">= 0" in lines[0]

@@ -48,8 +48,9 @@ only, so predictions are the same with them removed. Documented defaults for unk
 - framework: the case's ``framework:`` (a profile in ``frameworks/``: megatron-core, nemo,
   torchtitan, deepspeed, composer, maxtext), ``megatron-core`` when the case does not say (the
   stack of the calibration runs). An unknown name makes that case an error row naming the valid ones.
-- framework_options (each absent key takes the profile's default): ``compile``, ``cuda_graphs``
-  and ``fp8_recipe`` (delayed, tensorwise, rowwise, blockwise, mxfp8) go to the scenario's
+- framework_options (each absent key takes the profile's default): ``compile``, ``cuda_graphs``,
+  ``fp8_recipe`` (delayed, tensorwise, rowwise, blockwise, mxfp8) and ``replica_combine_bytes``
+  (hybrid sharding's combined cross-copy all-reduces) go to the scenario's
   ``framework_options`` (a ``cuda_graphs`` scope written out: "full iteration" is true, a list of
   captured modules leaves the profile's default); ``async_tp`` and the ``overlap:`` mapping (tp_comm, grad_reduce,
   param_gather, param_prefetch_depth, async_tp, cp_comm) to its ``overlap`` section;
@@ -188,7 +189,7 @@ def source_year(case: dict) -> int | None:
 
 
 OVERLAP_OPTIONS = ("tp_comm", "grad_reduce", "param_gather", "param_prefetch_depth", "async_tp", "cp_comm")
-FRAMEWORK_OPTIONS = ("compile", "cuda_graphs", "fp8_recipe")
+FRAMEWORK_OPTIONS = ("compile", "cuda_graphs", "fp8_recipe", "replica_combine_bytes")
 
 
 def _framework_keys(case: dict) -> dict:

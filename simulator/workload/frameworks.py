@@ -144,7 +144,7 @@ def resolve(s) -> Software:
         kv_heads_expanded=bool(prof["attention"]["kv_heads_expanded"]),
         cp_merge=prof["attention"]["cp_merge"],
         fsdp_pipeline_unsharded=bool(prof["fsdp"]["pipeline_unsharded"]),
-        fsdp_replica_combine_bytes=float(prof["fsdp"]["replica_combine_bytes"]),
+        fsdp_replica_combine_bytes=float(_pick(opt.replica_combine_bytes, prof["fsdp"]["replica_combine_bytes"])),
     )
 
 
