@@ -367,6 +367,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_progress_flags(v)
     v.set_defaults(func=_validate)
 
+    from simulator.studies.planner import DEFAULT_TOLERANCE
+
     pl = _scenario_parser(sub, "plan", "find the fastest layout of a scenario's model on its cluster, by simulation")
     pl.add_argument("--top", type=int, default=5, help="layouts in the table, ranked exactly up to --tolerance (default 5)")
     pl.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -387,7 +389,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "layouts the top N needed (faster)")
     pl.add_argument("--tolerance", default=None, metavar="T",
                     help="prune a layout unless it could beat the shown one at its rank (or on the Pareto front) by "
-                         "more than T, a fraction or a percentage: 0 is exact (default %(default)s)")
+                         f"more than T, a fraction or a percentage: 0 is exact (default {DEFAULT_TOLERANCE * 100:g}%%)")
     pl.add_argument("--validate", action="store_true",
                     help="SCENARIO is a public-runs file: plan every run and compare with its published layout")
     add_progress_flags(pl)
