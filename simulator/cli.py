@@ -200,7 +200,7 @@ def _whatif(args) -> int:
 
 
 def _plan(args) -> int:
-    from simulator.studies.planner import emit_scenario, format_plan, plan
+    from simulator.studies.planner import DEFAULT_TOLERANCE, emit_scenario, format_plan, plan
 
     _check_workers(args)
     if args.out:
@@ -216,6 +216,7 @@ def _plan(args) -> int:
     result = plan(args.scenario, sets=args.set or [], space=args.space or [], top=args.top,
                   objective=args.objective, max_memory_fraction=args.max_memory_fraction, out=args.out,
                   pareto=args.pareto == "exact",
+                  tolerance=DEFAULT_TOLERANCE if args.tolerance is None else args.tolerance,
                   workers=args.workers, executor=args.executor, address=args.address,
                   progress=None if args.quiet else sys.stderr, force_progress=args.progress)
     if args.emit:
@@ -366,8 +367,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_progress_flags(v)
     v.set_defaults(func=_validate)
 
+    from simulator.studies.planner import DEFAULT_TOLERANCE
+
     pl = _scenario_parser(sub, "plan", "find the fastest layout of a scenario's model on its cluster, by simulation")
-    pl.add_argument("--top", type=int, default=5, help="layouts in the table, ranked exactly (default 5)")
+    pl.add_argument("--top", type=int, default=5, help="layouts in the table, ranked exactly up to --tolerance (default 5)")
     pl.add_argument("--json", action="store_true", help="print the result as JSON")
     pl.add_argument("--emit", metavar="FILE", help="write the best layout as a scenario file")
     pl.add_argument("--out", default=None, help="folder for plan.jsonl (a rerun skips what is done) and pareto.png")
@@ -384,6 +387,9 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--pareto", default="exact", choices=("exact", "simulated"),
                     help="exact: simulate what the Pareto front needs (default); simulated: the front of the "
                          "layouts the top N needed (faster)")
+    pl.add_argument("--tolerance", default=None, metavar="T",
+                    help="prune a layout unless it could beat the shown one at its rank (or on the Pareto front) by "
+                         f"more than T, a fraction or a percentage: 0 is exact (default {DEFAULT_TOLERANCE * 100:g}%%)")
     pl.add_argument("--validate", action="store_true",
                     help="SCENARIO is a public-runs file: plan every run and compare with its published layout")
     add_progress_flags(pl)

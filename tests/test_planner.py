@@ -1,5 +1,6 @@
 """``stepsim plan``: the lower bound, exact pruning against brute force, resume, emit, errors."""
 
+import functools
 import json
 from dataclasses import replace
 
@@ -15,7 +16,7 @@ from simulator.step.engine import SimOptions, simulate
 from simulator.studies import planner
 from simulator.studies.planner import plan
 from simulator.studies.planner_space import (apply_layout, candidate_scenario, default_space, enumerate_layouts,
-                                             layout_of, parse_space)
+                                             layout_of, layout_order, parse_space)
 from simulator.studies.sweep import Task, evaluate
 from simulator.workload.workload import build_workload
 
@@ -50,7 +51,11 @@ SPACES = {
 }
 
 
-def _brute_force(raw: dict, space: list[str]) -> list[tuple[float, str]]:
+@functools.lru_cache(maxsize=None)
+def _brute_force_rows(key: str) -> tuple[tuple[float, str, float], ...]:
+    """(step, label, peak GiB) of every valid layout of ``SPACES[key]`` that fits, fastest first
+    (cached: the exactness and the tolerance tests share it)."""
+    raw, space = SPACES[key]
     s = scenario_from_dict(raw)
     enum = enumerate_layouts(s, parse_space(space, s))
     out = []
@@ -58,23 +63,87 @@ def _brute_force(raw: dict, space: list[str]) -> list[tuple[float, str]]:
         row = evaluate(Task(raw, ".", "s", layout.overrides()))
         assert row["error"] is None
         if row["fits"]:
-            out.append((row["step_time_s"], layout.label()))
-    return sorted(out)
+            out.append((row["step_time_s"], layout_order(layout), layout.label(), row["peak_memory_gib"]))
+    # the planner's order: step, then ``layout_order`` for ties
+    return tuple((step, label, mem) for step, _, label, mem in sorted(out))
+
+
+def _brute_force(key: str) -> list[tuple[float, str]]:
+    return [(step, label) for step, label, _ in _brute_force_rows(key)]
+
+
+def _capacity(key: str) -> float:
+    s = scenario_from_dict(SPACES[key][0])
+    return gpu_of(s.cluster, s.training.precision).hbm_capacity_bytes / 2**30
+
+
+def _front(rows, capacity: float) -> list[tuple[float, str]]:
+    """The Pareto front as the planner defines it: in (step, layout) order, each layout whose
+    memory step is below every faster one's."""
+    out, low = [], float("inf")
+    for step, label, mem in rows:
+        b = planner.memory_bin(mem, capacity)
+        if b < low:
+            out.append((step, label))
+            low = b
+    return out
 
 
 @pytest.mark.parametrize("key", list(SPACES))
 def test_planner_best_and_top_equal_brute_force_slow(key):
-    """Exactness of pruning (slow: simulates every valid layout of three small spaces)."""
+    """Exactness of pruning at tolerance 0 (slow: simulates every valid layout of three small
+    spaces): the best, the top 3 and the Pareto front are brute force's."""
     raw, space = SPACES[key]
-    truth = _brute_force(raw, space)
-    result = plan(raw, space=space, top=3, workers=2, progress=None)
+    truth = _brute_force(key)
+    result = plan(raw, space=space, top=3, workers=2, progress=None, tolerance=0)
     c = result["candidates"]
     assert c["enumerated"] == c["pruned_rules"] + c["pruned_memory"] + c["pruned_bound"] + c["simulated"]
     assert c["simulated"] < len(truth)  # the bound pruned something, yet:
     assert result["best"]["step_time_s"] == truth[0][0]
     assert [(e["step_time_s"], e["layout"]) for e in result["ranked"][:3]] == truth[:3]
+    assert result["tolerance"] == 0 and result["pareto_exact"]
+    front = _front(_brute_force_rows(key), _capacity(key))
+    assert [p["step_time_s"] for p in result["pareto"]] == [step for step, _ in front]
+    assert [p["layout"] for p in result["pareto"]] == [label for _, label in front]
     for e in result["ranked"]:
         assert e["lower_bound_s"] <= e["step_time_s"]
+
+
+@pytest.mark.parametrize("key", list(SPACES))
+def test_planner_tolerance_guarantee_against_brute_force_slow(key):
+    """``tolerance`` t: the step shown at each rank is at most (1 + t) x brute force's at that
+    rank, and every layout that fits has a Pareto point with no more memory (in the front's
+    memory steps) at most (1 + t) x slower; a wide t simulates no more layouts than t = 0."""
+    raw, space = SPACES[key]
+    rows = _brute_force_rows(key)
+    capacity = _capacity(key)
+    exact = plan(raw, space=space, top=3, workers=1, progress=None, tolerance=0)
+    for t in (0.01, 0.05, 0.2):
+        result = plan(raw, space=space, top=3, workers=1, progress=None, tolerance=f"{t:.0%}")
+        assert result["tolerance"] == pytest.approx(t)
+        c = result["candidates"]
+        assert c["enumerated"] == c["pruned_rules"] + c["pruned_memory"] + c["pruned_bound"] + c["simulated"]
+        assert c["simulated"] <= exact["candidates"]["simulated"]
+        shown = [e["step_time_s"] for e in result["ranked"][:3]]
+        assert len(shown) == min(3, len(rows))
+        for i, step in enumerate(shown):
+            assert rows[i][0] <= step <= (1 + t) * rows[i][0]
+        front = [(p["step_time_s"], planner.memory_bin(p["memory_gib_per_gpu"], capacity)) for p in result["pareto"]]
+        for step, _, mem in rows:
+            b = planner.memory_bin(mem, capacity)
+            assert any(fb <= b and fs <= (1 + t) * step for fs, fb in front), (step, mem)
+    if key == "gpt1.3b-8gpu":  # there the widest tolerance prunes more, so the guarantee is exercised
+        assert c["simulated"] < exact["candidates"]["simulated"]
+
+
+@pytest.mark.parametrize("value", ["-1%", "51%", "0.6", "abc", "nan", "inf", True])
+def test_bad_tolerance_is_a_one_line_error(value, capsys):
+    with pytest.raises(ConfigError, match="--tolerance"):
+        planner.parse_tolerance(value)
+    if isinstance(value, str):
+        assert main(["plan", "scenarios/tiny.yaml", f"--tolerance={value}"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and err.startswith("stepsim: error: --tolerance")
 
 
 def test_bound_never_exceeds_the_step_and_is_exact_without_communication_on_one_stage():

@@ -151,14 +151,22 @@ def fsdp_stage_compute(s: Scenario, w: Workload, blocking: dict[bool, tuple[floa
     moe_layer = s.model.is_moe_layer
     nvs = len(w.vstages)
     fwd, bwd = [], []
+    groups: dict[int, tuple] = {}  # stage -> its DP x CP group
+    seconds: dict[tuple, float] = {}  # (stage, bytes) -> all-gather seconds (one look-up of the long group each)
     for vs in range(nvs):
         stage = place.locate(vs)[0]
-        group = tuple(int(r) for r in plan.dp_cp_group(int(plan.grid[stage, 0, 0, 0])))
+        if stage not in groups:
+            groups[stage] = plan.dp_cp_group(int(plan.grid[stage, 0, 0, 0]))
+        group = groups[stage]
         layers = list(w.layers(vs))
 
         def gather(layer: int) -> float:
             size = w.layer_dense_params[layer] * PARAM_BYTES
-            return group_time("all_gather", group, size)[0] if len(group) > 1 and size > 0 else 0.0
+            if len(group) < 2 or size <= 0:
+                return 0.0
+            if (stage, size) not in seconds:
+                seconds[stage, size] = group_time("all_gather", group, size)[0]
+            return seconds[stage, size]
 
         f_times = [w.layer_costs[x].fwd_time_s + blocking[moe_layer(x)][0] for x in layers]
         b_times = [w.layer_costs[x].bwd_time_s + blocking[moe_layer(x)][1] for x in reversed(layers)]
@@ -183,17 +191,19 @@ def fsdp_link_bound(s: Scenario, w: Workload, group_time: GroupTime) -> float:
     m = s.num_microbatches // place.copies  # micro-batches through each chunk
     best = 0.0
     for stage in range(par.pp):
-        group = tuple(int(r) for r in plan.dp_cp_group(int(plan.grid[stage, 0, 0, 0])))
+        group = plan.dp_cp_group(int(plan.grid[stage, 0, 0, 0]))
         if len(group) < 2:
             continue
-        busy = 0.0
+        layers: dict[float, int] = {}  # parameters per rank -> layers of the stage with that many
         for c in range(place.chunks):
             for layer in w.layers(place.vstage(stage, c)):
                 params = w.layer_dense_params[layer]
-                if params <= 0:
-                    continue
-                busy = busy + 2 * m * group_time("all_gather", group, params * PARAM_BYTES)[1]
-                busy = busy + m * group_time("reduce_scatter", group, params * GRAD_BYTES)[1]
+                if params > 0:
+                    layers[params] = layers.get(params, 0) + 1
+        busy = 0.0
+        for params, n in layers.items():  # per layer and micro-batch: two all-gathers, one reduce-scatter
+            busy = busy + 2 * m * n * group_time("all_gather", group, params * PARAM_BYTES)[1]
+            busy = busy + m * n * group_time("reduce_scatter", group, params * GRAD_BYTES)[1]
         if not isinstance(busy, float):
             best = max(best, float(busy.max()) + w.optimizer[stage].time_s)
     return best

@@ -74,7 +74,7 @@ class Plan:
         sharding the dp / dp_replicate consecutive DP ranks (x CP) of this rank's copy."""
         p, d, _, t = self.coords(rank)
         lo = d // self.dp_shard * self.dp_shard
-        return tuple(int(x) for x in self.grid[p, lo:lo + self.dp_shard, :, t].ravel())
+        return tuple(self.grid[p, lo:lo + self.dp_shard, :, t].ravel().tolist())
 
     def dp_replicate_group(self, rank: int) -> tuple[int, ...]:
         """Hybrid sharding: the ranks holding the same shard in each copy (one per copy)."""

@@ -31,8 +31,9 @@ validate_plan(s)
 t1 = time.perf_counter()
 r = step_report(simulate(s))
 t2 = time.perf_counter()
+ru = resource.getrusage(resource.RUSAGE_SELF)
 print(json.dumps({"wall_s": t2 - t0, "simulate_s": t2 - t1, "events": r["events"], "gpus": r["num_gpus"],
-                  "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                  "rss_mib": ru.ru_maxrss / 1024, "cpu_s": ru.ru_utime + ru.ru_stime,
                   "step_time_s": r["step_time_s"]}))
 """
 
@@ -57,10 +58,11 @@ t0 = time.perf_counter()
 from simulator.studies.planner import plan
 argv = sys.argv[1:]
 pareto = argv.pop() == "exact"
-r = plan(argv[0], top=int(argv[1]), pareto=pareto, progress=None)
+r = plan(argv[0], top=int(argv[1]), pareto=pareto, progress=None, workers=1)
 t1 = time.perf_counter()
+ru = resource.getrusage(resource.RUSAGE_SELF)
 print(json.dumps({"wall_s": t1 - t0, "simulate_s": t1 - t0, "events": r["candidates"]["simulated"], "gpus": 0,
-                  "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                  "rss_mib": ru.ru_maxrss / 1024, "cpu_s": ru.ru_utime + ru.ru_stime,
                   "step_time_s": r["best"]["step_time_s"]}))
 """
 
@@ -74,7 +76,7 @@ def plan_cases() -> list[tuple[str, str, list[str]]]:
     out = []
     for label, path, _ in PLAN_CASES:
         out.append((f"p: {label} run (reference)", _STEP, [path]))
-        out.append((f"p: {label} plan top 5, exact Pareto", _PLAN, [path, "5", "exact"]))
+        out.append((f"p: {label} plan top 5, Pareto", _PLAN, [path, "5", "exact"]))
         out.append((f"p: {label} plan top 1", _PLAN, [path, "1", "simulated"]))
     return out
 
@@ -137,16 +139,22 @@ def run(quick: bool = False, out=sys.stdout, only: str | None = None) -> list[di
     reference = None
     limits = {label: limit for label, _, limit in PLAN_CASES}
     chosen = plan_cases() if only == "plan" else scale_cases() if only == "scale" else cases(quick)
+    if only == "plan":
+        from simulator.studies.planner import DEFAULT_TOLERANCE
+
+        print(f"plans: one worker, default --tolerance {DEFAULT_TOLERANCE:.2%}; events = layouts simulated", file=out)
     for label, program, argv in chosen:
         r = run_case(program, argv)
         r["case"] = label
         rows.append(r)
         ratio = ""
         if label.endswith("(reference)"):
-            reference = r["wall_s"]
+            reference = r
         elif program is _PLAN and reference:
+            # CPU seconds (the machine is shared; the plan runs one worker) and wall, against one run's
             limit = limits[label.split()[1]]
-            ratio = f"  {r['wall_s'] / reference:.1f}x one run (limit {limit}x)"
+            ratio = (f"  {r['cpu_s'] / reference['cpu_s']:.1f}x one run's CPU s ({r['cpu_s']:.0f} / "
+                     f"{reference['cpu_s']:.1f}), {r['wall_s'] / reference['wall_s']:.1f}x wall (limit {limit}x)")
         print(f"{label:<44} {r['wall_s']:>8.2f} {r['simulate_s']:>8.2f} {r['rss_mib']:>8.0f} {r['events']:>10,} "
               f"{r['events'] / max(r['simulate_s'], 1e-9):>10,.0f} {r['step_time_s']:>9.4f}{ratio}", file=out, flush=True)
     return rows

@@ -22,6 +22,13 @@ simulated layouts (and, with ``pareto``, when a simulated layout at most as slow
 the same memory step or a lower one), so the best, the top ``top`` and the Pareto front are those of simulating every
 valid layout that fits; ``tests/test_planner.py`` checks this against brute force.
 
+``tolerance`` t > 0 prunes a layout as soon as its bound x (1 + t) exceeds those step times
+instead. A layout so pruned has step >= bound > (the ``top``-th simulated step) / (1 + t), so the
+step shown at each rank i <= ``top`` is at most (1 + t) x the exact plan's i-th step (if one of
+the exact top i was pruned, it is slower than shown-i / (1 + t)); and with ``pareto`` every layout
+that fits has a front layout in its memory step or a lower one at most (1 + t) x its step. The
+result says ``tolerance``; ``tests/test_planner.py`` checks both statements against brute force.
+
 Both objectives rank alike: every layout uses all the GPUs (dp is derived), so tokens/s/GPU is
 global batch x sequence / (step time x GPUs). ``--out`` keeps ``plan.jsonl``, one line per
 simulation (appended, fsynced; a rerun skips what is logged, a line cut short is recomputed), and
@@ -53,6 +60,10 @@ from simulator.studies.planner_space import (Layout, candidate_scenario, enumera
 from simulator.studies.sweep import EXECUTORS, Task, _Lock, base_of, evaluate, point_id, read_log, scenario_hash
 
 OBJECTIVES = ("step_time", "tokens_per_s_per_gpu")
+# ``--tolerance``: the bound prunes a layout unless it could beat a shown one by more than this
+# fraction (``plan``'s docstring); 0 is exact.
+DEFAULT_TOLERANCE = 0.01
+MAX_TOLERANCE = 0.5
 LOG = "plan.jsonl"
 # Memory step of the Pareto front: layouts within 5% of the GPU's memory (4 GiB of an 80 GiB
 # H100) count as using the same memory, so the front lists a slower layout only when it saves at
@@ -256,16 +267,33 @@ class _Progress:
                   file=self.stream, flush=True)
 
 
+def parse_tolerance(value) -> float:
+    """``--tolerance`` as a fraction: a number (0.01) or a percentage ("1%"); a one-line error
+    otherwise."""
+    text = str(value).strip()
+    try:
+        number = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+    except ValueError:
+        number = math.nan
+    if isinstance(value, bool) or not 0 <= number <= MAX_TOLERANCE:
+        raise ConfigError("--tolerance", value, f"must be a fraction from 0 to {MAX_TOLERANCE} or a percentage "
+                                                f"from 0% to {MAX_TOLERANCE:.0%} (0 is exact), e.g. 0.01 or 1%")
+    return number
+
+
 def memory_bin(peak_gib: float, capacity_gib: float) -> int:
     """The Pareto front's memory step: ``PARETO_BIN_FRACTION`` of the GPU's memory."""
     return int(peak_gib // (PARETO_BIN_FRACTION * capacity_gib))
 
 
 class _Front:
-    """Simulated layouts known so far: sorted step times, and the fastest step per memory bin."""
+    """Simulated layouts known so far: sorted step times, and the fastest step per memory bin.
+    ``tolerance`` t prunes a layout whose bound is within a factor 1 + t of what would prune it
+    exactly (``plan``'s docstring says what that guarantees)."""
 
-    def __init__(self, capacity_gib: float):
+    def __init__(self, capacity_gib: float, tolerance: float = 0.0):
         self.capacity = capacity_gib
+        self.slack = 1.0 + tolerance
         self.steps: list[float] = []
         self.fastest: dict[int, float] = {}
 
@@ -275,15 +303,16 @@ class _Front:
         self.fastest[b] = min(step, self.fastest.get(b, step))
 
     def prunes(self, bound: float, mem: float, top: int, pareto: bool) -> bool:
-        if len(self.steps) < top or bound <= self.steps[top - 1]:
+        reach = bound * self.slack  # exactly ``bound`` at tolerance 0
+        if len(self.steps) < top or reach <= self.steps[top - 1]:
             return False
         b = memory_bin(mem, self.capacity)
-        return not pareto or any(st <= bound for k, st in self.fastest.items() if k <= b)
+        return not pareto or any(st <= reach for k, st in self.fastest.items() if k <= b)
 
 
 def plan(scenario: str | Path | Scenario | dict, *, sets: Sequence[str] = (), space: Sequence[str] = (),
          top: int = 5, objective: str = "step_time", max_memory_fraction: float = 1.0, pareto: bool = True,
-         out: str | Path | None = None, workers: int | None = None, executor: str = "process",
+         tolerance: float = DEFAULT_TOLERANCE, out: str | Path | None = None, workers: int | None = None, executor: str = "process",
          address: str | None = None, progress=sys.stderr, force_progress: bool = False) -> dict:
     """Plan a scenario (module docstring); returns the result in the ``--json`` shape. Progress goes
     to ``progress`` when it is a terminal or ``force_progress`` (``--progress``); None is silent."""
@@ -295,6 +324,7 @@ def plan(scenario: str | Path | Scenario | dict, *, sets: Sequence[str] = (), sp
         raise ConfigError("--top", top, "must be a whole number >= 1")
     if not 0 < max_memory_fraction <= 1:
         raise ConfigError("--max-memory-fraction", max_memory_fraction, "must be a number in (0, 1]")
+    tolerance = parse_tolerance(tolerance)
     workers = workers if workers is not None else min(2, os.cpu_count() or 1)
     if workers < 1:
         raise ConfigError("--workers", workers, "must be a whole number >= 1")
@@ -351,7 +381,7 @@ def plan(scenario: str | Path | Scenario | dict, *, sets: Sequence[str] = (), sp
         given_is_candidate = given in fit_of_layouts(fitting) and candidate_scenario(s, given) == s
         order: list[Layout] = []
         results: list[dict] = []
-        front = _Front(_capacity_gib(s))
+        front = _Front(_capacity_gib(s), tolerance)
         pruned_bound: list[Screened] = []
         peak_of = {c.layout: c.peak_gib for c in fitting}
         exact_of: dict[Layout, float] = {}
@@ -434,6 +464,7 @@ def plan(scenario: str | Path | Scenario | dict, *, sets: Sequence[str] = (), sp
 
     result = _result(s, enum, screened, fitting, pruned_bound, order, results, given_is_candidate, top,
                      objective, max_memory_fraction, pareto, bounds, exact_of)
+    result["tolerance"] = tolerance
     # of the simulated layouts, those whose ZeRO-1/2 twin's simulation was reused (``_zero_twin``)
     result["candidates"]["shared_with_zero_twin"] = len(twin_of)
     if folder is not None and result["pareto"]:
@@ -587,6 +618,10 @@ def format_plan(result: dict) -> str:
              f"{c['pruned_memory']:,} by memory, {c['pruned_bound']:,} by bound, {c['simulated']:,} simulated"]
     for reason, n in list(c["pruned_rules_by_reason"].items())[:6]:
         lines.append(f"  {n:>8,}  {reason}")
+    tol = result.get("tolerance", 0.0)
+    if tol:
+        lines.append(f"tolerance {tol:.2%}: the step shown at each rank is at most {tol:.2%} above the exact plan's "
+                     f"(--tolerance 0 for exact)")
     head = f"{'rank':>4}  {'layout':<46} {'step_s':>9} {'tok/s/GPU':>10} {'MFU':>6} {'mem_GiB':>8} {'bubble':>7}  largest exposed"
     lines += ["", head]
 
@@ -603,7 +638,13 @@ def format_plan(result: dict) -> str:
     fits = "" if g["fits"] else "  (does NOT fit)"
     lines += ["", "given:", row(g, rank) + fits,
               f"given layout ranks {rank}, {g['gap']:+.2%} against the best" if g["gap"] is not None else ""]
-    lines += ["", f"Pareto front, step time vs peak memory ({'exact' if result['pareto_exact'] else 'of the simulated'}):"]
+    tol = result.get("tolerance", 0.0)
+    if result["pareto_exact"]:
+        kind = "exact" if not tol else (f"within {tol:.2%}: every layout that fits has one here in its memory "
+                                        f"step or below at most {tol:.2%} slower")
+    else:
+        kind = "of the simulated"
+    lines += ["", f"Pareto front, step time vs peak memory ({kind}):"]
     for p in result["pareto"]:
         lines.append(f"  {p['step_time_s']:>9.4f} s  {p['memory_gib_per_gpu']:>6.1f} GiB  #{p['rank']} {p['layout']}")
     lines += ["", f"best: {result['best']['layout']}: {result['best']['why']}"]
