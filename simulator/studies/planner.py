@@ -62,7 +62,7 @@ from simulator.studies.sweep import EXECUTORS, Task, _Lock, base_of, evaluate, p
 OBJECTIVES = ("step_time", "tokens_per_s_per_gpu")
 # ``--tolerance``: the bound prunes a layout unless it could beat a shown one by more than this
 # fraction (``plan``'s docstring); 0 is exact.
-DEFAULT_TOLERANCE = 0.01
+DEFAULT_TOLERANCE = 0.0
 MAX_TOLERANCE = 0.5
 LOG = "plan.jsonl"
 # Memory step of the Pareto front: layouts within 5% of the GPU's memory (4 GiB of an 80 GiB
