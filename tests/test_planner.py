@@ -371,3 +371,20 @@ def test_zero1_and_zero2_simulate_alike_and_the_planner_shares_their_simulation(
         row = evaluate(Task(raw, ".", "s", layout.overrides()))
         assert (e["step_time_s"], e["memory_gib_per_gpu"], e["fits"], e["bubble_fraction"]) == \
             (row["step_time_s"], row["peak_memory_gib"], row["fits"], row["bubble_fraction"])
+
+
+def test_layer_counts_without_equal_ends_take_megatrons_unequal_split():
+    """61 layers (DeepSeek-V3's count) on 8 stages: no equal first/last split exists (61 - 2f is odd),
+    so the planner lays them out as ``stepsim validate`` does: 7 first, 6 last, 8 on each other."""
+    model = dict(LLAMA_8B, num_hidden_layers=61, hidden_size=1024, intermediate_size=4096,
+                 num_attention_heads=8, num_key_value_heads=8)
+    s = scenario_from_dict(_scenario(model, 8, 64, 1024, {"tp": 1, "pp": 8}))
+    enum = enumerate_layouts(s, parse_space(["tp=1", "pp=4,8", "cp=1", "vp=1", "micro_batch_size=1",
+                                             "recompute=none", "zero_stage=1"], s))
+    by_pp = {layout.pp: layout for layout in enum.valid}
+    assert set(by_pp) == {4, 8}, enum.pruned_rules
+    assert (by_pp[8].first_pipeline_num_layers, by_pp[8].last_pipeline_num_layers) == (7, 6)
+    assert 7 + 6 + 6 * 8 == 61
+    # 4 stages: 61 - 2f is odd for every f, so again unequal: 15 first, 16 on the two middle, 14 last
+    assert (by_pp[4].first_pipeline_num_layers, by_pp[4].last_pipeline_num_layers) == (15, 14)
+    assert simulate(candidate_scenario(s, by_pp[8])).step_time_s > 0
