@@ -212,7 +212,7 @@ _CHECKS: dict[str, dict[str, Checker]] = {
         "global_batch_size": _upto(limits.GLOBAL_BATCH),
         "precision": partial(_choice, choices=PRECISIONS),
         "recompute": partial(_choice, choices=RECOMPUTE),
-        "attention": partial(_choice, choices=("flash", "fa2", "sdpa", "fa3", "cudnn", "unfused")),
+        "attention": partial(_choice, choices=("flash", "fa2", "sdpa", "fa3", "cudnn", "flex", "unfused")),
     },
     "parallelism": {
         "tp": _upto(limits.NUM_GPUS),

@@ -38,6 +38,8 @@ only, so predictions are the same with them removed. Documented defaults for unk
   ``flash``: FlashAttention (Dao et al., May 2022) entered the Megatron-LM and DeepSpeed training
   recipes in 2023, and runs published before that trained with Megatron's fused softmax over
   materialised scores.
+  ``framework_options.attention`` naming a kernel stepsim prices (fa2, sdpa, fa3, cudnn, flex:
+  NeMo AutoModel's ``attn: flex`` backend is PyTorch FlexAttention) runs that kernel instead.
 - layers not divisible by pp x vp: the first and last stages get f layers each and the others the
   rest evenly, f the largest value <= ceil(layers / (pp x vp)) that makes this possible (how
   Megatron-DeepSpeed balanced BLOOM, whose first and last stages also carry the embedding). When
@@ -176,6 +178,17 @@ def _stated_schedule(case: dict) -> str | None:
     opts = case.get("framework_options") or {}
     stated = str(opts.get("pipeline_schedule") or opts.get("pp_schedule") or "").lower().replace("_", "-")
     return stated if stated in SPLIT_SCHEDULES else None
+
+
+STATED_ATTENTION = ("fa2", "sdpa", "fa3", "cudnn", "flex")
+
+
+def _attention_of(case: dict) -> str:
+    """The scenario's ``training.attention`` for a case (module docstring)."""
+    stated = str((case.get("framework_options") or {}).get("attention") or "").lower()
+    if stated in STATED_ATTENTION:
+        return stated
+    return "unfused" if (source_year(case) or 9999) < 2023 else "flash"
 
 
 def source_year(case: dict) -> int | None:
@@ -355,7 +368,7 @@ def case_to_scenario_dict(case: dict, notes: list[str] | None = None) -> dict:
                      "global_batch_size": par["gbs"],
                      "precision": precision_of(case),
                      "recompute": recompute,
-                     "attention": "unfused" if (source_year(case) or 9999) < 2023 else "flash"},
+                     "attention": _attention_of(case)},
         "parallelism": parallelism,
         "schedule": split_schedule or ("interleaved" if vp > 1 else "1f1b"),
         **_framework_keys(case),
