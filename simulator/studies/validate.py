@@ -22,7 +22,10 @@ only, so predictions are the same with them removed. Documented defaults for unk
   publishes throughput with a 30-50% bubble: runs with few micro-batches per pipeline stage
   (Llama 3 405B: 16 per DP rank on 16 stages) use the interleaved schedule (Narayanan et al.
   2021; Llama 3 paper Sec. 3.3.2), and a 15% bound leaves every calibration case at v = 1.
-- recompute: the case's value (``full...`` / ``selective...``), none when unknown; sequence
+- recompute: the case's value (``full...`` / ``selective...``), none when unknown; with
+  selective, the Megatron-core ``recompute_modules`` the case names (``framework_options.
+  recompute_modules``, or module names in the recompute text: ``selective (layernorm, moe_act)``)
+  become ``training.recompute_modules``; naming none keeps Megatron's default (core_attn); sequence
   parallelism when the recompute field says so, or when recompute is unknown and tp > 1 (the
   NeMo default), else off.
 - hybrid sharding: the case's ``parallelism.dp_replicate`` (torchtitan
@@ -280,6 +283,19 @@ def _moe_options(case: dict, m: dict, model, ep: int, etp: int, gpn: int) -> tup
     return out, notes
 
 
+def _recompute_modules(case: dict) -> list[str] | None:
+    """The Megatron-core recompute modules a selective-recompute case names, else None."""
+    from simulator.workload.compute import RECOMPUTE_MODULES
+
+    stated = (case.get("framework_options") or {}).get("recompute_modules")
+    if isinstance(stated, (list, tuple)):
+        words = [str(w).lower() for w in stated]
+    else:
+        words = re.findall(r"[a-z_]+", str((case.get("parallelism") or {}).get("recompute") or "").lower())
+    found = [w for w in dict.fromkeys(words) if w in RECOMPUTE_MODULES]
+    return found or None
+
+
 def case_to_scenario_dict(case: dict, notes: list[str] | None = None) -> dict:
     """A scenario (as a dict) from the description of one published run; what it had to assume
     beyond the module docstring's defaults is appended to ``notes``."""
@@ -381,6 +397,9 @@ def case_to_scenario_dict(case: dict, notes: list[str] | None = None) -> dict:
         moe["overlap_a2a"] = True  # DualPipe's chunk pairing hides the all-to-alls (module docstring)
     if moe:
         out["moe"] = moe
+    modules = _recompute_modules(case) if recompute == "selective" else None
+    if modules:
+        out["training"]["recompute_modules"] = modules
     return out
 
 
