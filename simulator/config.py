@@ -116,6 +116,8 @@ class TrainingConfig:
     global_batch_size: int = 1
     precision: str = "bf16"  # bf16 | fp16 | fp8 | mxfp8 | nvfp4 (GEMMs; attention stays 16-bit)
     recompute: str = "none"  # none | selective | full
+    # with recompute: selective, Megatron-core's --recompute-modules (None: core_attn, its default)
+    recompute_modules: tuple[str, ...] | None = None
     attention: str = "flash"  # flash (the framework's fused kernel) | fa2 | fa3 | cudnn | unfused (materialised scores, pre-2023 Megatron)
 
 

@@ -140,6 +140,17 @@ def _optional_flag(field: str, value: object) -> bool | None:
     return None if value is None else _boolean(field, value)
 
 
+def _recompute_modules(field: str, value: object) -> tuple[str, ...] | None:
+    from simulator.workload.compute import RECOMPUTE_MODULES
+
+    if value is None:
+        return None
+    if (not isinstance(value, (list, tuple)) or not value or not all(isinstance(v, str) for v in value)
+            or any(v not in RECOMPUTE_MODULES for v in value)):
+        raise ConfigError(field, value, f"must be a non-empty list of {', '.join(RECOMPUTE_MODULES)}")
+    return tuple(dict.fromkeys(value))
+
+
 def _layer_types(field: str, value: object) -> tuple[str, ...] | None:
     if value is None:
         return None
@@ -212,7 +223,8 @@ _CHECKS: dict[str, dict[str, Checker]] = {
         "global_batch_size": _upto(limits.GLOBAL_BATCH),
         "precision": partial(_choice, choices=PRECISIONS),
         "recompute": partial(_choice, choices=RECOMPUTE),
-        "attention": partial(_choice, choices=("flash", "fa2", "sdpa", "fa3", "cudnn", "unfused")),
+        "recompute_modules": _recompute_modules,
+        "attention": partial(_choice, choices=("flash", "fa2", "sdpa", "fa3", "cudnn", "flex", "unfused")),
     },
     "parallelism": {
         "tp": _upto(limits.NUM_GPUS),
@@ -396,7 +408,7 @@ def scenario_from_dict(d: dict, overrides: Iterable[str] = (), *, base_dir: str 
         name=_text("name", d.get("name", default_name)),
         model=_model(sections["model"], base),
         cluster=cluster,
-        training=_section("training", sections["training"], TrainingConfig),
+        training=_training(sections["training"]),
         parallelism=_section("parallelism", sections["parallelism"], ParallelConfig),
         schedule=_choice("schedule", d.get("schedule", "1f1b"), tuple(SCHEDULES)),
         framework=_choice("framework", d.get("framework", "megatron-core"), framework_names()),
@@ -405,6 +417,14 @@ def scenario_from_dict(d: dict, overrides: Iterable[str] = (), *, base_dir: str 
         moe=_section("moe", sections["moe"], MoEConfig),
         faults=_faults(d.get(FAULTS), cluster),
     )
+
+
+def _training(raw: dict) -> TrainingConfig:
+    t = _section("training", raw, TrainingConfig)
+    if t.recompute_modules is not None and t.recompute != "selective":
+        raise ConfigError("training.recompute_modules", list(t.recompute_modules),
+                          f"needs recompute: selective (got {t.recompute})")
+    return t
 
 
 def _section(name: str, raw: dict, cls: type):

@@ -57,6 +57,24 @@ def test_kernel_choice_by_architecture():
     assert attention.resolve_backend("fa3", "B200-SXM-180GB") == "cudnn"
 
 
+@pytest.mark.parametrize("direction,ratio", [("fwd", 0.85), ("bwd", 0.76)])
+@pytest.mark.parametrize("causal,d,seq", [(True, 64, 4096), (False, 128, 16384), (True, 128, 512)])
+def test_flex_attention_is_its_authors_share_of_fa3_on_h100(direction, ratio, causal, d, seq):
+    # GTC 2025 FlexAttention session abstract (PyTorch blog "PyTorch at GTC 2025"): on H100 the
+    # forward averages 85% and the backward 76% of FlashAttention-3
+    flex = h100_tflops(AttentionKernel("flex", direction, causal, d, seq))
+    assert flex == pytest.approx(ratio * h100_tflops(AttentionKernel("fa3", direction, causal, d, seq)))
+
+
+@pytest.mark.parametrize("direction,ratio", [("fwd", 0.90), ("bwd", 0.85)])
+def test_flex_attention_on_a100_is_its_share_of_flashattention2(direction, ratio):
+    # same source, and the PyTorch FlexAttention blog (2024-08-07): 90% / 85% of FA2 on A100
+    assert attention.resolve_backend("flex", "A100-SXM4-80GB") == "flex"
+    k = AttentionKernel("flex", direction, True, 128, 4096)
+    fa2 = peak_fraction(dataclasses.replace(k, backend="fa2"), "A100-SXM4-80GB")
+    assert peak_fraction(k, "A100-SXM4-80GB") == pytest.approx(ratio * fa2)
+
+
 def test_a100_plateaus_are_flashattention2s_73_and_63_percent_shape():
     fwd = peak_fraction(AttentionKernel("fa2", "fwd", False, 128, 16384), "A100-SXM4-80GB")
     bwd = peak_fraction(AttentionKernel("fa2", "bwd", False, 128, 16384), "A100-SXM4-80GB")

@@ -208,3 +208,16 @@ def test_out_of_sample_nemo_24_07_fp8_runs_within_15pct():
     out = validate_file(str(Path(__file__).parent / "data" / "nemo-2407-runs.yaml"), workers=2)
     assert out["summary"]["scored"] == 9
     assert out["summary"]["worst"] <= 0.15 and out["summary"]["mape"] <= 0.10
+
+
+def test_a_stated_attention_kernel_is_the_one_that_runs():
+    """AutoModel's ``attn: flex`` (framework_options.attention) runs FlexAttention; an unpriced
+    or absent name keeps the default (flash, or unfused before 2023)."""
+    case = next(c for c in yaml.safe_load(Path("tests/data/moe-runs.yaml").read_text())["cases"]
+                if c["id"] == "automodel-h100-gpt-oss-20b-bf16-8")
+    assert case_to_scenario_dict(case)["training"]["attention"] == "flex"
+    case = copy.deepcopy(case)
+    case["framework_options"]["attention"] = "something-else"
+    assert case_to_scenario_dict(case)["training"]["attention"] == "flash"
+    del case["framework_options"]["attention"]
+    assert case_to_scenario_dict(case)["training"]["attention"] == "flash"

@@ -287,6 +287,8 @@ class _Builder:
         moe = s.model.is_moe_layer(layer)
         if self.sp:
             self.mlp_tp_collective(moe, "all_gather", at)
+        if s.training.recompute == "selective" and cost.mlp_recompute.ops:
+            self.compute("R", cost.mlp_recompute, "moe" if moe else "mlp", **at)
         if moe:
             self.moe_block("B", mlp_bwd, at)
             self.mlp_tp_collective(moe, "reduce_scatter" if self.sp else "all_reduce", at)

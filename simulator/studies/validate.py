@@ -22,7 +22,10 @@ only, so predictions are the same with them removed. Documented defaults for unk
   publishes throughput with a 30-50% bubble: runs with few micro-batches per pipeline stage
   (Llama 3 405B: 16 per DP rank on 16 stages) use the interleaved schedule (Narayanan et al.
   2021; Llama 3 paper Sec. 3.3.2), and a 15% bound leaves every calibration case at v = 1.
-- recompute: the case's value (``full...`` / ``selective...``), none when unknown; sequence
+- recompute: the case's value (``full...`` / ``selective...``), none when unknown; with
+  selective, the Megatron-core ``recompute_modules`` the case names (``framework_options.
+  recompute_modules``, or module names in the recompute text: ``selective (layernorm, moe_act)``)
+  become ``training.recompute_modules``; naming none keeps Megatron's default (core_attn); sequence
   parallelism when the recompute field says so, or when recompute is unknown and tp > 1 (the
   NeMo default), else off.
 - hybrid sharding: the case's ``parallelism.dp_replicate`` (torchtitan
@@ -38,6 +41,8 @@ only, so predictions are the same with them removed. Documented defaults for unk
   ``flash``: FlashAttention (Dao et al., May 2022) entered the Megatron-LM and DeepSpeed training
   recipes in 2023, and runs published before that trained with Megatron's fused softmax over
   materialised scores.
+  ``framework_options.attention`` naming a kernel stepsim prices (fa2, sdpa, fa3, cudnn, flex:
+  NeMo AutoModel's ``attn: flex`` backend is PyTorch FlexAttention) runs that kernel instead.
 - layers not divisible by pp x vp: the first and last stages get f layers each and the others the
   rest evenly, f the largest value <= ceil(layers / (pp x vp)) that makes this possible (how
   Megatron-DeepSpeed balanced BLOOM, whose first and last stages also carry the embedding). When
@@ -179,6 +184,17 @@ def _stated_schedule(case: dict) -> str | None:
     return stated if stated in SPLIT_SCHEDULES else None
 
 
+STATED_ATTENTION = ("fa2", "sdpa", "fa3", "cudnn", "flex")
+
+
+def _attention_of(case: dict) -> str:
+    """The scenario's ``training.attention`` for a case (module docstring)."""
+    stated = str((case.get("framework_options") or {}).get("attention") or "").lower()
+    if stated in STATED_ATTENTION:
+        return stated
+    return "unfused" if (source_year(case) or 9999) < 2023 else "flash"
+
+
 def source_year(case: dict) -> int | None:
     text = str(case.get("source", ""))
     arxiv = re.search(r"arXiv[: ]*(\d{2})(\d{2})\.\d{4,5}", text)
@@ -266,6 +282,19 @@ def _moe_options(case: dict, m: dict, model, ep: int, etp: int, gpn: int) -> tup
             notes.append(f"group-limited routing ({hf['topk_group']} of {hf['n_group']} groups) on EP over "
                          f"{nodes} nodes: max_nodes_per_token {hf['topk_group']}")
     return out, notes
+
+
+def _recompute_modules(case: dict) -> list[str] | None:
+    """The Megatron-core recompute modules a selective-recompute case names, else None."""
+    from simulator.workload.compute import RECOMPUTE_MODULES
+
+    stated = (case.get("framework_options") or {}).get("recompute_modules")
+    if isinstance(stated, (list, tuple)):
+        words = [str(w).lower() for w in stated]
+    else:
+        words = re.findall(r"[a-z_]+", str((case.get("parallelism") or {}).get("recompute") or "").lower())
+    found = [w for w in dict.fromkeys(words) if w in RECOMPUTE_MODULES]
+    return found or None
 
 
 def case_to_scenario_dict(case: dict, notes: list[str] | None = None) -> dict:
@@ -356,7 +385,7 @@ def case_to_scenario_dict(case: dict, notes: list[str] | None = None) -> dict:
                      "global_batch_size": par["gbs"],
                      "precision": precision_of(case),
                      "recompute": recompute,
-                     "attention": "unfused" if (source_year(case) or 9999) < 2023 else "flash"},
+                     "attention": _attention_of(case)},
         "parallelism": parallelism,
         "schedule": split_schedule or ("interleaved" if vp > 1 else "1f1b"),
         **_framework_keys(case),
@@ -369,6 +398,9 @@ def case_to_scenario_dict(case: dict, notes: list[str] | None = None) -> dict:
         moe["overlap_a2a"] = True  # DualPipe's chunk pairing hides the all-to-alls (module docstring)
     if moe:
         out["moe"] = moe
+    modules = _recompute_modules(case) if recompute == "selective" else None
+    if modules:
+        out["training"]["recompute_modules"] = modules
     return out
 
 

@@ -30,6 +30,16 @@ What runs where (each framework's default; a scenario picks another with ``train
   templates). As ``power_factor`` says, the cube law errs fast for attention, so part of the
   remaining ratio may still be the hosts' power limit: on a 700 W H100 ``sdpa`` errs slow.
 - ``fa3``: FlashAttention-3, Hopper only (wgmma, TMA, warp specialisation).
+- ``flex``: PyTorch's FlexAttention (``torch.nn.attention.flex_attention``, a Triton kernel that
+  torch.compile generates from the score/mask modification; NeMo AutoModel's ``attn: flex``
+  backend, which it needs for GPT-OSS's attention sinks and sliding windows). Measured by its
+  authors (D. Guessous, Meta, "FlexAttention: The Flexibility of PyTorch With the Performance of
+  FlashAttention", GTC 2025 session abstract, PyTorch blog "PyTorch at GTC 2025"): on H100 the
+  forward averages 85% and the backward 76% of FlashAttention-3; on A100 90% and 85% of
+  FlashAttention-2 (also the PyTorch blog "FlexAttention", 2024-08-07). So ``flex`` is the FA3
+  curve times ``FLEX_FA3_RATIO`` on Hopper and newer, the FA2 curve times ``FLEX_FA2_RATIO`` on
+  Ampere, at every length and mask (the sources give averages only); a sliding window is a
+  block mask, so it is priced like the fused kernels' windowed call.
 - ``cudnn``: cuDNN's fused flash attention, which Transformer Engine prefers on Hopper and newer
   (TE ``get_attention_backend`` disables FlashAttention in favour of FusedAttention on sm90+ "for
   performance reasons"), so Megatron-core, NeMo and MaxText's ``cudnn_flash_te`` run it. The
@@ -40,7 +50,7 @@ What runs where (each framework's default; a scenario picks another with ``train
 - ``flash``: the framework's default fused kernel: ``cudnn`` on Hopper and Blackwell (FA3 does not
   run on Blackwell; cuDNN and FlashAttention-4 do, at a similar fraction of the new peak), ``fa2``
   on Ampere.
-On Ampere every fused kernel is FlashAttention-2 (FA3 needs Hopper; TE on sm80 uses FA2), whose
+On Ampere every fused kernel but ``flex`` is FlashAttention-2 (FA3 needs Hopper; TE on sm80 uses FA2), whose
 A100 curve (FlashAttention-2 paper, Fig. 5: up to 73% of peak forward, 63% backward) is given by
 ``A100_*`` below in the same form.
 
@@ -63,7 +73,7 @@ from simulator.physical.hardware import power_factor
 H100_PEAK_TFLOPS = 989.0
 A100_PEAK_TFLOPS = 312.0
 SEQ_POINTS = (512, 1024, 2048, 4096, 8192, 16384)
-ATTENTION_BACKENDS = ("flash", "fa2", "sdpa", "fa3", "cudnn", "unfused")
+ATTENTION_BACKENDS = ("flash", "fa2", "sdpa", "fa3", "cudnn", "flex", "unfused")
 
 # PyTorch SDPA flash backend / flash_attn FA2, non-causal forward, head dim 128, at SEQ_POINTS:
 # pytorch/benchmark#2296 (287.457, 293.208, 298.428, 287.696, 304.199 TFLOP/s at 1k..16k) over the
@@ -72,6 +82,10 @@ SDPA_TFLOPS = (287.457, 293.208, 298.428, 287.696, 304.199)  # at SEQ_POINTS[1:]
 SDPA_HOST_POWER = power_factor(500.0, 700.0)  # the measuring host's 500 W limit (docstring)
 SDPA_FA2_RATIO = tuple(r / SDPA_HOST_POWER for r in
                        (SDPA_TFLOPS[0] / 350, *(m / f for m, f in zip(SDPA_TFLOPS, (350, 362, 368, 370, 370)))))
+
+# FlexAttention over the hand-written kernels, by direction (module docstring): H100 vs FA3, A100 vs FA2.
+FLEX_FA3_RATIO = {"fwd": 0.85, "bwd": 0.76}
+FLEX_FA2_RATIO = {"fwd": 0.90, "bwd": 0.85}
 
 # FlashAttention-3 paper, Fig. 5 (forward) and Fig. 6 (backward), H100 SXM5 BF16, TFLOP/s at
 # SEQ_POINTS. Keys: (kernel, direction, causal, head_dim).
@@ -122,7 +136,7 @@ def resolve_backend(attention: str, gpu_name: str, framework_default: str = "cud
     """The kernel that runs for ``training.attention`` on this GPU (see the module docstring)."""
     arch = architecture(gpu_name)
     if arch == "ampere":
-        return "fa2"
+        return "flex" if attention == "flex" else "fa2"
     kernel = framework_default if attention == "flash" else attention
     if arch == "blackwell" and kernel == "fa3":
         return "cudnn"
@@ -157,6 +171,9 @@ def h100_tflops(k: AttentionKernel) -> float:
     if k.backend == "sdpa":
         ratio = _interp_log2(SEQ_POINTS, SDPA_FA2_RATIO, k.kv_len)
         return ratio * h100_tflops(AttentionKernel("fa2", k.direction, k.causal, k.head_dim, k.kv_len))
+    if k.backend == "flex":
+        return FLEX_FA3_RATIO[k.direction] * h100_tflops(AttentionKernel("fa3", k.direction, k.causal, k.head_dim,
+                                                                         k.kv_len))
     kernel = "fa3" if k.backend == "cudnn" else k.backend
     d = min(max(k.head_dim, 64), 128)
     if d in (64, 128):
@@ -175,7 +192,8 @@ def peak_fraction(k: AttentionKernel, gpu_name: str) -> float:
         shape = h100_tflops(AttentionKernel("fa2", k.direction, k.causal, k.head_dim, k.kv_len))
         top = h100_tflops(AttentionKernel("fa2", k.direction, False, k.head_dim, SEQ_POINTS[-1]))
         plateau = A100_FWD_PLATEAU if k.direction == "fwd" else A100_BWD_PLATEAU
-        return plateau * shape / top
+        flex = FLEX_FA2_RATIO[k.direction] if k.backend == "flex" else 1.0
+        return flex * plateau * shape / top
     return h100_tflops(k) / H100_PEAK_TFLOPS
 
 

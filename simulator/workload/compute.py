@@ -446,6 +446,8 @@ def layer_cost(
 
     Recompute (Korthikanti et al. 2022): "selective" re-runs the attention core forward before
     the attention backward; "full" re-runs the whole attention and MLP forwards; "none" nothing.
+    "selective" with ``training.recompute_modules`` re-runs what those Megatron-core modules
+    checkpoint instead (``recompute_blocks``).
     """
     if training.recompute not in RECOMPUTE_MODES:
         raise ConfigError("training.recompute", training.recompute, f"valid: {', '.join(RECOMPUTE_MODES)}")
@@ -463,8 +465,8 @@ def layer_cost(
     if training.recompute == "full":
         attn_re, mlp_re = attn_fwd, mlp_fwd
     elif training.recompute == "selective":
-        attn_re = BlockCost(tuple(op for op in attn_fwd.ops if op.name in ("attn_core", "attn_core_cp", "attn_cp_merge") + UNFUSED_ATTENTION_OPS))
-        mlp_re = BlockCost()
+        attn_re, mlp_re = recompute_blocks(attn_fwd, mlp_fwd, training.recompute_modules or ("core_attn",),
+                                           model.is_moe_layer(layer))
     else:
         attn_re, mlp_re = BlockCost(), BlockCost()
     return LayerCost(
@@ -475,6 +477,41 @@ def layer_cost(
         attn_recompute=attn_re,
         mlp_recompute=mlp_re,
     )
+
+
+# Megatron-core --recompute-modules (megatron/core/transformer/transformer_config.py
+# recompute_modules, transformer_layer.py): the forward ops each re-runs before the backward.
+# core_attn: the attention core (the default, Korthikanti et al.'s selective recompute);
+# layernorm: input_layernorm and pre_mlp_layernorm; mla_up_proj: the MLA query and key/value up
+# projections (with the RoPE application fused into them here); moe_act: the experts' activation
+# (TEGroupedMLP's bias_act_func); shared_experts: the shared-expert MLP; mlp: the whole dense MLP,
+# on dense layers only ("mlp" leaves MoE layers alone). Their FP8 input casts re-run with them.
+# "moe" (the whole MoE layer, all-to-alls included) is not modelled.
+RECOMPUTE_MODULE_OPS = {
+    "core_attn": ("attn_core", "attn_core_cp", "attn_cp_merge") + UNFUSED_ATTENTION_OPS,
+    "layernorm": ("input_norm", "post_attn_norm"),
+    "mla_up_proj": ("q_up_proj", "kv_up_proj"),
+    "moe_act": ("expert_act",),
+    "shared_experts": ("shared_up", "shared_act", "shared_down"),
+    "mlp": (),
+}
+RECOMPUTE_MODULES = tuple(RECOMPUTE_MODULE_OPS)
+
+
+def recompute_blocks(attn_fwd: BlockCost, mlp_fwd: BlockCost, modules: tuple[str, ...],
+                     moe_layer: bool) -> tuple[BlockCost, BlockCost]:
+    """(attention, MLP) ops selective recompute re-runs for Megatron-core ``modules``
+    (``RECOMPUTE_MODULE_OPS``), in forward order: the attention part before the attention
+    backward, the MLP part before the MLP backward."""
+    names = {n for m in modules for n in RECOMPUTE_MODULE_OPS[m]}
+    names |= {f"{n}_quantize" for n in set(names)}
+
+    def pick(block):
+        return BlockCost(tuple(op for op in block.ops if op.name in names))
+
+    if "mlp" in modules and not moe_layer:
+        return pick(attn_fwd), mlp_fwd
+    return pick(attn_fwd), pick(mlp_fwd)
 
 
 @functools.lru_cache(maxsize=64)

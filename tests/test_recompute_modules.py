@@ -1,0 +1,81 @@
+"""Megatron-core's --recompute-modules as selective recompute: which forward ops each re-runs."""
+
+import pytest
+
+from simulator.config import MoEConfig, ParallelConfig, TrainingConfig
+from simulator.errors import ConfigError
+from simulator.physical.hardware import get_gpu
+from simulator.scenario import scenario_from_dict
+from simulator.studies.validate import case_to_scenario_dict
+from simulator.workload.compute import layer_cost
+
+H100 = get_gpu("H100-SXM5-80GB")
+
+
+def model(hf_id):
+    return scenario_from_dict({"model": hf_id}).model
+
+
+def times(block):
+    return {op.name: op.time_s for op in block.ops}
+
+
+def cost(m, modules, layer=0, recompute="selective", par=ParallelConfig(ep=8)):
+    t = TrainingConfig(seq_length=4096, recompute=recompute, recompute_modules=modules)
+    return layer_cost(m, t, par, H100, layer, MoEConfig())
+
+
+def test_layernorm_and_moe_act_rerun_exactly_those_forward_ops():
+    m = model("Qwen/Qwen3-30B-A3B")
+    c = cost(m, ("layernorm", "moe_act"))
+    fwd_attn, fwd_mlp = times(c.attn_fwd), times(c.mlp_fwd)
+    assert times(c.attn_recompute) == {"input_norm": fwd_attn["input_norm"]}
+    assert times(c.mlp_recompute) == {"post_attn_norm": fwd_mlp["post_attn_norm"],
+                                      "expert_act": fwd_mlp["expert_act"]}
+    # the backward is the no-recompute backward plus those ops
+    none = cost(m, None, recompute="none")
+    extra = fwd_attn["input_norm"] + fwd_mlp["post_attn_norm"] + fwd_mlp["expert_act"]
+    assert c.bwd_time_s == pytest.approx(none.bwd_time_s + extra)
+
+
+def test_default_modules_are_megatrons_core_attn():
+    m = model("Qwen/Qwen3-30B-A3B")
+    default, core = cost(m, None), cost(m, ("core_attn",))
+    assert [op.name for op in default.attn_recompute.ops] == ["attn_core"]
+    assert default == core and not default.mlp_recompute.ops
+
+
+def test_mlp_reruns_dense_layers_only_and_mla_up_proj_the_up_projections():
+    m = model("deepseek-ai/DeepSeek-V3")
+    dense, sparse = cost(m, ("mla_up_proj", "mlp"), layer=0), cost(m, ("mla_up_proj", "mlp"), layer=5)
+    assert dense.mlp_recompute == dense.mlp_fwd  # the whole dense MLP
+    assert not sparse.mlp_recompute.ops  # "mlp" leaves MoE layers alone
+    assert [op.name for op in sparse.attn_recompute.ops] == ["q_up_proj", "kv_up_proj"]
+
+
+def test_modules_need_selective_and_known_names():
+    base = {"model": "Qwen/Qwen3-30B-A3B", "cluster": {"topology": "dgx-h100", "num_nodes": 1},
+            "training": {"seq_length": 4096, "global_batch_size": 8, "recompute": "full",
+                         "recompute_modules": ["layernorm"]},
+            "parallelism": {"ep": 8}}
+    with pytest.raises(ConfigError, match="needs recompute: selective"):
+        scenario_from_dict(base)
+    base["training"].update(recompute="selective", recompute_modules=["layernorm", "attention"])
+    with pytest.raises(ConfigError, match="must be a non-empty list"):
+        scenario_from_dict(base)
+    base["training"]["recompute_modules"] = ["layernorm", "moe_act"]
+    assert scenario_from_dict(base).training.recompute_modules == ("layernorm", "moe_act")
+
+
+def test_validate_reads_module_names_from_the_recompute_text_or_the_option():
+    case = {"id": "x", "source": "2025", "model": {"hf_id": "Qwen/Qwen3-30B-A3B", "layers": 48, "hidden": 2048,
+                                                   "ffn_hidden": 6144, "heads": 32, "vocab": 151936, "seq_len": 4096,
+                                                   "experts": 128, "topk": 8},
+            "hardware": {"gpu": "H100", "count": 8}, "framework_options": {},
+            "parallelism": {"tp": 1, "pp": 1, "ep": 8, "gbs": 64,
+                            "recompute": "selective+sequence-parallel (layernorm, moe_act)"}}
+    assert case_to_scenario_dict(case)["training"]["recompute_modules"] == ["layernorm", "moe_act"]
+    case["parallelism"]["recompute"] = "selective (RMSNorm, MLA up-projection)"
+    assert "recompute_modules" not in case_to_scenario_dict(case)["training"]
+    case["framework_options"]["recompute_modules"] = ["mla_up_proj", "mlp"]
+    assert case_to_scenario_dict(case)["training"]["recompute_modules"] == ["mla_up_proj", "mlp"]
