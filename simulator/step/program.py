@@ -457,7 +457,10 @@ class _Builder:
 
         def fsdp_gather(layer, key):
             if zero == 3 and key not in fsdp_ready and layer not in gathered:
-                fsdp_ready[key] = self.launch("dpcp", "all_gather", w.layer_dense_params[layer] * PARAM_BYTES, "fsdp")
+                # dense weights over the DP x CP shard group, an MoE layer's experts over their
+                # expert-data-parallel group (FSDP2 / Megatron-FSDP shard experts over EDP)
+                fsdp_ready[key] = tuple(self.launch(group, "all_gather", n * PARAM_BYTES, "fsdp")
+                                        for group, n in self.fsdp_units(layer))
                 if self.unsharded:
                     gathered.add(layer)
 
@@ -486,7 +489,7 @@ class _Builder:
                         if ahead in layers:
                             fsdp_gather(ahead, fkey(ahead))
                     if zero == 3 and fkey(layer) in fsdp_ready:
-                        self.wait((fsdp_ready.pop(fkey(layer)),), "fsdp", layer=layer, **at)
+                        self.wait(fsdp_ready.pop(fkey(layer)), "fsdp", layer=layer, **at)
                     self.layer_forward(layer, mb, chunk)
                 if vs == nvs - 1 and self.extras:
                     self.compute("head", w.head[0], "lm_head+loss", **at)
@@ -506,7 +509,7 @@ class _Builder:
                         for ahead in range(layer - 1, layer - 1 - depth, -1):
                             if ahead in layers:
                                 fsdp_gather(ahead, ("B", mb, ahead))
-                        self.wait((fsdp_ready.pop(("B", mb, layer)),), "fsdp", layer=layer, **at)
+                        self.wait(fsdp_ready.pop(("B", mb, layer)), "fsdp", layer=layer, **at)
                     self.layer_backward(layer, mb, chunk, split)
                     if not split:
                         self.layer_grads_ready(layer, final, grads_of, grads, pending)
@@ -554,7 +557,8 @@ class _Builder:
             for op in self.fsdp_grad_ops(layer):
                 grads(*op)
         elif zero == 3:
-            pending.append(self.launch("dpcp", "reduce_scatter", self.w.layer_dense_params[layer] * GRAD_BYTES, "fsdp"))
+            for group, n in self.fsdp_units(layer):
+                pending.append(self.launch(group, "reduce_scatter", n * GRAD_BYTES, "fsdp"))
         elif final and grads_of[layer].layers[-1] == layer:
             for kind, op, nbytes in self.grad_ops(grads_of[layer], zero):
                 grads(kind, op, nbytes, "dp")
@@ -567,7 +571,7 @@ class _Builder:
         the group is launched with the layer after which the next one (a stack's layers are the
         same size) would not fit, the rest by ``flush_replica`` when the backward pass ends."""
         size = self.w.layer_dense_params[layer] * GRAD_BYTES
-        ops = [("dpcp", "reduce_scatter", size, "fsdp")]
+        ops = [(group, "reduce_scatter", n * GRAD_BYTES, "fsdp") for group, n in self.fsdp_units(layer)]
         limit = self.sw.fsdp_replica_combine_bytes
         replica = self.replica_reduce(size)
         if not (replica and limit > 0):
@@ -577,6 +581,16 @@ class _Builder:
         if self.replica_held + nbytes > limit:
             ops += self.flush_replica()
         return ops
+
+    def fsdp_units(self, layer):
+        """(group, parameters per GPU) ZeRO-3 gathers and reduce-scatters for one layer: its dense
+        parameters over the DP x CP shard group and, on an MoE layer, its local experts over the
+        expert-data-parallel group (the memory model shards them the same way)."""
+        w = self.w
+        out = [("dpcp", w.layer_dense_params[layer])]
+        if w.layer_expert_params.get(layer):
+            out.append(("edp", w.layer_expert_params[layer]))
+        return out
 
     def flush_replica(self):
         """The combined cross-copy all-reduce still held (``fsdp_grad_ops``), if any."""
