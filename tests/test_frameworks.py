@@ -35,8 +35,8 @@ def sw_layer(s):
     return base, layer_with_software(base, s.model, s.training, s.parallelism, H100, 0, resolve(s))
 
 
-def test_the_six_frameworks_load_and_every_entry_names_a_source():
-    assert framework_names() == ("composer", "deepspeed", "maxtext", "megatron-core", "nemo", "torchtitan")
+def test_the_seven_frameworks_load_and_every_entry_names_a_source():
+    assert framework_names() == ("automodel", "composer", "deepspeed", "maxtext", "megatron-core", "nemo", "torchtitan")
     for name in framework_names():
         assert load_profile(name)["overlap"]["param_prefetch_depth"] >= 0
 

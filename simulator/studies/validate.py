@@ -51,7 +51,7 @@ only, so predictions are the same with them removed. Documented defaults for unk
   get the fewest layers m that leaves first + last <= 2m, the first stage the larger share
   (the last also carries the head and MTP), printed as an assumption.
 - framework: the case's ``framework:`` (a profile in ``frameworks/``: megatron-core, nemo,
-  torchtitan, deepspeed, composer, maxtext), ``megatron-core`` when the case does not say (the
+  torchtitan, deepspeed, composer, maxtext, automodel), ``megatron-core`` when the case does not say (the
   stack of the calibration runs). An unknown name makes that case an error row naming the valid ones.
 - framework_options (each absent key takes the profile's default): ``compile``, ``cuda_graphs``,
   ``fp8_recipe`` (delayed, tensorwise, rowwise, blockwise, mxfp8) and ``replica_combine_bytes``
