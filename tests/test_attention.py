@@ -149,3 +149,25 @@ def test_cp_overlap_off_exposes_at_least_what_the_ring_hides():
     hidden, exposed = step(), step(cp_comm=False)
     assert exposed["time_breakdown_s"]["exposed_comm_s"]["cp"] > hidden["time_breakdown_s"]["exposed_comm_s"]["cp"]
     assert exposed["step_time_s"] > hidden["step_time_s"]
+
+
+def test_blackwell_ultra_doubled_exponentials_speed_up_the_forward_only():
+    """Closed form (m + 1/16) / (m + 1/32), m = 2 (d_qk + d_v) / 8192 matmul clocks per pair:
+    4/3 at head dim 128, (640/8192 + 1/16) / (640/8192 + 1/32) = 1.2857 for MLA's 192/128."""
+    assert attention.softmax_exp_speedup(16, 128, 128) == 1.0
+    assert attention.softmax_exp_speedup(32, 128, 128) == pytest.approx(4 / 3)
+    assert attention.softmax_exp_speedup(32, 192, 128) == pytest.approx((640 / 8192 + 1 / 16) / (640 / 8192 + 1 / 32))
+    assert get_gpu("GB300").sfu_ex2_per_clk_sm == 2 * get_gpu("GB200").sfu_ex2_per_clk_sm
+    assert get_gpu("B300").sfu_ex2_per_clk_sm == 2 * get_gpu("B200").sfu_ex2_per_clk_sm
+    # GB300 and GB200 share the 16-bit peak and SM-count-scaled occupancy differs only slightly,
+    # so the forward ratio is the closed form times the occupancy ratio; the backward is unchanged
+    train = TrainingConfig(seq_length=8192)
+    gb200, gb300 = get_gpu("GB200"), get_gpu("GB300")
+    no_sfu = dataclasses.replace(gb300, sfu_ex2_per_clk_sm=16)
+    fwd = _core(LLAMA8B, train, ParallelConfig(), no_sfu).time_s / _core(LLAMA8B, train, ParallelConfig(), gb300).time_s
+    assert fwd == pytest.approx(4 / 3, rel=0.01)
+    assert _core(LLAMA8B, train, ParallelConfig(), no_sfu, backward=True).time_s == \
+        _core(LLAMA8B, train, ParallelConfig(), gb300, backward=True).time_s
+    assert _core(LLAMA8B, train, ParallelConfig(), H100).time_s == \
+        _core(LLAMA8B, train, ParallelConfig(), dataclasses.replace(H100, sfu_ex2_per_clk_sm=32)).time_s
+    assert gb200.sfu_ex2_per_clk_sm == attention.BLACKWELL_EX2_PER_CLK_SM

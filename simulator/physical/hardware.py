@@ -43,6 +43,7 @@ class GPUSpec:
     sustained_fraction: float = 1.0
     nvlink_efficiency: float = 1.0
     nvlink_generation: int = 0  # 3 Ampere, 4 Hopper (NVSwitch gen 3: NVLS), 5 Blackwell
+    sfu_ex2_per_clk_sm: int = 16  # MUFU.EX2 results per clock per SM (softmax exponentials; attention.softmax_exp_speedup)
     tdp_w: float | None = None  # board power the sustained fraction was fitted at; None: not catalogued
     power_limit_w: float | None = None  # the part's default power limit when below its TDP (``gpu_of`` applies it)
 
@@ -130,6 +131,12 @@ _HOPPER_NVLINK = 1.0
 # layers only, attention stays BF16 unless fp8_dot_product_attention). Their GEMM ceiling is the
 # part's measured FP8 MAMF: same tensor-core pipeline, scales applied in the MMA instruction
 # (no public MXFP8 or NVFP4 MAMF).
+# Special function units: every SM up to Blackwell returns 16 MUFU.EX2 (exp2) results per clock
+# (CUDA C++ Programming Guide, arithmetic instruction throughput table; FlashAttention-4, Zadouri
+# et al. 2026: "the exponential unit remains at 16 operations per clock per SM" on B200);
+# Blackwell Ultra (B300, GB300) doubles it (NVIDIA Technical Blog, "Inside NVIDIA Blackwell Ultra"
+# and "Making Softmax More Efficient with NVIDIA Blackwell Ultra": 2x SFU throughput for MUFU.EX2).
+_BLACKWELL_ULTRA_EX2 = 32
 
 
 def _blackwell_gemm(bf16: float, fp8: float) -> dict[str, float]:
@@ -251,6 +258,7 @@ GPU_CATALOG: dict[str, GPUSpec] = {
         "at 8 TB/s; NVLink5 1.8 TB/s bidirectional; Blackwell Ultra: 160 SMs",
         num_sms=160,
         gemm_efficiency=_B300_GEMM,
+        sfu_ex2_per_clk_sm=_BLACKWELL_ULTRA_EX2,
         **_BLACKWELL,
     ),
     "GB200": GPUSpec(
@@ -279,6 +287,7 @@ GPU_CATALOG: dict[str, GPUSpec] = {
         "288 GB HBM3e at 8 TB/s, NVLink5 1.8 TB/s bidirectional; Blackwell Ultra: 160 SMs",
         num_sms=160,
         gemm_efficiency=_B300_GEMM,
+        sfu_ex2_per_clk_sm=_BLACKWELL_ULTRA_EX2,
         **_BLACKWELL,
     ),
     "H20": GPUSpec(

@@ -185,7 +185,9 @@ def _attn_core(
     measured efficiency of the kernel that runs (``attention.peak_fraction``: kernel, direction,
     causal mask, head dim, key length) times the GPU's sustained fraction, times the occupancy
     of its query tiles relative to the measured runs'. Backward: 2.5x the forward FLOPs
-    (FlashAttention-2) at the measured backward efficiency.
+    (FlashAttention-2) at the measured backward efficiency. On Blackwell the forward is bound by
+    softmax exponentials; Blackwell Ultra's doubled SFU rate speeds it up by
+    ``attention.softmax_exp_speedup`` (1 on B200 / GB200).
 
     Under CP every call after the first merges its partial output into the running one with the
     log-sum-exp correction (Transformer Engine keeps the running output in fp32: read the call's
@@ -210,6 +212,9 @@ def _attn_core(
     direction = "bwd" if backward else "fwd"
     flop_rate_16 = peak(gpu, _attention_precision(training.precision)) * gpu.sustained_fraction
     reference = _occupancy(attention.REFERENCE_CTAS, gpu.num_sms)
+    exp_speedup = 1.0
+    if not backward and attention.architecture(gpu.name) == "blackwell":
+        exp_speedup = attention.softmax_exp_speedup(gpu.sfu_ex2_per_clk_sm, model.qk_head_dim, model.v_dim)
     if window:
         seq = min(s / cp, window)
         shape = [(s / cp, seq, True)]
@@ -224,7 +229,7 @@ def _attn_core(
             call *= FA_BWD_FLOP_RATIO
         ctas = b * heads * math.ceil(q_len / TILE_M)
         kernel = attention.AttentionKernel(backend, direction, causal, model.qk_head_dim, kv_len)
-        eff = attention.peak_fraction(kernel, gpu.name) * _occupancy(ctas, gpu.num_sms) / reference
+        eff = attention.peak_fraction(kernel, gpu.name) * _occupancy(ctas, gpu.num_sms) / reference * exp_speedup
         calls.append((call, call / (flop_rate_16 * eff)))
     suffix = "_bwd" if backward else ""
     # The first (local, causal) call reads this rank's Q, K, V; the later calls the arriving K, V.
