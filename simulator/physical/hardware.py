@@ -129,8 +129,18 @@ _HOPPER_NVLINK = 1.0
 # (NVIDIA Blackwell architecture technical brief; Transformer Engine docs, "Using FP8 and FP4
 # with Transformer Engine": MXFP8BlockScaling and NVFP4BlockScaling recipes quantize Linear
 # layers only, attention stays BF16 unless fp8_dot_product_attention). Their GEMM ceiling is the
-# part's measured FP8 MAMF: same tensor-core pipeline, scales applied in the MMA instruction
-# (no public MXFP8 or NVFP4 MAMF).
+# part's measured FP8 MAMF times the kernel-time ratio NVIDIA measured on one part at the same
+# shapes (Transformer Engine docs, "GEMM Profiling Tutorial", docs/examples/gemm_profiling, 2026-06,
+# B300 SXM6, the 12 GEMMs of a hidden-4096 / FFN-16384 layer at 15,872 tokens, operands
+# pre-quantized so only the GEMM kernels are timed): per layer FP8 current scaling 6.812 ms,
+# MXFP8 7.161 ms, NVFP4 3.764 ms. MXFP8 runs at the FP8 peak, so its ceiling is FP8's x
+# 6.812 / 7.161 = 0.951 (the per-32 scales cost the MMA pipeline); NVFP4 ran 1.81x FP8 against a
+# 3x peak (13.5 / 4.5 PF), so its fraction of its own peak is FP8's x 1.81 / 3 = 0.603. The same
+# ratios are taken on every Blackwell part (one measurement, no per-part data).
+_TE_GEMM_MS = {"fp8": 6.812, "mxfp8": 7.161, "nvfp4": 3.764}  # per layer, B300, pre-quantized
+_B300_FP4_OVER_FP8_PEAK = 13.5 / 4.5
+MXFP8_OVER_FP8 = _TE_GEMM_MS["fp8"] / _TE_GEMM_MS["mxfp8"]
+NVFP4_OVER_FP8 = _TE_GEMM_MS["fp8"] / _TE_GEMM_MS["nvfp4"] / _B300_FP4_OVER_FP8_PEAK
 # Special function units: every SM up to Blackwell returns 16 MUFU.EX2 (exp2) results per clock
 # (CUDA C++ Programming Guide, arithmetic instruction throughput table; FlashAttention-4, Zadouri
 # et al. 2026: "the exponential unit remains at 16 operations per clock per SM" on B200);
@@ -140,7 +150,8 @@ _BLACKWELL_ULTRA_EX2 = 32
 
 
 def _blackwell_gemm(bf16: float, fp8: float) -> dict[str, float]:
-    return {"bf16": bf16, "fp16": bf16, "tf32": bf16, "fp8": fp8, "mxfp8": fp8, "nvfp4": fp8}
+    return {"bf16": bf16, "fp16": bf16, "tf32": bf16, "fp8": fp8, "mxfp8": fp8 * MXFP8_OVER_FP8,
+            "nvfp4": fp8 * NVFP4_OVER_FP8}
 
 
 _B200_GEMM = _blackwell_gemm(1745.0 / 2250, 3432.5 / 4500)
