@@ -379,13 +379,33 @@ def _mlp_plan(
 # each GEMM's output gradient. The router stays 16-bit (Megatron-core runs it outside TE), and
 # under FP8 the experts' casts are moe.py's ``expert_fp8_cast``. Weights are quantized once per
 # step (TE caches them across micro-batches) and left out.
+# NVFP4 (TE NVFP4BlockScaling with its defaults, docs/features/low_precision_training/nvfp4) scales
+# in two levels, the E4M3 block scales under one FP32 scale per tensor, and that needs the tensor's
+# amax before any block is quantized; the wgrad (columnwise) usage is first rotated by a 16-point
+# random Hadamard transform, whose amax is its own. NVFP4Quantizer::quantize_impl
+# (transformer_engine/pytorch/csrc/quantizer.cpp) runs one kernel that reads the tensor for both
+# amaxes (nvte_hadamard_transform_amax), then one that reads it again and writes the rowwise and the
+# rotated columnwise usage (nvte_quantize_with_hadamard_transform): one extra 16-bit read and
+# kernel (``QUANTIZE_AMAX_PASSES``). A norm cannot hand NVFP4 over fused: it writes its 16-bit
+# output and the quantizer takes the amax from there (csrc/extensions/normalization.cpp), so the
+# GEMMs a norm feeds pay their quantize too.
 QUANTIZED_PRECISIONS = ("fp8", "mxfp8", "nvfp4")
 QUANTIZE_USAGES = 2
+QUANTIZE_AMAX_PASSES = {"nvfp4": 1}
 
 
 def quantize_bytes(elements: float, precision: str) -> float:
-    """HBM bytes of quantizing ``elements`` 16-bit values for low-precision GEMMs (read once, both usages written)."""
-    return elements * (ACT_BYTES + QUANTIZE_USAGES * GEMM_OPERAND_BYTES[precision])
+    """HBM bytes of quantizing ``elements`` 16-bit values for low-precision GEMMs (read once, both
+    usages written; NVFP4 reads once more for its amaxes)."""
+    reads = 1 + QUANTIZE_AMAX_PASSES.get(precision, 0)
+    return elements * (reads * ACT_BYTES + QUANTIZE_USAGES * GEMM_OPERAND_BYTES[precision])
+
+
+def _quantize_op(name: str, elements: float, precision: str, gpu: GPUSpec) -> Op:
+    """The quantize kernels of ``elements`` values: bytes by ``quantize_bytes``, one launch gap per kernel."""
+    kernels = 1 + QUANTIZE_AMAX_PASSES.get(precision, 0)
+    op = _mem(name, quantize_bytes(elements, precision), gpu)
+    return Op(name, 0.0, op.bytes, op.time_s + (kernels - 1) * gpu.launch_overhead_s, kernels)
 
 
 def _quantized(step: _Gemm, precision: str) -> bool:
@@ -411,15 +431,14 @@ def _run(
             quantize = _quantized(step, precision)
             if backward:
                 if quantize:
-                    ops.append(_mem(f"{step.name}_quantize_bwd",
-                                    quantize_bytes(step.groups * step.m * step.n, precision), gpu))
+                    ops.append(_quantize_op(f"{step.name}_quantize_bwd", step.groups * step.m * step.n, precision, gpu))
                 ops.extend(_gemm_bwd(step.name, step.m, step.n, step.k, gpu, precision, step.groups,
                                      step.streams))
             else:
-                fused = isinstance(previous, _Mem) and previous.name.endswith("norm")
+                fused = (isinstance(previous, _Mem) and previous.name.endswith("norm")
+                         and precision not in QUANTIZE_AMAX_PASSES)
                 if quantize and not fused:
-                    ops.append(_mem(f"{step.name}_quantize",
-                                    quantize_bytes(step.groups * step.m * step.k, precision), gpu))
+                    ops.append(_quantize_op(f"{step.name}_quantize", step.groups * step.m * step.k, precision, gpu))
                 ops.append(_gemm(step.name, step.m, step.n, step.k, gpu, precision, step.groups,
                                  step.streams))
         elif isinstance(step, _Latency):
