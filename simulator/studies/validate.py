@@ -76,7 +76,8 @@ only, so predictions are the same with them removed. Documented defaults for unk
   when given. MoE options from ``framework_options``: ``moe_token_dispatcher`` flex / deepep /
   DeepEP-like -> flex, alltoall -> alltoall, otherwise alltoall (the Megatron-Bridge recipes');
   ``moe_expert_capacity_factor`` with ``moe_pad_expert_input_to_capacity`` or dropless false ->
-  capacity_factor; ``moe_a2a_1f1b_overlap`` -> overlap_a2a; "node-limited to N" -> max_nodes_per_token;
+  capacity_factor; ``moe_a2a_1f1b_overlap`` or Megatron-Bridge's ``moe_a2a_overlap`` (which sets
+  Megatron-core's overlap_moe_expert_parallel_comm, scripts/performance/utils/overrides.py) -> overlap_a2a; "node-limited to N" -> max_nodes_per_token;
   a model whose router picks topk_group of n_group expert groups (DeepSeek-V3: 4 of 8) with EP
   spanning exactly n_group nodes is node-limited to topk_group nodes. Routing is taken as balanced
   (imbalance 1): published MoE benchmarks force-balance the router. Megatron-core cases on Hopper
@@ -250,7 +251,7 @@ def _moe_options(case: dict, m: dict, model, ep: int, etp: int, gpn: int) -> tup
     if opts.get("moe_expert_capacity_factor") is not None and (opts.get("moe_pad_expert_input_to_capacity")
                                                                 or dropless is False):
         out["capacity_factor"] = float(opts["moe_expert_capacity_factor"])
-    if opts.get("moe_a2a_1f1b_overlap"):
+    if opts.get("moe_a2a_1f1b_overlap") or opts.get("moe_a2a_overlap"):
         out["overlap_a2a"] = True
     limit = re.search(r"node-limited to (\d+)", dispatcher + " " + str(opts.get("moe_routing") or ""))
     nodes = -(-ep * etp // gpn)
