@@ -213,6 +213,7 @@ _CHECKS: dict[str, dict[str, Checker]] = {
         "precision": partial(_choice, choices=PRECISIONS),
         "recompute": partial(_choice, choices=RECOMPUTE),
         "attention": partial(_choice, choices=("flash", "fa2", "sdpa", "fa3", "cudnn", "unfused")),
+        "fp8_attention": _boolean,
     },
     "parallelism": {
         "tp": _upto(limits.NUM_GPUS),
@@ -706,6 +707,10 @@ def validate_plan(s: Scenario) -> list[str]:
     m, c, t, p = s.model, s.cluster, s.training, s.parallelism
     gpu = get_gpu(c.gpu)
     peak(gpu, t.precision)
+    if t.fp8_attention and (t.precision not in ("fp8", "mxfp8", "nvfp4") or t.attention not in ("flash", "cudnn")):
+        raise ConfigError("training.fp8_attention", True,
+                          "needs training.precision fp8, mxfp8 or nvfp4 and the fused cuDNN kernel (training.attention "
+                          "flash or cudnn): Transformer Engine runs FP8 attention inside an FP8 recipe; valid: false")
     if c.gpu_power_limit_W is not None:
         if gpu.tdp_w is None:
             raise ConfigError("cluster.gpu_power_limit_W", c.gpu_power_limit_W,

@@ -328,3 +328,19 @@ def test_megatron_bridge_moe_a2a_overlap_overlaps_the_ep_all_to_alls():
     off = cases["mbridge-2606-b300-dsv3-mxfp8-256"]
     assert off["framework_options"]["moe_a2a_overlap"] is False
     assert not case_to_scenario_dict(off)["moe"].get("overlap_a2a")
+
+
+def test_validate_turns_fp8_dot_product_attention_into_fp8_attention_only_under_fp8():
+    import copy
+
+    import yaml
+
+    cases = {c["id"]: c for c in yaml.safe_load((ROOT / "tests/data/blackwell-runs.yaml").read_text())["cases"]}
+    case = cases["mbridge-2606-gb300-dsv3-mxfp8-256"]
+    assert case["framework_options"]["fp8_dot_product_attention"] is True
+    assert case_to_scenario_dict(case)["training"]["fp8_attention"] is True
+    assert "fp8_attention" not in case_to_scenario_dict(cases["mbridge-2606-gb200-dsv3-mxfp8-256"])["training"]
+    bf16 = copy.deepcopy(case)
+    bf16["precision"] = "bf16"
+    bf16["framework_options"].pop("fp8_recipe")
+    assert "fp8_attention" not in case_to_scenario_dict(bf16)["training"]

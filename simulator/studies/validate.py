@@ -55,7 +55,8 @@ only, so predictions are the same with them removed. Documented defaults for unk
   param_gather, param_prefetch_depth, async_tp, cp_comm) to its ``overlap`` section;
   ``activation_checkpointing`` (none, selective, full) sets recompute in place of the
   parallelism block's recompute text; ``pp_schedule`` and ``context_parallel_rotate`` as below.
-  Other keys (pp_p2p, fsdp_*, ...) describe the run but are not modelled and are ignored.
+  ``fp8_dot_product_attention`` sets ``training.fp8_attention`` when the run's precision is FP8.
+  Other keys (pp_p2p, fsdp_*, cutedsl_fused_grouped_mlp, ...) describe the run but are not modelled and are ignored.
 - GPU names: a catalog entry or alias, or a family match (``simulator.physical.hardware``); the
   96 GB H100 of Meta's Grand Teton hosts is its own entry (2.4 TB/s HBM2e); PCIe, NVL and 94 GB
   parts are an error, never mapped to the SXM part.
@@ -190,6 +191,12 @@ def source_year(case: dict) -> int | None:
 
 OVERLAP_OPTIONS = ("tp_comm", "grad_reduce", "param_gather", "param_prefetch_depth", "async_tp", "cp_comm")
 FRAMEWORK_OPTIONS = ("compile", "cuda_graphs", "fp8_recipe")
+
+
+def _fp8_attention(case: dict) -> bool:
+    """``framework_options.fp8_dot_product_attention`` (Megatron-core / TE) in a run with an FP8 precision."""
+    opts = case.get("framework_options") or {}
+    return bool(opts.get("fp8_dot_product_attention")) and precision_of(case) in ("fp8", "mxfp8", "nvfp4")
 
 
 def _framework_keys(case: dict) -> dict:
@@ -356,7 +363,8 @@ def case_to_scenario_dict(case: dict, notes: list[str] | None = None) -> dict:
                      "global_batch_size": par["gbs"],
                      "precision": precision_of(case),
                      "recompute": recompute,
-                     "attention": "unfused" if (source_year(case) or 9999) < 2023 else "flash"},
+                     "attention": "unfused" if (source_year(case) or 9999) < 2023 else "flash",
+                     **({"fp8_attention": True} if _fp8_attention(case) else {})},
         "parallelism": parallelism,
         "schedule": split_schedule or ("interleaved" if vp > 1 else "1f1b"),
         **_framework_keys(case),

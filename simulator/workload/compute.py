@@ -185,9 +185,9 @@ def _attn_core(
     measured efficiency of the kernel that runs (``attention.peak_fraction``: kernel, direction,
     causal mask, head dim, key length) times the GPU's sustained fraction, times the occupancy
     of its query tiles relative to the measured runs'. Backward: 2.5x the forward FLOPs
-    (FlashAttention-2) at the measured backward efficiency. On Blackwell the forward is bound by
-    softmax exponentials; Blackwell Ultra's doubled SFU rate speeds it up by
-    ``attention.softmax_exp_speedup`` (1 on B200 / GB200).
+    (FlashAttention-2) at the measured backward efficiency. The forward's time per pair is matmul
+    plus softmax-exponential clocks: Blackwell Ultra's doubled SFU rate and FP8 matmuls
+    (``training.fp8_attention``) speed it up by ``attention.forward_speedup`` (1 otherwise).
 
     Under CP every call after the first merges its partial output into the running one with the
     log-sum-exp correction (Transformer Engine keeps the running output in fp32: read the call's
@@ -212,9 +212,8 @@ def _attn_core(
     direction = "bwd" if backward else "fwd"
     flop_rate_16 = peak(gpu, _attention_precision(training.precision)) * gpu.sustained_fraction
     reference = _occupancy(attention.REFERENCE_CTAS, gpu.num_sms)
-    exp_speedup = 1.0
-    if not backward and attention.architecture(gpu.name) == "blackwell":
-        exp_speedup = attention.softmax_exp_speedup(gpu.sfu_ex2_per_clk_sm, model.qk_head_dim, model.v_dim)
+    exp_speedup = 1.0 if backward else attention.forward_speedup(
+        gpu.name, gpu.sfu_ex2_per_clk_sm, model.qk_head_dim, model.v_dim, training.fp8_attention)
     if window:
         seq = min(s / cp, window)
         shape = [(s / cp, seq, True)]
