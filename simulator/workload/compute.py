@@ -12,7 +12,8 @@ Conventions:
   across TP, or divided by tp with sequence parallelism (Korthikanti et al. 2022).
 - Activations are 16-bit; with ``precision="fp8"`` GEMMs use the FP8 peak and 1-byte operands
   (Transformer Engine), ``mxfp8`` / ``nvfp4`` the block-scaled peaks and operand sizes
-  (``GEMM_OPERAND_BYTES``); attention and elementwise kernels stay 16-bit. Low-precision GEMMs
+  (``GEMM_OPERAND_BYTES``); elementwise kernels stay 16-bit, attention too unless
+  ``training.fp8_attention`` (its forward's matmuls at the FP8 rate, ``_attn_core``). Low-precision GEMMs
   also pay the kernels that quantize their operands (``QUANTIZED_PRECISIONS``, ``quantize_bytes``).
 - Backward: a GEMM Y = X W becomes dgrad dX = dY W^T and wgrad dW = X^T dY, each with the
   forward's FLOPs; flash-attention backward is 2.5x its forward FLOPs (5 matmuls vs 2,
