@@ -114,11 +114,12 @@ class TrainingConfig:
     seq_length: int = 2048
     micro_batch_size: int = 1
     global_batch_size: int = 1
-    precision: str = "bf16"  # bf16 | fp16 | fp8 | mxfp8 | nvfp4 (GEMMs; attention stays 16-bit)
+    precision: str = "bf16"  # bf16 | fp16 | fp8 | mxfp8 | nvfp4 (GEMMs; attention 16-bit unless fp8_attention)
     recompute: str = "none"  # none | selective | full
     # with recompute: selective, Megatron-core's --recompute-modules (None: core_attn, its default)
     recompute_modules: tuple[str, ...] | None = None
     attention: str = "flash"  # flash (the framework's fused kernel) | fa2 | fa3 | cudnn | unfused (materialised scores, pre-2023 Megatron)
+    fp8_attention: bool = False  # attention matmuls in FP8 (Transformer Engine fp8_dot_product_attention, cuDNN); needs an FP8 precision
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,7 @@ from simulator.physical.topology import LINK_CLASSES, load_topology
 from simulator.workload.frameworks import FP8_RECIPES, framework_names
 
 HIDDEN_ACTS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "silu", "swiglu")
-PRECISIONS = ("bf16", "fp16", "fp8", "mxfp8", "nvfp4")  # GEMM precision; attention stays 16-bit
+PRECISIONS = ("bf16", "fp16", "fp8", "mxfp8", "nvfp4")  # GEMM precision; attention 16-bit unless training.fp8_attention
 RECOMPUTE = ("none", "selective", "full")
 ZERO_STAGES = (0, 1, 2, 3)
 
@@ -225,6 +225,7 @@ _CHECKS: dict[str, dict[str, Checker]] = {
         "recompute": partial(_choice, choices=RECOMPUTE),
         "recompute_modules": _recompute_modules,
         "attention": partial(_choice, choices=("flash", "fa2", "sdpa", "fa3", "cudnn", "flex", "unfused")),
+        "fp8_attention": _boolean,
     },
     "parallelism": {
         "tp": _upto(limits.NUM_GPUS),
@@ -727,6 +728,10 @@ def validate_plan(s: Scenario) -> list[str]:
     m, c, t, p = s.model, s.cluster, s.training, s.parallelism
     gpu = get_gpu(c.gpu)
     peak(gpu, t.precision)
+    if t.fp8_attention and (t.precision not in ("fp8", "mxfp8", "nvfp4") or t.attention not in ("flash", "cudnn")):
+        raise ConfigError("training.fp8_attention", True,
+                          "needs training.precision fp8, mxfp8 or nvfp4 and the fused cuDNN kernel (training.attention "
+                          "flash or cudnn): Transformer Engine runs FP8 attention inside an FP8 recipe; valid: false")
     if c.gpu_power_limit_W is not None:
         if gpu.tdp_w is None:
             raise ConfigError("cluster.gpu_power_limit_W", c.gpu_power_limit_W,

@@ -167,3 +167,61 @@ def test_cp_overlap_off_exposes_at_least_what_the_ring_hides():
     hidden, exposed = step(), step(cp_comm=False)
     assert exposed["time_breakdown_s"]["exposed_comm_s"]["cp"] > hidden["time_breakdown_s"]["exposed_comm_s"]["cp"]
     assert exposed["step_time_s"] > hidden["step_time_s"]
+
+
+def test_blackwell_ultra_doubled_exponentials_speed_up_the_forward_only():
+    """Closed form (m + 1/16) / (m + 1/32), m = 2 (d_qk + d_v) / 8192 matmul clocks per pair:
+    4/3 at head dim 128, (640/8192 + 1/16) / (640/8192 + 1/32) = 1.2857 for MLA's 192/128."""
+    fs = attention.forward_speedup
+    assert fs("B200-SXM-180GB", 16, 128, 128) == 1.0 and fs("H100-SXM5-80GB", 16, 128, 128) == 1.0
+    assert fs("GB300", 32, 128, 128) == pytest.approx(4 / 3)
+    assert fs("GB300", 32, 192, 128) == pytest.approx((640 / 8192 + 1 / 16) / (640 / 8192 + 1 / 32))
+    assert fs("A100-SXM4-80GB", 16, 128, 128, fp8=True) == 1.0
+    assert get_gpu("GB300").sfu_ex2_per_clk_sm == 2 * get_gpu("GB200").sfu_ex2_per_clk_sm
+    assert get_gpu("B300").sfu_ex2_per_clk_sm == 2 * get_gpu("B200").sfu_ex2_per_clk_sm
+    # the layer's forward moves by the closed form (occupancy aside); the backward does not
+    train = TrainingConfig(seq_length=8192)
+    gb300 = get_gpu("GB300")
+    no_sfu = dataclasses.replace(gb300, sfu_ex2_per_clk_sm=16)
+    fwd = _core(LLAMA8B, train, ParallelConfig(), no_sfu).time_s / _core(LLAMA8B, train, ParallelConfig(), gb300).time_s
+    assert fwd == pytest.approx(4 / 3, rel=0.01)
+    assert _core(LLAMA8B, train, ParallelConfig(), no_sfu, backward=True).time_s == \
+        _core(LLAMA8B, train, ParallelConfig(), gb300, backward=True).time_s
+    assert _core(LLAMA8B, train, ParallelConfig(), H100).time_s == \
+        _core(LLAMA8B, train, ParallelConfig(), dataclasses.replace(H100, sfu_ex2_per_clk_sm=16)).time_s
+
+
+def test_fp8_attention_halves_the_forward_matmul_clocks():
+    """FP8 matmuls at twice the 16-bit rate: Hopper (1/16 + 1/16) / (1/32 + 1/16) = 1.5 at head dim
+    128 (FlashAttention-3's FP8 forward ran about 1.5x BF16); GB200 4/3; GB300 2; backward unchanged."""
+    fs = attention.forward_speedup
+    assert fs("H100-SXM5-80GB", 16, 128, 128, fp8=True) == pytest.approx(1.5)
+    assert fs("GB200", 16, 128, 128, fp8=True) == pytest.approx(4 / 3)
+    assert fs("GB300", 32, 128, 128, fp8=True) == pytest.approx(2.0)
+    # NVIDIA's GB300-over-GB200 FP8 MLA forward (about 1.35x measured): 1.44 here
+    assert fs("GB300", 32, 192, 128, fp8=True) / fs("GB200", 16, 192, 128, fp8=True) == pytest.approx(1.44, abs=0.01)
+    bf16 = TrainingConfig(seq_length=8192, precision="fp8")
+    fp8 = dataclasses.replace(bf16, fp8_attention=True)
+    gpu = get_gpu("GB300")
+    # on GB300 FP8 over its own 16-bit forward: 2 / (4/3)
+    assert _core(LLAMA8B, bf16, ParallelConfig(), gpu).time_s / _core(LLAMA8B, fp8, ParallelConfig(), gpu).time_s \
+        == pytest.approx(1.5, rel=0.01)
+    assert _core(LLAMA8B, bf16, ParallelConfig(), gpu, backward=True).time_s == \
+        _core(LLAMA8B, fp8, ParallelConfig(), gpu, backward=True).time_s
+
+
+def test_fp8_attention_needs_an_fp8_recipe_and_the_fused_kernel():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from simulator.errors import ConfigError
+    from simulator.scenario import load_scenario, validate_plan
+
+    tiny = str(Path(__file__).resolve().parents[1] / "scenarios" / "tiny.yaml")
+    with pytest.raises(ConfigError, match="training.fp8_attention"):
+        validate_plan(load_scenario(tiny, ["training.fp8_attention=true"]))  # BF16 run
+    validate_plan(load_scenario(tiny, ["training.fp8_attention=true", "training.precision=fp8"]))
+    r = subprocess.run([sys.executable, "-m", "simulator", "run", tiny, "--quiet", "--set", "training.fp8_attention=true"],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "training.fp8_attention" in r.stderr and len(r.stderr.strip().splitlines()) == 1

@@ -82,7 +82,8 @@ def test_catalog_entries_are_complete_and_physical(gpu: GPUSpec):
     assert set(gpu.peak_flops) <= set(PRECISIONS)
     assert {"bf16", "fp16", "tf32"} <= set(gpu.peak_flops)
     for precision in gpu.peak_flops:
-        assert 0.5 < gemm_ceiling(gpu, precision) < 1.0
+        low = 0.3 if precision == "nvfp4" else 0.5  # NVFP4 kernels reach ~0.6 of FP8's fraction (hardware.py)
+        assert low < gemm_ceiling(gpu, precision) < 1.0
     assert 0.5 < gpu.memory_efficiency < 1.0
     assert 0 < gpu.launch_overhead_s < 20e-6
     assert gpu.source
@@ -170,7 +171,10 @@ def test_blackwell_gemm_ceilings_are_the_published_mamf():
         gpu = get_gpu(name)
         assert gpu.gemm_efficiency["bf16"] == pytest.approx(bf16 / peak16)
         assert gpu.gemm_efficiency["fp8"] == pytest.approx(fp8 / (2 * peak16))
-        assert gpu.gemm_efficiency["mxfp8"] == gpu.gemm_efficiency["nvfp4"] == gpu.gemm_efficiency["fp8"]
+        # block-scaled GEMMs: NVIDIA's B300 kernel times at equal shapes (TE GEMM profiling tutorial,
+        # pre-quantized, per layer): FP8 6.812, MXFP8 7.161, NVFP4 3.764 ms; NVFP4 peak 3x FP8's there
+        assert gpu.gemm_efficiency["mxfp8"] == pytest.approx(gpu.gemm_efficiency["fp8"] * 6.812 / 7.161)
+        assert gpu.gemm_efficiency["nvfp4"] == pytest.approx(gpu.gemm_efficiency["fp8"] * 6.812 / 3.764 / 3)
         assert gemm_ceiling(gpu, "bf16") == pytest.approx(bf16 / peak16 * gpu.sustained_fraction)
 
 

@@ -314,3 +314,33 @@ def test_nccl_all_to_all_inside_a_node_runs_at_370_of_450_gbps():
                             "training": {"seq_length": 1024, "global_batch_size": 8}, "parallelism": {"ep": 8}})
     w = build_workload(s, H100)
     assert w.ep_bytes == pytest.approx(w.ep_payload_bytes * 450 / 370)
+
+
+def test_megatron_bridge_moe_a2a_overlap_overlaps_the_ep_all_to_alls():
+    """Megatron-Bridge's ``moe_a2a_overlap`` sets Megatron-core's overlap_moe_expert_parallel_comm
+    (scripts/performance/utils/overrides.py), the same EP overlap as ``moe_a2a_1f1b_overlap``."""
+    import yaml
+
+    cases = {c["id"]: c for c in yaml.safe_load((ROOT / "tests/data/blackwell-runs.yaml").read_text())["cases"]}
+    on = cases["mbridge-2606-gb200-dsv3-mxfp8-256"]
+    assert on["framework_options"]["moe_a2a_overlap"] is True
+    assert case_to_scenario_dict(on)["moe"]["overlap_a2a"] is True
+    off = cases["mbridge-2606-b300-dsv3-mxfp8-256"]
+    assert off["framework_options"]["moe_a2a_overlap"] is False
+    assert not case_to_scenario_dict(off)["moe"].get("overlap_a2a")
+
+
+def test_validate_turns_fp8_dot_product_attention_into_fp8_attention_only_under_fp8():
+    import copy
+
+    import yaml
+
+    cases = {c["id"]: c for c in yaml.safe_load((ROOT / "tests/data/blackwell-runs.yaml").read_text())["cases"]}
+    case = cases["mbridge-2606-gb300-dsv3-mxfp8-256"]
+    assert case["framework_options"]["fp8_dot_product_attention"] is True
+    assert case_to_scenario_dict(case)["training"]["fp8_attention"] is True
+    assert "fp8_attention" not in case_to_scenario_dict(cases["mbridge-2606-gb200-dsv3-mxfp8-256"])["training"]
+    bf16 = copy.deepcopy(case)
+    bf16["precision"] = "bf16"
+    bf16["framework_options"].pop("fp8_recipe")
+    assert "fp8_attention" not in case_to_scenario_dict(bf16)["training"]

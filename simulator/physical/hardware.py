@@ -43,6 +43,7 @@ class GPUSpec:
     sustained_fraction: float = 1.0
     nvlink_efficiency: float = 1.0
     nvlink_generation: int = 0  # 3 Ampere, 4 Hopper (NVSwitch gen 3: NVLS), 5 Blackwell
+    sfu_ex2_per_clk_sm: int = 16  # MUFU.EX2 results per clock per SM (softmax exponentials; attention.softmax_exp_speedup)
     tdp_w: float | None = None  # board power the sustained fraction was fitted at; None: not catalogued
     power_limit_w: float | None = None  # the part's default power limit when below its TDP (``gpu_of`` applies it)
 
@@ -128,12 +129,29 @@ _HOPPER_NVLINK = 1.0
 # (NVIDIA Blackwell architecture technical brief; Transformer Engine docs, "Using FP8 and FP4
 # with Transformer Engine": MXFP8BlockScaling and NVFP4BlockScaling recipes quantize Linear
 # layers only, attention stays BF16 unless fp8_dot_product_attention). Their GEMM ceiling is the
-# part's measured FP8 MAMF: same tensor-core pipeline, scales applied in the MMA instruction
-# (no public MXFP8 or NVFP4 MAMF).
+# part's measured FP8 MAMF times the kernel-time ratio NVIDIA measured on one part at the same
+# shapes (Transformer Engine docs, "GEMM Profiling Tutorial", docs/examples/gemm_profiling, 2026-06,
+# B300 SXM6, the 12 GEMMs of a hidden-4096 / FFN-16384 layer at 15,872 tokens, operands
+# pre-quantized so only the GEMM kernels are timed): per layer FP8 current scaling 6.812 ms,
+# MXFP8 7.161 ms, NVFP4 3.764 ms. MXFP8 runs at the FP8 peak, so its ceiling is FP8's x
+# 6.812 / 7.161 = 0.951 (the per-32 scales cost the MMA pipeline); NVFP4 ran 1.81x FP8 against a
+# 3x peak (13.5 / 4.5 PF), so its fraction of its own peak is FP8's x 1.81 / 3 = 0.603. The same
+# ratios are taken on every Blackwell part (one measurement, no per-part data).
+_TE_GEMM_MS = {"fp8": 6.812, "mxfp8": 7.161, "nvfp4": 3.764}  # per layer, B300, pre-quantized
+_B300_FP4_OVER_FP8_PEAK = 13.5 / 4.5
+MXFP8_OVER_FP8 = _TE_GEMM_MS["fp8"] / _TE_GEMM_MS["mxfp8"]
+NVFP4_OVER_FP8 = _TE_GEMM_MS["fp8"] / _TE_GEMM_MS["nvfp4"] / _B300_FP4_OVER_FP8_PEAK
+# Special function units: every SM up to Blackwell returns 16 MUFU.EX2 (exp2) results per clock
+# (CUDA C++ Programming Guide, arithmetic instruction throughput table; FlashAttention-4, Zadouri
+# et al. 2026: "the exponential unit remains at 16 operations per clock per SM" on B200);
+# Blackwell Ultra (B300, GB300) doubles it (NVIDIA Technical Blog, "Inside NVIDIA Blackwell Ultra"
+# and "Making Softmax More Efficient with NVIDIA Blackwell Ultra": 2x SFU throughput for MUFU.EX2).
+_BLACKWELL_ULTRA_EX2 = 32
 
 
 def _blackwell_gemm(bf16: float, fp8: float) -> dict[str, float]:
-    return {"bf16": bf16, "fp16": bf16, "tf32": bf16, "fp8": fp8, "mxfp8": fp8, "nvfp4": fp8}
+    return {"bf16": bf16, "fp16": bf16, "tf32": bf16, "fp8": fp8, "mxfp8": fp8 * MXFP8_OVER_FP8,
+            "nvfp4": fp8 * NVFP4_OVER_FP8}
 
 
 _B200_GEMM = _blackwell_gemm(1745.0 / 2250, 3432.5 / 4500)
@@ -251,6 +269,7 @@ GPU_CATALOG: dict[str, GPUSpec] = {
         "at 8 TB/s; NVLink5 1.8 TB/s bidirectional; Blackwell Ultra: 160 SMs",
         num_sms=160,
         gemm_efficiency=_B300_GEMM,
+        sfu_ex2_per_clk_sm=_BLACKWELL_ULTRA_EX2,
         **_BLACKWELL,
     ),
     "GB200": GPUSpec(
@@ -279,6 +298,7 @@ GPU_CATALOG: dict[str, GPUSpec] = {
         "288 GB HBM3e at 8 TB/s, NVLink5 1.8 TB/s bidirectional; Blackwell Ultra: 160 SMs",
         num_sms=160,
         gemm_efficiency=_B300_GEMM,
+        sfu_ex2_per_clk_sm=_BLACKWELL_ULTRA_EX2,
         **_BLACKWELL,
     ),
     "H20": GPUSpec(

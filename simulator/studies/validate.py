@@ -61,7 +61,8 @@ only, so predictions are the same with them removed. Documented defaults for unk
   param_gather, param_prefetch_depth, async_tp, cp_comm) to its ``overlap`` section;
   ``activation_checkpointing`` (none, selective, full) sets recompute in place of the
   parallelism block's recompute text; ``pp_schedule`` and ``context_parallel_rotate`` as below.
-  Other keys (pp_p2p, fsdp_*, ...) describe the run but are not modelled and are ignored.
+  ``fp8_dot_product_attention`` sets ``training.fp8_attention`` when the run's precision is FP8.
+  Other keys (pp_p2p, fsdp_*, cutedsl_fused_grouped_mlp, ...) describe the run but are not modelled and are ignored.
 - GPU names: a catalog entry or alias, or a family match (``simulator.physical.hardware``); the
   96 GB H100 of Meta's Grand Teton hosts is its own entry (2.4 TB/s HBM2e); PCIe, NVL and 94 GB
   parts are an error, never mapped to the SXM part.
@@ -82,7 +83,8 @@ only, so predictions are the same with them removed. Documented defaults for unk
   when given. MoE options from ``framework_options``: ``moe_token_dispatcher`` flex / deepep /
   DeepEP-like -> flex, alltoall -> alltoall, otherwise alltoall (the Megatron-Bridge recipes');
   ``moe_expert_capacity_factor`` with ``moe_pad_expert_input_to_capacity`` or dropless false ->
-  capacity_factor; ``moe_a2a_1f1b_overlap`` -> overlap_a2a; "node-limited to N" -> max_nodes_per_token;
+  capacity_factor; ``moe_a2a_1f1b_overlap`` or Megatron-Bridge's ``moe_a2a_overlap`` (which sets
+  Megatron-core's overlap_moe_expert_parallel_comm, scripts/performance/utils/overrides.py) -> overlap_a2a; "node-limited to N" -> max_nodes_per_token;
   a model whose router picks topk_group of n_group expert groups (DeepSeek-V3: 4 of 8) with EP
   spanning exactly n_group nodes is node-limited to topk_group nodes. Routing is taken as balanced
   (imbalance 1): published MoE benchmarks force-balance the router. Megatron-core cases on Hopper
@@ -208,6 +210,12 @@ OVERLAP_OPTIONS = ("tp_comm", "grad_reduce", "param_gather", "param_prefetch_dep
 FRAMEWORK_OPTIONS = ("compile", "cuda_graphs", "fp8_recipe", "replica_combine_bytes")
 
 
+def _fp8_attention(case: dict) -> bool:
+    """``framework_options.fp8_dot_product_attention`` (Megatron-core / TE) in a run with an FP8 precision."""
+    opts = case.get("framework_options") or {}
+    return bool(opts.get("fp8_dot_product_attention")) and precision_of(case) in ("fp8", "mxfp8", "nvfp4")
+
+
 def _framework_keys(case: dict) -> dict:
     """The scenario's framework, overlap and framework_options keys from the case (module docstring)."""
     opts = case.get("framework_options") or {}
@@ -267,7 +275,7 @@ def _moe_options(case: dict, m: dict, model, ep: int, etp: int, gpn: int) -> tup
     if opts.get("moe_expert_capacity_factor") is not None and (opts.get("moe_pad_expert_input_to_capacity")
                                                                 or dropless is False):
         out["capacity_factor"] = float(opts["moe_expert_capacity_factor"])
-    if opts.get("moe_a2a_1f1b_overlap"):
+    if opts.get("moe_a2a_1f1b_overlap") or opts.get("moe_a2a_overlap"):
         out["overlap_a2a"] = True
     limit = re.search(r"node-limited to (\d+)", dispatcher + " " + str(opts.get("moe_routing") or ""))
     nodes = -(-ep * etp // gpn)
@@ -385,7 +393,8 @@ def case_to_scenario_dict(case: dict, notes: list[str] | None = None) -> dict:
                      "global_batch_size": par["gbs"],
                      "precision": precision_of(case),
                      "recompute": recompute,
-                     "attention": _attention_of(case)},
+                     "attention": _attention_of(case),
+                     **({"fp8_attention": True} if _fp8_attention(case) else {})},
         "parallelism": parallelism,
         "schedule": split_schedule or ("interleaved" if vp > 1 else "1f1b"),
         **_framework_keys(case),

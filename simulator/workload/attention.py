@@ -197,6 +197,44 @@ def peak_fraction(k: AttentionKernel, gpu_name: str) -> float:
     return h100_tflops(k) / H100_PEAK_TFLOPS
 
 
+# Softmax exponentials (FlashAttention-4, Zadouri et al. 2026, "feeds and speeds" of B200): per SM
+# and clock the tensor cores do 8192 dense 16-bit FLOPs on Blackwell (4096 on Hopper: 989 TFLOP/s
+# over 132 SMs at 1.83 GHz) and the special function units 16 exponentials (MUFU.EX2), so for one
+# (query, key) pair of one head the forward's two matmuls (QK^T over the query/key width, PV over
+# the value width) take 2 (d_qk + d_v) / 8192 clocks and its exponential 1 / 16: at head dim 128
+# as long as the matmuls. FA4 and NVIDIA ("Making Softmax More Efficient with NVIDIA Blackwell
+# Ultra") find the forward SFU-bound: the second matmul waits for the softmax of the first, so
+# the exponentials add to the matmul time.
+MMA16_PER_CLK_SM = {"hopper": 4096, "blackwell": 8192}
+EX2_PER_CLK_SM = 16
+FP8_MMA_SPEEDUP = 2  # FP8 tensor-core rate over 16-bit, per SM and clock (the datasheets' dense peaks)
+
+
+def forward_speedup(gpu_name: str, ex2_per_clk_sm: float, qk_dim: float, v_dim: float, fp8: bool = False) -> float:
+    """Forward attention speed relative to the measured 16-bit curve: exponentials at
+    ``ex2_per_clk_sm`` per SM clock (16 on every part up to Blackwell, the curves' own) and the
+    matmuls in FP8 when ``fp8`` (Transformer Engine's fp8_dot_product_attention, cuDNN).
+
+    Time per pair is matmul plus exponential clocks, m + 1/16 with m = 2 (d_qk + d_v) / mma
+    (module constants above), against m + 1/16 for the curve: 1.0 on Hopper and Blackwell in
+    16-bit. Blackwell Ultra (B300, GB300: 32 per clock, hardware.py) halves the exponential part,
+    (m + 1/16) / (m + 1/32): 4/3 at head dim 128, 1.29 for MLA's 192/128 heads. FP8 halves m:
+    on Hopper 1.5x at head dim 128 (FlashAttention-3's FP8 forward ran about 1.5x its BF16 one,
+    Shah et al. 2024), on GB300 2x. NVIDIA measured about 1.35x on the DeepSeek-V3 FP8 attention
+    forward, GB300 over GB200 (same blog), where this gives 1.44. The backward recomputes the
+    exponentials too but is bound by shared-memory traffic (FA4), so it keeps the 16-bit curve in
+    either precision (no public FP8 backward measurement): ``_attn_core`` applies this forward only.
+    Ampere: 1.0 (FlashAttention-2; no FP8).
+    """
+    arch = architecture(gpu_name)
+    if arch not in MMA16_PER_CLK_SM:
+        return 1.0
+    pair = 2.0 * (qk_dim + v_dim)
+    reference = pair / MMA16_PER_CLK_SM[arch] + 1.0 / EX2_PER_CLK_SM
+    this = pair / (MMA16_PER_CLK_SM[arch] * (FP8_MMA_SPEEDUP if fp8 else 1)) + 1.0 / ex2_per_clk_sm
+    return reference / this
+
+
 # The measured curves ran 16k tokens x 16 heads of 128: 2048 query tiles of 128 rows, many waves
 # over 132 SMs. A call with fewer tiles (few local heads, short sequences) also loses occupancy.
 REFERENCE_CTAS = 16384 // 128 * 16

@@ -12,7 +12,8 @@ Conventions:
   across TP, or divided by tp with sequence parallelism (Korthikanti et al. 2022).
 - Activations are 16-bit; with ``precision="fp8"`` GEMMs use the FP8 peak and 1-byte operands
   (Transformer Engine), ``mxfp8`` / ``nvfp4`` the block-scaled peaks and operand sizes
-  (``GEMM_OPERAND_BYTES``); attention and elementwise kernels stay 16-bit. Low-precision GEMMs
+  (``GEMM_OPERAND_BYTES``); elementwise kernels stay 16-bit, attention too unless
+  ``training.fp8_attention`` (its forward's matmuls at the FP8 rate, ``_attn_core``). Low-precision GEMMs
   also pay the kernels that quantize their operands (``QUANTIZED_PRECISIONS``, ``quantize_bytes``).
 - Backward: a GEMM Y = X W becomes dgrad dX = dY W^T and wgrad dW = X^T dY, each with the
   forward's FLOPs; flash-attention backward is 2.5x its forward FLOPs (5 matmuls vs 2,
@@ -185,7 +186,9 @@ def _attn_core(
     measured efficiency of the kernel that runs (``attention.peak_fraction``: kernel, direction,
     causal mask, head dim, key length) times the GPU's sustained fraction, times the occupancy
     of its query tiles relative to the measured runs'. Backward: 2.5x the forward FLOPs
-    (FlashAttention-2) at the measured backward efficiency.
+    (FlashAttention-2) at the measured backward efficiency. The forward's time per pair is matmul
+    plus softmax-exponential clocks: Blackwell Ultra's doubled SFU rate and FP8 matmuls
+    (``training.fp8_attention``) speed it up by ``attention.forward_speedup`` (1 otherwise).
 
     Under CP every call after the first merges its partial output into the running one with the
     log-sum-exp correction (Transformer Engine keeps the running output in fp32: read the call's
@@ -210,6 +213,8 @@ def _attn_core(
     direction = "bwd" if backward else "fwd"
     flop_rate_16 = peak(gpu, _attention_precision(training.precision)) * gpu.sustained_fraction
     reference = _occupancy(attention.REFERENCE_CTAS, gpu.num_sms)
+    exp_speedup = 1.0 if backward else attention.forward_speedup(
+        gpu.name, gpu.sfu_ex2_per_clk_sm, model.qk_head_dim, model.v_dim, training.fp8_attention)
     if window:
         seq = min(s / cp, window)
         shape = [(s / cp, seq, True)]
@@ -224,7 +229,7 @@ def _attn_core(
             call *= FA_BWD_FLOP_RATIO
         ctas = b * heads * math.ceil(q_len / TILE_M)
         kernel = attention.AttentionKernel(backend, direction, causal, model.qk_head_dim, kv_len)
-        eff = attention.peak_fraction(kernel, gpu.name) * _occupancy(ctas, gpu.num_sms) / reference
+        eff = attention.peak_fraction(kernel, gpu.name) * _occupancy(ctas, gpu.num_sms) / reference * exp_speedup
         calls.append((call, call / (flop_rate_16 * eff)))
     suffix = "_bwd" if backward else ""
     # The first (local, causal) call reads this rank's Q, K, V; the later calls the arriving K, V.
@@ -374,13 +379,33 @@ def _mlp_plan(
 # each GEMM's output gradient. The router stays 16-bit (Megatron-core runs it outside TE), and
 # under FP8 the experts' casts are moe.py's ``expert_fp8_cast``. Weights are quantized once per
 # step (TE caches them across micro-batches) and left out.
+# NVFP4 (TE NVFP4BlockScaling with its defaults, docs/features/low_precision_training/nvfp4) scales
+# in two levels, the E4M3 block scales under one FP32 scale per tensor, and that needs the tensor's
+# amax before any block is quantized; the wgrad (columnwise) usage is first rotated by a 16-point
+# random Hadamard transform, whose amax is its own. NVFP4Quantizer::quantize_impl
+# (transformer_engine/pytorch/csrc/quantizer.cpp) runs one kernel that reads the tensor for both
+# amaxes (nvte_hadamard_transform_amax), then one that reads it again and writes the rowwise and the
+# rotated columnwise usage (nvte_quantize_with_hadamard_transform): one extra 16-bit read and
+# kernel (``QUANTIZE_AMAX_PASSES``). A norm cannot hand NVFP4 over fused: it writes its 16-bit
+# output and the quantizer takes the amax from there (csrc/extensions/normalization.cpp), so the
+# GEMMs a norm feeds pay their quantize too.
 QUANTIZED_PRECISIONS = ("fp8", "mxfp8", "nvfp4")
 QUANTIZE_USAGES = 2
+QUANTIZE_AMAX_PASSES = {"nvfp4": 1}
 
 
 def quantize_bytes(elements: float, precision: str) -> float:
-    """HBM bytes of quantizing ``elements`` 16-bit values for low-precision GEMMs (read once, both usages written)."""
-    return elements * (ACT_BYTES + QUANTIZE_USAGES * GEMM_OPERAND_BYTES[precision])
+    """HBM bytes of quantizing ``elements`` 16-bit values for low-precision GEMMs (read once, both
+    usages written; NVFP4 reads once more for its amaxes)."""
+    reads = 1 + QUANTIZE_AMAX_PASSES.get(precision, 0)
+    return elements * (reads * ACT_BYTES + QUANTIZE_USAGES * GEMM_OPERAND_BYTES[precision])
+
+
+def _quantize_op(name: str, elements: float, precision: str, gpu: GPUSpec) -> Op:
+    """The quantize kernels of ``elements`` values: bytes by ``quantize_bytes``, one launch gap per kernel."""
+    kernels = 1 + QUANTIZE_AMAX_PASSES.get(precision, 0)
+    op = _mem(name, quantize_bytes(elements, precision), gpu)
+    return Op(name, 0.0, op.bytes, op.time_s + (kernels - 1) * gpu.launch_overhead_s, kernels)
 
 
 def _quantized(step: _Gemm, precision: str) -> bool:
@@ -406,15 +431,14 @@ def _run(
             quantize = _quantized(step, precision)
             if backward:
                 if quantize:
-                    ops.append(_mem(f"{step.name}_quantize_bwd",
-                                    quantize_bytes(step.groups * step.m * step.n, precision), gpu))
+                    ops.append(_quantize_op(f"{step.name}_quantize_bwd", step.groups * step.m * step.n, precision, gpu))
                 ops.extend(_gemm_bwd(step.name, step.m, step.n, step.k, gpu, precision, step.groups,
                                      step.streams))
             else:
-                fused = isinstance(previous, _Mem) and previous.name.endswith("norm")
+                fused = (isinstance(previous, _Mem) and previous.name.endswith("norm")
+                         and precision not in QUANTIZE_AMAX_PASSES)
                 if quantize and not fused:
-                    ops.append(_mem(f"{step.name}_quantize",
-                                    quantize_bytes(step.groups * step.m * step.k, precision), gpu))
+                    ops.append(_quantize_op(f"{step.name}_quantize", step.groups * step.m * step.k, precision, gpu))
                 ops.append(_gemm(step.name, step.m, step.n, step.k, gpu, precision, step.groups,
                                  step.streams))
         elif isinstance(step, _Latency):
