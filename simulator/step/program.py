@@ -556,9 +556,9 @@ class _Builder:
             # result), or after the backward without gradient-reduce overlap
             for op in self.fsdp_grad_ops(layer):
                 grads(*op)
-        elif zero == 3:
-            for group, n in self.fsdp_units(layer):
-                pending.append(self.launch(group, "reduce_scatter", n * GRAD_BYTES, "fsdp"))
+        elif zero == 3:  # no copies: just the reduce-scatters, launched from the compute stream
+            for group, op, nbytes, axis in self.fsdp_grad_ops(layer):
+                pending.append(self.launch(group, op, nbytes, axis))
         elif final and grads_of[layer].layers[-1] == layer:
             for kind, op, nbytes in self.grad_ops(grads_of[layer], zero):
                 grads(kind, op, nbytes, "dp")

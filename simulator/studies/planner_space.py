@@ -8,7 +8,7 @@ the layer count for pp, ...) plus the scenario's own values; ``--space key=v1,v2
 axis. The space is enumerated canonically, so no two layouts run the same thing: sequence
 parallelism only with tp > 1, the interleaved schedule only with vp > 1 (vp 1 is plain 1F1B),
 etp only on MoE models and only below tp (etp = tp is the default). When pp x vp does not divide
-the layers, the first and last virtual stages take fewer (``uneven_ends``: equal ends as BLOOM and
+the layers, the first and last virtual stages take fewer (``validate.pipeline_ends``: equal ends as BLOOM and
 Llama 3 405B balanced theirs, else Megatron-core's unequal first/last split as DeepSeek-V3 needs).
 
 Whether a layout can run at all is ``scenario.validate_plan``'s verdict and nothing else; its
@@ -31,6 +31,7 @@ from simulator.config import Scenario
 from simulator.errors import ConfigError
 from simulator.scenario import RECOMPUTE, ZERO_STAGES, scenario_from_dict, scenario_to_dict, validate_plan
 from simulator.step.schedules import SCHEDULES
+from simulator.studies.validate import pipeline_ends
 
 AXES = ("tp", "pp", "dp", "cp", "ep", "etp", "vp", "micro_batch_size", "recompute", "zero_stage",
         "schedule", "sequence_parallel")
@@ -214,19 +215,6 @@ def _split(item: str) -> tuple[str, tuple]:
 
 # --- enumeration and the rule pruner -----------------------------------------------------------
 
-def uneven_ends(layers: int, n: int) -> tuple[int, int] | tuple[None, None]:
-    """(first, last) layers of the first and last virtual stage when ``n`` does not divide
-    ``layers``: equal ends when some exist (``validate._ends``), else Megatron-core's unequal split
-    (``validate._uneven``: the fewest layers m on every other stage with first + last <= 2m, the
-    first taking the larger share), as ``stepsim validate`` lays out DeepSeek-V3's 61 layers."""
-    from simulator.studies.validate import _ends, _uneven
-
-    ends = _ends(layers, n)
-    if ends is not None:
-        return ends, ends
-    return _uneven(layers, n) or (None, None)
-
-
 @dataclass
 class Enumeration:
     """The valid layouts and how many were enumerated and pruned by rule, per reason."""
@@ -268,7 +256,7 @@ def enumerate_layouts(s: Scenario, space: Mapping[str, tuple]) -> Enumeration:
         dp = world // (tp * pp * cp) if world % (tp * pp * cp) == 0 else None
         if space.get("dp") is not None and dp not in space["dp"]:
             continue
-        first, last = (None, None) if layers % (pp * vp) == 0 else uneven_ends(layers, pp * vp)
+        first, last = pipeline_ends(layers, pp * vp)
         shape = Layout(tp, pp, dp or 0, cp, ep, etp, vp, mbs, "none", 0, schedule, sp, first, last)
         n = len(space["recompute"]) * len(space["zero_stage"])
         enumerated += n

@@ -154,6 +154,18 @@ def _ends(layers: int, n: int) -> int | None:
 BUBBLE_BOUND = 0.15
 
 
+def pipeline_ends(layers: int, n: int) -> tuple[int | None, int | None]:
+    """(first, last) layers of the first and last of ``n`` virtual stages when ``n`` does not
+    divide ``layers``: equal ends when some exist (``_ends``), else Megatron-core's unequal split
+    (``_uneven``); (None, None) when ``n`` divides the layers or neither exists."""
+    if layers % n == 0:
+        return None, None
+    ends = _ends(layers, n)
+    if ends is not None:
+        return ends, ends
+    return _uneven(layers, n) or (None, None)
+
+
 def _splits(layers: int, n: int) -> bool:
     return layers % n == 0 or _ends(layers, n) is not None
 
@@ -347,11 +359,10 @@ def case_to_scenario_dict(case: dict, notes: list[str] | None = None) -> dict:
     if vp > 1 and pp == 1:
         notes.append(f"vp {vp} ignored at pp 1")
         vp = 1
-    ends = _ends(m["layers"], pp * vp)
-    uneven = _uneven(m["layers"], pp * vp) if ends is None and m["layers"] % (pp * vp) else None
-    if uneven is not None:
-        notes.append(f"{m['layers']} layers on {pp * vp} virtual stages: first {uneven[0]}, last {uneven[1]}, "
-                     f"{(m['layers'] - sum(uneven)) // (pp * vp - 2)} on each other")
+    first, last = pipeline_ends(m["layers"], pp * vp)
+    if first != last:  # the unequal split (equal ends need no note)
+        notes.append(f"{m['layers']} layers on {pp * vp} virtual stages: first {first}, last {last}, "
+                     f"{(m['layers'] - first - last) // (pp * vp - 2)} on each other")
     parallelism = {"tp": par["tp"], "pp": pp, "dp": dp, "cp": cp,
                    "ep": par.get("ep") or 1, "vp": vp, "sequence_parallel": bool(sp),
                    "zero_stage": 1 if par.get("zero_stage") is None else par["zero_stage"]}
@@ -364,10 +375,8 @@ def case_to_scenario_dict(case: dict, notes: list[str] | None = None) -> dict:
         parallelism.update(etp=1, sequence_parallel=True)  # expert groups span TP ranks (MoE parallel folding)
     if (par.get("dp_replicate") or 1) > 1:
         parallelism["dp_replicate"] = par["dp_replicate"]
-    if ends is not None:
-        parallelism.update(first_pipeline_num_layers=ends, last_pipeline_num_layers=ends)
-    elif uneven is not None:
-        parallelism.update(first_pipeline_num_layers=uneven[0], last_pipeline_num_layers=uneven[1])
+    if first is not None:
+        parallelism.update(first_pipeline_num_layers=first, last_pipeline_num_layers=last)
     rotate = str((case.get("framework_options") or {}).get("context_parallel_rotate") or "").lower()
     if cp > 1 and rotate.replace("-", "_") in ("allgather", "all_gather"):
         parallelism["cp_comm_type"] = "all_gather"
