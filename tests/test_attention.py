@@ -144,9 +144,14 @@ def _cp_step(cp_comm_type, nodes=4):
 def test_all_gather_cp_waits_where_the_p2p_ring_hides_under_the_core():
     """MHA K/V of 32k tokens over four nodes (48 MiB to gather per rank per layer): the ring
     overlaps the whole attention core, the gather only the local causal call (a quarter of the
-    work, 1/16 of the causal square), so all_gather exposes more CP time; both compute the same."""
+    work, 1/16 of the causal square), so all_gather exposes more CP time; both run the same kernels
+    (the same compute less the time communication kernels' SMs cost it, which differs as the
+    exchanges overlap differently)."""
     p2p, gather = _cp_step("p2p"), _cp_step("all_gather")
-    assert gather["time_breakdown_s"]["compute_s"] == pytest.approx(p2p["time_breakdown_s"]["compute_s"], rel=1e-9)
+
+    def kernels(r):
+        return r["time_breakdown_s"]["compute_s"] - r["time_breakdown_s"]["contention_s"]
+    assert kernels(gather) == pytest.approx(kernels(p2p), rel=1e-9)
     assert gather["time_breakdown_s"]["exposed_comm_s"]["cp"] > p2p["time_breakdown_s"]["exposed_comm_s"]["cp"]
     assert gather["step_time_s"] > p2p["step_time_s"]
 

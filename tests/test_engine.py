@@ -170,7 +170,7 @@ def test_backward_tp_all_reduce_hides_under_the_weight_gradient_gemm():
     from simulator.workload.compute import split_at_gemm
 
     s = scenario(model=dataclasses.replace(DENSE, num_hidden_layers=1), tp=8, m=1, seq=4096)
-    with_comm = simulate(s, SimOptions(extras=False))
+    with_comm = simulate(s, SimOptions(extras=False, contention=False))
     alone = simulate(s, UNIFORM)
 
     def phase(res, kind):
@@ -184,6 +184,54 @@ def test_backward_tp_all_reduce_hides_under_the_weight_gradient_gemm():
     assert phase(with_comm, "F") - phase(alone, "F") == pytest.approx(2 * ar, rel=1e-6)
     assert phase(with_comm, "B") - phase(alone, "B") == pytest.approx(exposed_bwd, rel=1e-6, abs=1e-12)
     assert exposed_bwd < 2 * ar
+
+
+def test_compute_beside_a_collective_runs_on_the_sms_it_leaves():
+    """The backward TP all-reduce's kernel holds NCCL_KERNEL_SMS of the GPU's SMs while it runs,
+    so the weight-gradient GEMM under it advances at r = (SMs - held) / SMs of its rate: a GEMM of
+    w seconds under an all-reduce of a seconds ends at a when w <= a r (shown: a - w), else at
+    w + a (1 - r) (shown: a (1 - r)). The forward all-reduces have nothing beside them."""
+    from simulator.physical.collectives import time_collective
+    from simulator.physical.hardware import gpu_of
+    from simulator.physical.nccl import NCCL_KERNEL_SMS
+    from simulator.workload.compute import split_at_gemm
+
+    s = scenario(model=dataclasses.replace(DENSE, num_hidden_layers=1), tp=8, m=1, seq=4096)
+    with_comm = simulate(s, SimOptions(extras=False))
+    alone = simulate(s, UNIFORM)
+
+    def phase(res, kind):
+        return sum(r.end - r.start for r in res.trace if r.stream == "step" and r.kind == kind)
+
+    ar, _ = time_collective(with_comm.cluster, "all_reduce", range(8), with_comm.workload.tp_bytes)
+    sms = gpu_of(s.cluster, s.training.precision).num_sms
+    r = (sms - NCCL_KERNEL_SMS) / sms
+    cost = with_comm.workload.layer_costs[0]
+    wgrads = [split_at_gemm(cost.mlp_bwd, "mlp_up")[2].time_s, split_at_gemm(cost.attn_bwd, "qkv_proj")[2].time_s]
+    shown = sum(max(ar - w, ar * (1 - r)) for w in wgrads)
+    assert shown > sum(max(0.0, ar - w) for w in wgrads)  # it costs something where the GEMM hid it all
+    assert phase(with_comm, "F") - phase(alone, "F") == pytest.approx(2 * ar, rel=1e-6)
+    assert phase(with_comm, "B") - phase(alone, "B") == pytest.approx(shown, rel=1e-6)
+
+
+def test_sms_held_by_communication():
+    """NCCL collectives and sends hold one CTA (an SM) per channel; DeepEP's dispatch and combine
+    its configured 20 SMs."""
+    from simulator.physical.nccl import DEEPEP_KERNEL_SMS, NCCL_KERNEL_SMS, kernel_sms
+    assert kernel_sms("all_to_all", "ep", "flex") == DEEPEP_KERNEL_SMS == 20
+    assert kernel_sms("all_to_all", "ep", "alltoall") == NCCL_KERNEL_SMS == 24
+    assert kernel_sms("reduce_scatter", "dp", "flex") == NCCL_KERNEL_SMS
+
+
+@pytest.mark.parametrize("name", ["dense-3d", "fsdp", "moe-ep"])
+def test_contention_only_slows_and_folding_keeps_it_exact(name):
+    """Compute beside communication can only take longer, and the folded run (one rank per stage
+    holding every group's SMs as its own) gives the unfolded run's step exactly."""
+    s = EXACTNESS_CASES[name]
+    on, off = simulate(s), simulate(s, SimOptions(contention=False))
+    unfolded = simulate(s, SimOptions(fold=False, merge=False))
+    assert on.step_time_s > off.step_time_s
+    assert on.step_time_s == pytest.approx(unfolded.step_time_s, rel=1e-9)
 
 
 def test_expert_tp_below_tp_moves_the_experts_off_the_tp_collectives():

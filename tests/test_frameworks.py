@@ -110,7 +110,11 @@ def test_exposed_grad_reduce_equals_its_collective_time_when_overlap_is_off():
     assert comm > 0 and _dp(rep_off) == pytest.approx(comm, rel=1e-9)
     rep_on = step_report(simulate(scen(zero=0)))
     assert _dp(rep_on) < _dp(rep_off)
-    assert rep_off["step_time_s"] - rep_on["step_time_s"] == pytest.approx(_dp(rep_off) - _dp(rep_on), rel=1e-6)
+    # overlapped, the all-reduce's SMs slow the backward under it: that time moves into compute
+    slowed = rep_on["time_breakdown_s"]["contention_s"] - rep_off["time_breakdown_s"]["contention_s"]
+    assert slowed > 0
+    assert rep_off["step_time_s"] - rep_on["step_time_s"] == pytest.approx(_dp(rep_off) - _dp(rep_on) - slowed,
+                                                                           rel=1e-6)
 
 
 def test_tp_comm_overlap_off_exposes_the_backward_tp_collectives():
@@ -158,10 +162,11 @@ def test_megatron_core_reproduces_todays_tiny_report():
     """megatron-core is the default, and the profiles change nothing else on it: the step time of
     scenarios/tiny.yaml as before framework profiles existed, with the measured attention curves
     of simulator.workload.attention (0.00708287188943954 s at 2fa9630 with the old single
-    efficiency; tiny's 1k-token causal attention is 0.6% slower on the FA3 curve)."""
+    efficiency; tiny's 1k-token causal attention is 0.6% slower on the FA3 curve; 0.007128107584182506
+    s before communication kernels' SMs were priced and the Hopper sustained fraction refitted)."""
     plain = step_report(simulate(load_scenario("scenarios/tiny.yaml")))
     explicit = step_report(simulate(load_scenario("scenarios/tiny.yaml", ["framework=megatron-core"])))
-    assert plain["step_time_s"] == explicit["step_time_s"] == 0.007128107584182506
+    assert plain["step_time_s"] == explicit["step_time_s"] == 0.007110474883389537
 
 
 def test_validate_reads_framework_and_options():

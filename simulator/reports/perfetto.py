@@ -3,7 +3,8 @@
 Layout: one process per pipeline stage; per simulated rank one thread per stream: ``schedule``
 (one slice per forward or backward step of a micro-batch), ``compute`` (kernels, waits on
 collectives and pipeline idle, one after another) and ``dp`` (the gradient / parameter stream).
-Complete events (``ph: X``) carry micro-batch, chunk, layer, bytes and FLOPs in ``args``; pipeline
+Complete events (``ph: X``) carry micro-batch, chunk, layer, bytes and FLOPs in ``args`` (a kernel slowed
+by communication kernels beside it also ``beside_comm_us``, the time that cost it); pipeline
 sends are flow arrows (``ph: s`` / ``f``) from the sender's step to the receiver's. A folded run
 holds one representative rank per stage; run unfolded (``SimOptions(fold=False)``) for all ranks.
 
@@ -44,8 +45,11 @@ def _name(row: Row) -> str:
 
 
 def _args(row: Row) -> dict:
-    return {"microbatch": row.microbatch, "chunk": row.chunk, "layer": row.layer, "bytes": row.nbytes,
+    args = {"microbatch": row.microbatch, "chunk": row.chunk, "layer": row.layer, "bytes": row.nbytes,
             "flops": row.flops, "label": row.label}
+    if row.contention_s > 0:  # time the kernels lost to communication kernels' SMs
+        args["beside_comm_us"] = round(row.contention_s * 1e6, 3)
+    return args
 
 
 def trace_events(result: SimResult) -> dict:

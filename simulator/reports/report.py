@@ -43,6 +43,7 @@ class StageTimes(Record):
     idle_s: float
     bubble_fraction: float
     flops: float
+    contention_s: float = 0.0  # of compute_s: lost to the SMs communication kernels held beside it
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,7 @@ class TimeBreakdown(Record):
     compute_s: float
     exposed_comm_s: dict
     idle_s: float
+    contention_s: float = 0.0  # of compute_s: lost to the SMs communication kernels held beside it
 
 
 @dataclass(frozen=True)
@@ -103,6 +105,7 @@ def stage_times(result: SimResult) -> tuple[StageTimes, ...]:
     reps = {result.plan.stage_of(r): r for r in sorted(result.simulated_ranks, reverse=True)}
     compute = defaultdict(float)
     flops = defaultdict(float)
+    slowed = defaultdict(float)
     exposed = defaultdict(lambda: defaultdict(float))
     for row in result.trace:
         if row.stream != "compute":
@@ -110,6 +113,7 @@ def stage_times(result: SimResult) -> tuple[StageTimes, ...]:
         if row.kind in COMPUTE_KINDS:
             compute[row.rank] += row.end - row.start
             flops[row.rank] += row.flops
+            slowed[row.rank] += row.contention_s
         elif row.kind == "wait":
             exposed[row.rank][row.axis] += row.end - row.start
     out = []
@@ -117,7 +121,7 @@ def stage_times(result: SimResult) -> tuple[StageTimes, ...]:
         rank = reps[stage]
         idle = max(0.0, step - compute[rank] - sum(exposed[rank].values()))
         out.append(StageTimes(stage, compute[rank], {a: exposed[rank].get(a, 0.0) for a in AXES}, idle,
-                              idle / step if step > 0 else 0.0, flops[rank]))
+                              idle / step if step > 0 else 0.0, flops[rank], slowed[rank]))
     return tuple(out)
 
 
@@ -166,7 +170,8 @@ def step_record(result: SimResult, wall_s: float | None = None) -> StepReport:
         time_breakdown_s=TimeBreakdown(
             compute_s=sum(st.compute_s for st in stages) / n,
             exposed_comm_s={a: sum(st.exposed_comm_s[a] for st in stages) / n for a in AXES},
-            idle_s=sum(st.idle_s for st in stages) / n),
+            idle_s=sum(st.idle_s for st in stages) / n,
+            contention_s=sum(st.contention_s for st in stages) / n),
         stages=stages,
         num_gpus=world,
         num_microbatches=s.num_microbatches,
@@ -198,6 +203,8 @@ def format_summary(report: dict) -> str:
         "  time per GPU (mean over stages):",
         f"    compute          {b['compute_s']:.4f} s",
     ]
+    if b.get("contention_s", 0.0) > 0:
+        lines.append(f"      beside comm    {b['contention_s']:.4f} s of it: the SMs communication kernels held")
     for axis, t in b["exposed_comm_s"].items():
         if t > 0:
             lines.append(f"    exposed {axis:<8} {t:.4f} s")

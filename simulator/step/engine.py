@@ -20,6 +20,7 @@ import simpy
 
 from simulator.config import Scenario
 from simulator.physical.collectives import Collectives
+from simulator.physical.nccl import kernel_sms
 from simulator.physical.network import Network
 from simulator.physical.topology import Cluster
 from simulator.step import program as P
@@ -46,6 +47,12 @@ class StepEngine:
         self._seq: dict = defaultdict(int)
         self.stage_end: dict[int, float] = {}
         self.comm_calls = CommCalls()
+        # SMs held by communication kernels in flight, per rank, and the rank processes inside a
+        # GPU interval (``gpu_time``), which a change of the SMs left interrupts
+        self.held: dict[int, int] = defaultdict(int)
+        self.procs: dict[int, simpy.Process] = {}
+        self.computing: set[int] = set()
+        self.interrupting: set[int] = set()  # one interrupt at a time re-rates for every change
 
     # communication ---------------------------------------------------------------------------
 
@@ -70,6 +77,7 @@ class StepEngine:
             proc = self.coll.start(op, groups, size, self.opt.merge, axis)
             proc.origin = here or (rank, "compute", self.env.now)
             self.comm_calls.count(self.env, rank, axis, op, size, proc)
+            self.hold(rank, op, axis, proc)
             return proc
         members = self.plan.group_of(rank, group)
         if len(members) < 2:
@@ -85,7 +93,45 @@ class StepEngine:
             proc = self.coll.start(op, [members], size, False, axis)
             proc.callbacks.append(lambda _e, ev=event: ev.succeed())
         self.comm_calls.count(self.env, rank, axis, op, size, event)
+        self.hold(rank, op, axis, event)
         return event
+
+    def hold(self, rank: int, op: str, axis: str, event: simpy.Event) -> None:
+        """The communication kernel of this call takes its SMs on ``rank`` from now until
+        ``event`` (``nccl.kernel_sms``); compute running meanwhile gets the rest
+        (``gpu_time``). Off with ``SimOptions.contention``."""
+        if not self.opt.contention or event.triggered:
+            return
+        sms = kernel_sms(op, axis, self.s.moe.token_dispatcher)
+        self._held(rank, sms)
+        event.callbacks.append(lambda _e: self._held(rank, -sms))
+
+    def _held(self, rank: int, delta: int) -> None:
+        self.held[rank] += delta
+        if rank in self.computing and rank not in self.interrupting:
+            self.interrupting.add(rank)
+            self.procs[rank].interrupt()
+
+    def gpu_time(self, rank: int, work_s: float) -> Generator:
+        """Run ``work_s`` seconds of GPU work (its time on the whole GPU) on the SMs that the
+        rank's communication kernels leave: compute-bound kernels scale with their SMs, so the
+        work advances at (SMs - held) / SMs of its full rate, re-rated whenever a kernel starts
+        or ends. Returns the time this added to ``work_s``."""
+        remaining, sms, start = work_s, self.gpu.num_sms, self.env.now
+        while True:
+            rate = max(sms - self.held[rank], 1) / sms
+            begun = self.env.now
+            self.computing.add(rank)
+            try:
+                yield self.env.timeout(remaining / rate)
+                self.computing.discard(rank)
+                return self.env.now - start - work_s
+            except simpy.Interrupt:
+                self.computing.discard(rank)
+                self.interrupting.discard(rank)
+                remaining -= (self.env.now - begun) * rate
+                if remaining <= work_s * 1e-12:
+                    return self.env.now - start - work_s
 
     def _stamp(self, event: simpy.Event) -> simpy.Event:
         """Remember when ``event`` fires, so a wait on several events knows which released it."""
@@ -115,6 +161,7 @@ class StepEngine:
             return
         proc = self.coll.start("send_recv", pairs, self.work.pp_bytes, self.opt.merge, "pp")
         self.comm_calls.count(self.env, rank, "pp", "send_recv", self.work.pp_bytes, proc)
+        self.hold(rank, "send_recv", "pp", proc)
         proc.callbacks.append(lambda _e, ev=box[0]: ev.succeed())
 
     def recv(self, rank: int, op: P.Recv) -> Generator:
@@ -173,10 +220,13 @@ class StepEngine:
                 yield self.env.timeout(stall)
                 self.trace.add(Row(rank, stage, "compute", op.kind, "", start, self.env.now, op.microbatch,
                                    op.chunk, op.layer, "host_dispatch"))
-        start = self.env.now
-        yield self.env.timeout(gpu_s)
+        start, slowed = self.env.now, 0.0
+        if self.opt.contention:
+            slowed = yield from self.gpu_time(rank, gpu_s)
+        else:
+            yield self.env.timeout(gpu_s)
         self.trace.add(Row(rank, stage, "compute", op.kind, "", start, self.env.now, op.microbatch, op.chunk,
-                           op.layer, op.label, flops=block.flops))
+                           op.layer, op.label, flops=block.flops, contention_s=max(0.0, slowed)))
 
     # the rank ------------------------------------------------------------------------------------
 
@@ -223,7 +273,7 @@ class StepEngine:
         plan = self.plan
         ranks = [int(plan.grid[st, 0, 0, 0]) for st in range(plan.pp)] if self.opt.fold else list(range(plan.world))
         for r in ranks:
-            self.env.process(self.rank_process(r))
+            self.procs[r] = self.env.process(self.rank_process(r))
         events = 0
         while True:
             try:

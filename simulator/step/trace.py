@@ -23,6 +23,7 @@ class SimOptions:
     algorithm: str = "auto"
     record_flows: bool = False  # keep every transfer's rate history (for link use and the comm map)
     compute_scale: float = 1.0  # what-if: GPU peak FLOP/s and HBM bandwidth multiplied by this
+    contention: bool = True  # compute runs on the SMs that in-flight communication kernels leave
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,7 @@ class Row:
     nbytes: float = 0.0
     flops: float = 0.0
     dep: tuple | None = None  # (rank, stream, time) whose end released this row, if not its predecessor
+    contention_s: float = 0.0  # of a compute row's time, what communication kernels' SMs cost it
 
 
 @dataclass
