@@ -320,7 +320,8 @@ def moe_host_ops(model: ModelConfig, par: ParallelConfig, moe: MoEConfig, precis
         dtoh = A2A_DTOH_OPS + (A2A_DTOH_PER_TENSOR_OPS if multi and not permute_fusion else 0)
         before = (shared + router + A2A_PREPROCESS_OPS + (A2A_PREPROCESS_MULTI_EXPERT_OPS if multi else 0)
                   + dtoh + permute)
-        etp_comm = (2 * COLLECTIVE_OPS + COLLECTIVE_OPS + 2) if par.expert_tp > 1 else 0  # all-gathers, reduce-scatter (:660-668, :753-757)
+        # expert-TP all-gathers of tokens and probs (:660-668) and reduce-scatter with its casts (:753-757)
+        etp_comm = (2 * COLLECTIVE_OPS + COLLECTIVE_OPS + 2) if par.expert_tp > 1 else 0
         sort = 0
         if multi:
             sort = (SORT_CHUNKS_FUSED_OPS + UNSORT_CHUNKS_FUSED_OPS if permute_fusion
