@@ -344,3 +344,57 @@ def test_validate_turns_fp8_dot_product_attention_into_fp8_attention_only_under_
     bf16["precision"] = "bf16"
     bf16["framework_options"].pop("fp8_recipe")
     assert "fp8_attention" not in case_to_scenario_dict(bf16)["training"]
+
+
+def test_moe_host_ops_are_the_sum_of_their_counted_parts():
+    """DeepSeek-V3, EP 32 (8 local experts), alltoall, MXFP8, no router or permute fusion: the
+    Megatron-core / Transformer Engine components (simulator.workload.moe constants) added by hand."""
+    m = model("deepseek-ai/DeepSeek-V3")
+    par = ParallelConfig(ep=32)
+    shared = 2 * 4 + 2 + 2 * 2  # two TE Linear, SwiGLU, two input quantisations
+    router = (5 + 1) + (10 + 6) + 2  # gating GEMM and view, sigmoid top-k with expert bias, bias count
+    meta = 16 + 1  # counts, splits, count all-gather, per-local-expert view
+    dtoh = 2 + 2 * 4 + 3 + 2  # wait/record, four copies (+ numpy), per-local-expert counts
+    permute = 11
+    a2a = 3 * 3  # tokens, probs, combine
+    sort = (1 + 2 * 4) + (2 + 4)
+    grouped_linear = (4 + 2) + 8 * 1 + (1 + 4 + 2 * 2) + 8 * 1  # fixed, GEMMs, quantise fixed, per expert
+    experts = 2 + 2 + 3 * 4 + 2 * grouped_linear
+    unpermute = 5 + 1
+    assert moe.moe_host_ops(m, par, MoEConfig(), "mxfp8") == (
+        shared + router + meta + dtoh + permute, a2a + sort + experts + unpermute + 1)
+
+
+def test_more_local_experts_issue_more_host_ops_and_quantising_adds_per_expert_work():
+    m = model("deepseek-ai/DeepSeek-V3")
+    for precision in ("bf16", "fp8", "mxfp8", "nvfp4"):
+        few = moe.moe_host_ops(m, ParallelConfig(ep=64), MoEConfig(), precision)
+        many = moe.moe_host_ops(m, ParallelConfig(ep=8), MoEConfig(), precision)
+        assert many[1] > few[1] and many[0] == few[0]
+    bf16 = moe.moe_host_ops(m, ParallelConfig(ep=8), MoEConfig(), "bf16")[1]
+    for precision in ("fp8", "mxfp8", "nvfp4"):
+        assert moe.moe_host_ops(m, ParallelConfig(ep=8), MoEConfig(), precision)[1] > bf16 + 2 * 32
+
+
+def test_flex_dispatcher_moves_host_ops_after_the_sync_and_fusions_remove_some():
+    """The code says: DeepEP needs no count metadata, copies or first permutation before its sync
+    (fewer ops before it and in all) but rebuilds the routing map and permutes after it (more after)."""
+    m = model("deepseek-ai/DeepSeek-V3")
+    par = ParallelConfig(ep=32)
+    a2a = moe.moe_host_ops(m, par, MoEConfig(), "bf16")
+    flex = moe.moe_host_ops(m, par, MoEConfig(token_dispatcher="flex"), "bf16")
+    assert flex[0] < a2a[0] and sum(flex) < sum(a2a) and flex[1] > a2a[1]
+    fused_router = moe.moe_host_ops(m, par, MoEConfig(), "bf16", router_fusion=True)
+    fused_permute = moe.moe_host_ops(m, par, MoEConfig(), "bf16", permute_fusion=True)
+    assert fused_router[0] < a2a[0] and fused_router[1] == a2a[1]
+    assert sum(fused_permute) < sum(a2a)
+
+
+def test_only_the_ops_after_the_sync_stall_without_run_ahead():
+    s, op = moe.HOST_SYNC_S, moe.HOST_OP_S
+    # after the sync: 100 ops against 0.5 ms of GPU work stall 0.5 ms; the ops before the next sync
+    # are covered by their own GPU time
+    assert moe.host_sync_time(1e-3, 0.5e-3, 50, 100) == pytest.approx(s + 100 * op - 0.5e-3)
+    # GPU time left over after the sync is a head start for the ops before the next one
+    assert moe.host_sync_time(0.2e-3, 1.0e-3, 50, 10) == pytest.approx(s + max(0.0, 50 * op - 0.2e-3 - 0.9e-3))
+    assert moe.host_sync_time(0.0, 0.0, 0, 0) == s

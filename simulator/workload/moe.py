@@ -21,10 +21,15 @@ and the rest (``split_moe_block``). Every cost is its own op in the trace:
   grouped GEMM (and the alltoall split sizes): a device-to-host copy and a stream sync, once per
   MoE layer forward (Megatron-core ``MoEAlltoAllTokenDispatcher``; DeepEP's dispatch "involves an
   implicit CPU wait for the GPU received-count signal", DeepEP docs/legacy.md). The GPU then
-  idles for the sync round trip and for the CPU run-ahead the sync throws away: until the next
-  sync the host must issue every op of a layer forward at ``HOST_OP_S`` each, and whatever of
-  that issue time the GPU work of the layer does not cover stalls the stream. With
-  ``capacity_factor`` (drop and pad to capacity, static shapes) there is no sync.
+  idles for the sync round trip and for the CPU run-ahead the sync throws away: after the sync
+  the host issues the rest of the MoE layer at ``HOST_OP_S`` per op with the GPU idle, and
+  whatever of that issue time the GPU work after the sync does not cover stalls the stream; the
+  ops before the next sync (attention, shared expert, router, dispatcher metadata, permutation)
+  stall only beyond the GPU time they and the head start cover (``host_sync_time``). The ops are
+  counted from Megatron-core's and Transformer Engine's code per component (``moe_host_ops``:
+  router, dispatcher pre- and post-processing, permutations, per-expert GroupedLinear work by
+  precision, shared expert). With ``capacity_factor`` (drop and pad to capacity, static shapes)
+  there is no sync.
 - ``expert_up`` / ``expert_act`` / ``expert_down``: the local experts as grouped GEMMs
   (``gemm_efficiency`` with ``groups`` = local experts: one kernel over all experts' tiles, as
   CUTLASS grouped GEMM schedules them; small per-expert M fills its 128-row tiles poorly), on the
@@ -66,9 +71,103 @@ HOST_OP_S = 10e-6
 # A device-to-host copy of the token counts and the stream synchronisation that waits for it:
 # one more host round trip of the same order as an op's issue time.
 HOST_SYNC_S = 10e-6
-# Host ops per local expert and forward GEMM that Transformer Engine's GroupedLinear issues (the
-# per-expert split of the input by the host-side token counts, and its quantisation under fp8).
-HOST_OPS_PER_EXPERT = 1
+# --- Host ops of one MoE layer forward, counted from Megatron-core 402bc50 (2025-10-31, the commit of
+# NVIDIA's DeepSeek-V3 GB200 guide) and Transformer Engine b9c9deb (2025-10-31): every PyTorch
+# dispatcher call (allocation, view, cast, .tolist), autograd Function entry, kernel launch and
+# collective call is one op. M = megatron/core/transformer/moe/, TE = transformer_engine/pytorch/.
+# Router: RouterGatingLinearFunction (M moe_utils.py:944-974: apply, view, output allocation and GEMM,
+# view) and the logits view (M router.py:494).
+ROUTER_GATE_OPS = 5 + 1
+# Top-k routing (M moe_utils.py:523-621) unfused: softmax after top-k (topk, softmax, type_as), or
+# sigmoid with the aux-loss-free expert bias (float, sigmoid, type_as, + bias, topk, gather, type_as,
+# sum, + eps, div); then the dense probs and map (zeros_like, scatter; zeros_like, int, scatter, bool).
+ROUTER_TOPK_OPS = {"softmax": 3 + 6, "sigmoid": 10 + 6}
+# moe_router_fusion (M moe_utils.py:564-574 -> TE router.py:18-36): apply, three output
+# allocations (probs, routing map, intermediate) and one kernel, for either score function.
+ROUTER_TOPK_FUSED_OPS = 5
+# Expert-bias token count (M router.py:473-481: sum, add_), with the sigmoid (DeepSeek-V3) router.
+ROUTER_BIAS_OPS = 2
+# alltoall dispatcher metadata (M token_dispatcher.py:484-549, EP > 1): sum, long; reshape, sum
+# (input_splits); the count all-gather (apply, allocation, all_gather); reshape, transpose; slice,
+# contiguous; sum; index; sum; sum; and dispatch_preprocess's view (:581). One more view with several
+# local experts (:551).
+A2A_PREPROCESS_OPS = 16
+A2A_PREPROCESS_MULTI_EXPERT_OPS = 1
+# The non-blocking device-to-host copies (M token_dispatcher.py:844-869, moe_utils.py:876-892):
+# wait_stream and record_event, and per copied tensor .to(cpu) and record_stream (tokens_per_expert;
+# input, output and TP splits, the three with .numpy(); the per-local-expert counts when there are
+# several local experts and permute fusion is off).
+A2A_DTOH_OPS = 2 + 2 * 4 + 3
+A2A_DTOH_PER_TENSOR_OPS = 2
+# Permutation by routing map (M moe_utils.py:220-305), unfused: bool, T, contiguous, arange,
+# unsqueeze, expand, masked_select; probs T, contiguous, masked_select; index_select (the two
+# masked_selects have data-dependent sizes). moe_permute_fusion (TE permutation.py:188-260,
+# triton/permutation.py:198-300 and :392-450): apply, make_row_id_map (2 allocations, 3 kernels),
+# permute_with_mask_map (2 allocations, 1 kernel).
+PERMUTE_OPS = 11
+PERMUTE_FUSED_OPS = 1 + 5 + 3
+# All-to-all, all-gather or reduce-scatter through Megatron's autograd wrappers: apply, output
+# allocation, the NCCL call (M token_dispatcher.py:640-645 dispatches tokens and probs, :782 combines).
+COLLECTIVE_OPS = 3
+# Reorder by local expert (M token_dispatcher.py:697-703 and :735-740, moe_utils.py:397-428), several
+# local experts only: unfused, per tensor split, two .tolist and cat (tokens and probs on the way in,
+# tokens on the way out), plus ravel (and T on the way out); fused (TE permutation.py:623-665,
+# triton/permutation.py:857-990): apply, make_chunk_sort_map (allocation, kernel), sort_chunks_by_map
+# (an allocation per tensor, kernel).
+SORT_CHUNKS_OPS = 1 + 2 * 4
+SORT_CHUNKS_FUSED_OPS = 1 + 1 + 2 + 3
+UNSORT_CHUNKS_OPS = 2 + 4
+UNSORT_CHUNKS_FUSED_OPS = 2 + 1 + 2 + 2
+# Unpermutation without probs (M token_dispatcher.py:797-807, moe_utils.py:307-395): zeros, unsqueeze,
+# expand, scatter_add_, to, and the output view; fused (TE permutation.py:333-370,
+# triton/permutation.py:581-625): apply, allocation, kernel, and the view.
+UNPERMUTE_OPS = 5 + 1
+UNPERMUTE_FUSED_OPS = 3 + 1
+# Flex dispatcher (DeepEP), before its dispatch waits for the received counts on the host:
+# dispatch_preprocess (M token_dispatcher.py:1391-1415: view; _initialize_metadata :1363-1389 two
+# reshape, expand, reshape, contiguous; setup_metadata :1135-1145 two reshapes and topk), and
+# FusedDispatch (M fused_a2a.py:72-112: apply, get_dispatch_layout, the dispatch call).
+FLEX_PREPROCESS_OPS = 1 + 8 + 3 + 3
+# After it: the received-token allocations and dispatch kernel are DeepEP internals (counted as the
+# one call), torch.tensor of the counts (fused_a2a.py:134); indices_to_multihot (M
+# token_dispatcher.py:1178-1206: two zeros, ne, mask index, sum, arange, repeat_interleave, two
+# index_put, probs index, bool; its fused form needs the experimental flag); num_out_tokens' sum and
+# .item() (:1280); the permutation by local expert and its reverse (PERMUTE/UNPERMUTE above); the
+# combine (fused_a2a.py:166-172: apply, combine call) and the output view (:1507).
+FLEX_DISPATCH_OPS = 1 + 1
+FLEX_MULTIHOT_OPS = 12
+FLEX_NUM_OUT_OPS = 2
+FLEX_COMBINE_OPS = 2 + 1
+# TEGroupedMLP (M experts.py:883-1030): counts .tolist and probs unsqueeze; with FP8/FP4 instead
+# Transformer Engine's Fp8Padding of tokens and probs and Fp8Unpadding of the output (TE
+# module/fp8_padding.py and fp8_unpadding.py forward: apply, allocation, view, kernel, each), and the
+# weighted SwiGLU (apply, kernel).
+GROUPED_MLP_OPS = 2 + 2
+GROUPED_MLP_QUANT_PAD_OPS = 3 * 4
+# One GroupedLinear forward (TE module/grouped_linear.py:63-185): apply, reshape, output torch.empty,
+# general_grouped_gemm; multi_stream_cublas_gemm's fan-out to and back from its streams (TE
+# common/gemm/cublaslt_gemm.cu:944-995, event record and waits, counted as one op each way) and one
+# cuBLAS GEMM per local expert (:961-983). BF16 splits the input by the counts (torch.split, :130);
+# FP8 split_quantize (csrc/extensions/cast.cpp:697-808): contiguous, then for MXFP8/NVFP4 one bulk
+# allocation of rowwise and columnwise data and scales (4) and one quantize kernel per expert
+# (:144-148), for per-tensor FP8 three allocations per expert (csrc/quantizer.cpp:113-141) and one
+# fused multi_cast_transpose; MXFP8/NVFP4 GEMMs also swizzle both operands' scales (allocation and
+# kernel each, csrc/extensions/gemm.cpp te_general_grouped_gemm, csrc/util.cpp:85-190). Weights are
+# quantised once per step (cached workspaces after the first micro-batch): not counted.
+GROUPED_LINEAR_OPS = 4 + 2
+GROUPED_LINEAR_PER_EXPERT_OPS = 1
+GROUPED_LINEAR_BF16_OPS = 1
+GROUPED_LINEAR_BLOCK_QUANT_OPS = 1 + 4 + 2 * 2  # mxfp8 / nvfp4: contiguous, bulk allocation, swizzles
+GROUPED_LINEAR_BLOCK_QUANT_PER_EXPERT_OPS = 1
+GROUPED_LINEAR_FP8_OPS = 1 + 1
+GROUPED_LINEAR_FP8_PER_EXPERT_OPS = 3
+# Shared expert (M moe_layer.py:195-219, computed before the router unless overlapped; Megatron-core
+# MLP with two TE Linear: apply, reshape, output allocation, GEMM each, and the fused SwiGLU (apply,
+# kernel)); under FP8 each Linear also quantises its input (allocation and kernel); its output added
+# to the routed output (moe_layer.py:250).
+SHARED_EXPERT_OPS = 2 * 4 + 2
+SHARED_EXPERT_QUANT_OPS = 2 * 2
+SHARED_ADD_OPS = 1
 # Concurrent compute streams Transformer Engine's multi_stream_cublas_gemm spreads per-expert GEMMs
 # over (transformer_engine/common/util/multi_stream.cpp get_num_compute_streams: 4).
 TE_GEMM_STREAMS = 4
@@ -178,17 +277,79 @@ def is_expert_op(name: str) -> bool:
     return any(name == e or name.startswith(e + "_") for e in EXPERT_OPS)
 
 
-def host_ops_per_layer(model: ModelConfig, par: ParallelConfig, moe: MoEConfig, precision: str, kernels: int) -> int:
-    """Host ops one layer forward issues: one per kernel, the all-to-alls, and the per-expert
-    splits (and casts under fp8) of Transformer Engine's grouped linear layers."""
-    per_expert = HOST_OPS_PER_EXPERT * (2 if precision == "fp8" else 1)
-    return kernels + 2 + 2 * local_experts(model, par) * per_expert
+QUANTISED = ("fp8", "mxfp8", "nvfp4")
 
 
-def host_sync_time(gpu_time_s: float, host_ops: int) -> float:
-    """Stall of one dropless host sync: the round trip, plus the issue time of a layer's host ops
-    that its GPU time does not cover (the run-ahead the sync discarded)."""
-    return HOST_SYNC_S + max(0.0, host_ops * HOST_OP_S - gpu_time_s)
+def grouped_linear_host_ops(nloc: int, precision: str) -> int:
+    """Host ops of one Transformer Engine GroupedLinear forward over ``nloc`` local experts
+    (multi-stream cuBLAS: one GEMM per expert), by precision (constants above)."""
+    ops = GROUPED_LINEAR_OPS + GROUPED_LINEAR_PER_EXPERT_OPS * nloc
+    if precision in ("mxfp8", "nvfp4"):
+        return ops + GROUPED_LINEAR_BLOCK_QUANT_OPS + GROUPED_LINEAR_BLOCK_QUANT_PER_EXPERT_OPS * nloc
+    if precision == "fp8":
+        return ops + GROUPED_LINEAR_FP8_OPS + GROUPED_LINEAR_FP8_PER_EXPERT_OPS * nloc
+    return ops + GROUPED_LINEAR_BF16_OPS
+
+
+def moe_host_ops(model: ModelConfig, par: ParallelConfig, moe: MoEConfig, precision: str,
+                 router_fusion: bool = False, permute_fusion: bool = False) -> tuple[int, int]:
+    """Host ops one MoE layer forward issues (Megatron-core, TEGroupedMLP), as (before, after) the
+    token-count sync: the alltoall dispatcher syncs just before its all-to-all
+    (``before_ep_alltoall``, token_dispatcher.py:538 and :637), DeepEP inside its dispatch. The
+    shared expert runs first (moe_layer.py:261). ``router_fusion`` / ``permute_fusion`` are
+    Megatron's ``moe_router_fusion`` / ``moe_permute_fusion`` (off by default there; no scenario key
+    yet). The allgather dispatcher is counted as alltoall."""
+    nloc = local_experts(model, par)
+    multi = nloc > 1
+    shared = 0
+    if model.num_shared_experts:
+        shared = SHARED_EXPERT_OPS + (SHARED_EXPERT_QUANT_OPS if precision in QUANTISED else 0)
+    router = ROUTER_GATE_OPS + (ROUTER_TOPK_FUSED_OPS if router_fusion
+                                else ROUTER_TOPK_OPS.get(model.scoring_func, ROUTER_TOPK_OPS["softmax"]))
+    if model.scoring_func == "sigmoid":
+        router += ROUTER_BIAS_OPS
+    permute = PERMUTE_FUSED_OPS if permute_fusion else PERMUTE_OPS
+    unpermute = UNPERMUTE_FUSED_OPS if permute_fusion else UNPERMUTE_OPS
+    experts = (GROUPED_MLP_OPS + (GROUPED_MLP_QUANT_PAD_OPS if precision in QUANTISED else 0)
+               + 2 * grouped_linear_host_ops(nloc, precision))
+    if moe.token_dispatcher == "flex":
+        before = shared + router + FLEX_PREPROCESS_OPS
+        after = (FLEX_DISPATCH_OPS + FLEX_MULTIHOT_OPS + FLEX_NUM_OUT_OPS + permute + experts
+                 + unpermute + FLEX_COMBINE_OPS)
+    else:
+        dtoh = A2A_DTOH_OPS + (A2A_DTOH_PER_TENSOR_OPS if multi and not permute_fusion else 0)
+        before = (shared + router + A2A_PREPROCESS_OPS + (A2A_PREPROCESS_MULTI_EXPERT_OPS if multi else 0)
+                  + dtoh + permute)
+        # expert-TP all-gathers of tokens and probs (:660-668) and reduce-scatter with its casts (:753-757)
+        etp_comm = (2 * COLLECTIVE_OPS + COLLECTIVE_OPS + 2) if par.expert_tp > 1 else 0
+        sort = 0
+        if multi:
+            sort = (SORT_CHUNKS_FUSED_OPS + UNSORT_CHUNKS_FUSED_OPS if permute_fusion
+                    else SORT_CHUNKS_OPS + UNSORT_CHUNKS_OPS)
+        after = 3 * COLLECTIVE_OPS + etp_comm + sort + experts + unpermute
+    if shared:
+        after += SHARED_ADD_OPS
+    return before, after
+
+
+def host_ops_per_layer(model: ModelConfig, par: ParallelConfig, moe: MoEConfig, precision: str,
+                       kernels_before: int, kernels_after: int) -> tuple[int, int]:
+    """Host ops of one layer forward before and after its token-count sync: the attention block's
+    and the layer's other priced ops (``kernels_before`` / ``kernels_after``, one each) plus the MoE
+    layer's counted ops (``moe_host_ops``)."""
+    before, after = moe_host_ops(model, par, moe, precision)
+    return kernels_before + before, kernels_after + after
+
+
+def host_sync_time(gpu_before_s: float, gpu_after_s: float, ops_before: int, ops_after: int) -> float:
+    """Stall of one dropless host sync: the round trip, plus what the GPU waits for the host between
+    two syncs. After the sync the GPU is idle, so the ops after it (the rest of the MoE layer) are
+    issued with no run-ahead: the GPU waits for whatever of their issue time their GPU time does not
+    cover. Any GPU time they leave over is a head start for the ops before the next sync (the next
+    layer's attention and routing), which stall only beyond it."""
+    late = ops_after * HOST_OP_S - gpu_after_s
+    head_start = max(0.0, -late)
+    return HOST_SYNC_S + max(0.0, late) + max(0.0, ops_before * HOST_OP_S - gpu_before_s - head_start)
 
 
 def expected_destinations(slots: int, topk: int) -> float:
@@ -259,14 +420,25 @@ def split_moe_block(block):
 
 def price_host_sync(attn_fwd, mlp_fwd, model: ModelConfig, par: ParallelConfig, moe: MoEConfig, precision: str):
     """``mlp_fwd`` with its zero-time ``moe_host_sync`` placeholder priced by ``host_sync_time``
-    over one layer forward (attention and MoE block)."""
+    over one layer forward (attention and MoE block), split at the sync. The shared expert runs
+    before the router in Megatron-core (moe_layer.py:261), so its GPU time counts before the sync
+    wherever the plan lists it."""
     from simulator.workload.compute import BlockCost, Op
 
     names = [op.name for op in mlp_fwd.ops]
     if "moe_host_sync" not in names:
         return mlp_fwd
-    kernels = len(attn_fwd.ops) + len(mlp_fwd.ops) - 1
-    ops = host_ops_per_layer(model, par, moe, precision, kernels)
-    t = host_sync_time(attn_fwd.time_s + mlp_fwd.time_s, ops)
     i = names.index("moe_host_sync")
+    moe_names = {"router", "router_topk", "moe_permute", "moe_unpermute"}
+
+    def is_moe(name):
+        return name in moe_names or is_expert_op(name) or name.startswith("shared_")
+
+    before = [op for op in mlp_fwd.ops[:i]] + [op for op in mlp_fwd.ops[i + 1:] if op.name.startswith("shared_")]
+    after = [op for op in mlp_fwd.ops[i + 1:] if not op.name.startswith("shared_")]
+    kernels_before = len(attn_fwd.ops) + sum(1 for op in mlp_fwd.ops[:i] if not is_moe(op.name))
+    kernels_after = sum(1 for op in after if not is_moe(op.name))
+    ops_before, ops_after = host_ops_per_layer(model, par, moe, precision, kernels_before, kernels_after)
+    t = host_sync_time(attn_fwd.time_s + sum(op.time_s for op in before), sum(op.time_s for op in after),
+                       ops_before, ops_after)
     return BlockCost(mlp_fwd.ops[:i] + (Op("moe_host_sync", 0.0, 0.0, t),) + mlp_fwd.ops[i + 1:])
