@@ -150,6 +150,8 @@ class ParallelConfig:
 
 
 TOKEN_DISPATCHERS = ("alltoall", "allgather", "flex")
+# GEMM precisions whose operands are quantized (Transformer Engine FP8 recipes, MXFP8, NVFP4)
+QUANTIZED_PRECISIONS = ("fp8", "mxfp8", "nvfp4")
 
 
 @dataclass(frozen=True)

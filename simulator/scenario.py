@@ -30,8 +30,8 @@ from pathlib import Path
 
 import yaml
 
-from simulator.config import (TOKEN_DISPATCHERS, ClusterConfig, Faults, FrameworkOptions, LinkFault, ModelConfig,
-                              MoEConfig, OverlapConfig, ParallelConfig, Scenario, Straggler, TrainingConfig)
+from simulator.config import (QUANTIZED_PRECISIONS, TOKEN_DISPATCHERS, ClusterConfig, Faults, FrameworkOptions, LinkFault,
+                              ModelConfig, MoEConfig, OverlapConfig, ParallelConfig, Scenario, Straggler, TrainingConfig)
 from simulator import limits
 from simulator.errors import ConfigError
 from simulator.yamlfile import load_yaml_file
@@ -728,7 +728,7 @@ def validate_plan(s: Scenario) -> list[str]:
     m, c, t, p = s.model, s.cluster, s.training, s.parallelism
     gpu = get_gpu(c.gpu)
     peak(gpu, t.precision)
-    if t.fp8_attention and (t.precision not in ("fp8", "mxfp8", "nvfp4") or t.attention not in ("flash", "cudnn")):
+    if t.fp8_attention and (t.precision not in QUANTIZED_PRECISIONS or t.attention not in ("flash", "cudnn")):
         raise ConfigError("training.fp8_attention", True,
                           "needs training.precision fp8, mxfp8 or nvfp4 and the fused cuDNN kernel (training.attention "
                           "flash or cudnn): Transformer Engine runs FP8 attention inside an FP8 recipe; valid: false")

@@ -104,7 +104,7 @@ import re
 from pathlib import Path
 
 from simulator.workload.compute import param_counts
-from simulator.config import ModelConfig
+from simulator.config import QUANTIZED_PRECISIONS, ModelConfig
 from simulator.errors import ConfigError
 from simulator.yamlfile import load_yaml_file
 from simulator.studies.workers import process_pool
@@ -225,7 +225,7 @@ FRAMEWORK_OPTIONS = ("compile", "cuda_graphs", "fp8_recipe", "replica_combine_by
 def _fp8_attention(case: dict) -> bool:
     """``framework_options.fp8_dot_product_attention`` (Megatron-core / TE) in a run with an FP8 precision."""
     opts = case.get("framework_options") or {}
-    return bool(opts.get("fp8_dot_product_attention")) and precision_of(case) in ("fp8", "mxfp8", "nvfp4")
+    return bool(opts.get("fp8_dot_product_attention")) and precision_of(case) in QUANTIZED_PRECISIONS
 
 
 def _framework_keys(case: dict) -> dict:

@@ -28,7 +28,7 @@ import functools
 import math
 from dataclasses import dataclass
 
-from simulator.config import ModelConfig, MoEConfig, ParallelConfig, TrainingConfig
+from simulator.config import QUANTIZED_PRECISIONS, ModelConfig, MoEConfig, ParallelConfig, TrainingConfig
 from simulator.errors import ConfigError
 from simulator.physical.hardware import GPUSpec, gemm_ceiling, peak
 from simulator.workload import attention
@@ -389,7 +389,6 @@ def _mlp_plan(
 # kernel (``QUANTIZE_AMAX_PASSES``). A norm cannot hand NVFP4 over fused: it writes its 16-bit
 # output and the quantizer takes the amax from there (csrc/extensions/normalization.cpp), so the
 # GEMMs a norm feeds pay their quantize too.
-QUANTIZED_PRECISIONS = ("fp8", "mxfp8", "nvfp4")
 QUANTIZE_USAGES = 2
 QUANTIZE_AMAX_PASSES = {"nvfp4": 1}
 

@@ -59,7 +59,7 @@ from __future__ import annotations
 
 import math
 
-from simulator.config import ModelConfig, MoEConfig, ParallelConfig
+from simulator.config import QUANTIZED_PRECISIONS, ModelConfig, MoEConfig, ParallelConfig
 
 ACT_BYTES = 2
 SCORE_BYTES = 4
@@ -277,9 +277,6 @@ def is_expert_op(name: str) -> bool:
     return any(name == e or name.startswith(e + "_") for e in EXPERT_OPS)
 
 
-QUANTISED = ("fp8", "mxfp8", "nvfp4")
-
-
 def grouped_linear_host_ops(nloc: int, precision: str) -> int:
     """Host ops of one Transformer Engine GroupedLinear forward over ``nloc`` local experts
     (multi-stream cuBLAS: one GEMM per expert), by precision (constants above)."""
@@ -303,14 +300,14 @@ def moe_host_ops(model: ModelConfig, par: ParallelConfig, moe: MoEConfig, precis
     multi = nloc > 1
     shared = 0
     if model.num_shared_experts:
-        shared = SHARED_EXPERT_OPS + (SHARED_EXPERT_QUANT_OPS if precision in QUANTISED else 0)
+        shared = SHARED_EXPERT_OPS + (SHARED_EXPERT_QUANT_OPS if precision in QUANTIZED_PRECISIONS else 0)
     router = ROUTER_GATE_OPS + (ROUTER_TOPK_FUSED_OPS if router_fusion
                                 else ROUTER_TOPK_OPS.get(model.scoring_func, ROUTER_TOPK_OPS["softmax"]))
     if model.scoring_func == "sigmoid":
         router += ROUTER_BIAS_OPS
     permute = PERMUTE_FUSED_OPS if permute_fusion else PERMUTE_OPS
     unpermute = UNPERMUTE_FUSED_OPS if permute_fusion else UNPERMUTE_OPS
-    experts = (GROUPED_MLP_OPS + (GROUPED_MLP_QUANT_PAD_OPS if precision in QUANTISED else 0)
+    experts = (GROUPED_MLP_OPS + (GROUPED_MLP_QUANT_PAD_OPS if precision in QUANTIZED_PRECISIONS else 0)
                + 2 * grouped_linear_host_ops(nloc, precision))
     if moe.token_dispatcher == "flex":
         before = shared + router + FLEX_PREPROCESS_OPS
