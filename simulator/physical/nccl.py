@@ -175,8 +175,9 @@ def sharp_time(n: int, local: int, size: float, link_bw: float, nic_bw: float, g
 # NCCL_MAX_NTHREADS = 640 threads and scratch shared memory for each of their warps
 # (``ncclShmemDynamicSize``, ``src/include/device.h``), and a Hopper GEMM CTA needs most of an SM's
 # shared memory: the two do not share an SM, and a compute kernel launched beside a collective gets
-# the SMs the collective left. An Nsight Systems trace of PyTorch FSDP on an H100 shows the all-gather kernel
-# with 24 CTAs beside a 132-CTA GEMM, whose time then nearly doubles from the wave it spills
+# the SMs the collective left. An Nsight Systems trace of PyTorch FSDP on an H100 shows the
+# all-gather kernel with 24 CTAs beside a 132-CTA GEMM, whose time then nearly doubles from the
+# wave it spills
 # (NVIDIA developer forum, "Compute-communication overlap causes severe GEMM performance
 # degradation because of tail effect", 2025); averaged over GPT and Llama training kernels on
 # A100 and H100, overlapped compute runs 18.9% slower than alone (max 40%; Lee et al.,

@@ -124,14 +124,14 @@ class StepEngine:
             self.computing.add(rank)
             try:
                 yield self.env.timeout(remaining / rate)
-                self.computing.discard(rank)
                 return self.env.now - start - work_s
             except simpy.Interrupt:
-                self.computing.discard(rank)
                 self.interrupting.discard(rank)
                 remaining -= (self.env.now - begun) * rate
                 if remaining <= work_s * 1e-12:
                     return self.env.now - start - work_s
+            finally:
+                self.computing.discard(rank)
 
     def _stamp(self, event: simpy.Event) -> simpy.Event:
         """Remember when ``event`` fires, so a wait on several events knows which released it."""

@@ -329,15 +329,6 @@ def moe_host_ops(model: ModelConfig, par: ParallelConfig, moe: MoEConfig, precis
     return before, after
 
 
-def host_ops_per_layer(model: ModelConfig, par: ParallelConfig, moe: MoEConfig, precision: str,
-                       kernels_before: int, kernels_after: int) -> tuple[int, int]:
-    """Host ops of one layer forward before and after its token-count sync: the attention block's
-    and the layer's other priced ops (``kernels_before`` / ``kernels_after``, one each) plus the MoE
-    layer's counted ops (``moe_host_ops``)."""
-    before, after = moe_host_ops(model, par, moe, precision)
-    return kernels_before + before, kernels_after + after
-
-
 def host_sync_time(gpu_before_s: float, gpu_after_s: float, ops_before: int, ops_after: int) -> float:
     """Stall of one dropless host sync: the round trip, plus what the GPU waits for the host between
     two syncs. After the sync the GPU is idle, so the ops after it (the rest of the MoE layer) are
@@ -431,11 +422,13 @@ def price_host_sync(attn_fwd, mlp_fwd, model: ModelConfig, par: ParallelConfig, 
     def is_moe(name):
         return name in moe_names or is_expert_op(name) or name.startswith("shared_")
 
-    before = [op for op in mlp_fwd.ops[:i]] + [op for op in mlp_fwd.ops[i + 1:] if op.name.startswith("shared_")]
+    before = list(mlp_fwd.ops[:i]) + [op for op in mlp_fwd.ops[i + 1:] if op.name.startswith("shared_")]
     after = [op for op in mlp_fwd.ops[i + 1:] if not op.name.startswith("shared_")]
-    kernels_before = len(attn_fwd.ops) + sum(1 for op in mlp_fwd.ops[:i] if not is_moe(op.name))
-    kernels_after = sum(1 for op in after if not is_moe(op.name))
-    ops_before, ops_after = host_ops_per_layer(model, par, moe, precision, kernels_before, kernels_after)
+    # the attention block's and the layer's other priced ops issue one host op each, beside the
+    # MoE layer's counted ops
+    moe_before, moe_after = moe_host_ops(model, par, moe, precision)
+    ops_before = len(attn_fwd.ops) + sum(1 for op in mlp_fwd.ops[:i] if not is_moe(op.name)) + moe_before
+    ops_after = sum(1 for op in after if not is_moe(op.name)) + moe_after
     t = host_sync_time(attn_fwd.time_s + sum(op.time_s for op in before), sum(op.time_s for op in after),
                        ops_before, ops_after)
     return BlockCost(mlp_fwd.ops[:i] + (Op("moe_host_sync", 0.0, 0.0, t),) + mlp_fwd.ops[i + 1:])
