@@ -27,8 +27,8 @@ def tiny():
 
 
 @pytest.mark.parametrize("path", SCENARIOS, ids=[p.stem for p in SCENARIOS])
-def test_critical_path_and_link_use_on_every_shipped_scenario(path):
-    result = simulate(load_scenario(str(path)), SimOptions(record_flows=True))
+def test_critical_path_and_link_use_on_every_shipped_scenario(path, shipped_result):
+    result = shipped_result(path)
     step = result.step_time_s
     cp = critical_path(result)
     assert abs(cp["total_s"] - step) / step < 1e-9
