@@ -92,6 +92,7 @@ class Template:
     mult: np.ndarray
     cls: np.ndarray
     cmult: np.ndarray
+    alone: float | None = None  # bytes/s per member with the links to itself (memo, cleared on a split)
 
 
 @dataclass(eq=False)
@@ -238,6 +239,7 @@ class Network:
                 entry[2].append(float(tpl.cmult[np.flatnonzero(tpl.cls == p)[0]]))
         for tpl, cls, mults in pending.values():
             tpl.cls = np.concatenate([tpl.cls, np.array(cls, dtype=np.int64)])
+            tpl.alone = None
             tpl.cmult = np.concatenate([tpl.cmult, np.array(mults)])
 
     def transfer(self, routes: Sequence[np.ndarray], size: float, latency: float = 0.0,
@@ -321,8 +323,10 @@ class Network:
             return
         now = self.env.now
         if len(groups) == 1:
-            lone = groups[0]
-            rates = [float((self._cap[lone.links] / lone.mult).min())]
+            tpl = groups[0].tpl
+            if tpl.alone is None:
+                tpl.alone = float((self._cap[tpl.cls] / tpl.cmult).min())
+            rates = [tpl.alone]
         else:
             entry_group = np.repeat(np.arange(len(groups)), [len(t.links) for t in groups])
             entry_link = np.concatenate([t.links for t in groups])
