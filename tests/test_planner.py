@@ -161,8 +161,9 @@ def test_bound_never_exceeds_the_step_and_is_exact_without_communication_on_one_
     for s in cases:
         w = build_workload(s, gpu_of(s.cluster, s.training.precision))
         bound = step_lower_bound(s, w)
-        assert step_lower_bound(s, w, planner.node_collective_time(s), planner.cluster_collective_time(s)) <= \
-            simulate(s).step_time_s
+        gpu = gpu_of(s.cluster, s.training.precision)
+        assert step_lower_bound(s, w, planner.node_collective_time(s), planner.cluster_collective_time(s),
+                                gpu.num_sms) <= simulate(s).step_time_s
         assert bound <= simulate(s).step_time_s
         assert bound <= simulate(s, SimOptions(communication=False)).step_time_s
     one = apply_layout(tiny, replace(layout_of(tiny), pp=1, dp=4))
@@ -201,8 +202,38 @@ def test_bound_with_fsdp_never_exceeds_the_step_across_nodes(kw):
     raw["parallelism"]["dp"] = 4
     s = apply_layout(scenario_from_dict(raw), replace(layout_of(scenario_from_dict(raw)), **kw))
     w = build_workload(s, gpu_of(s.cluster, s.training.precision))
-    bound = step_lower_bound(s, w, planner.node_collective_time(s), planner.cluster_collective_time(s))
+    bound = step_lower_bound(s, w, planner.node_collective_time(s), planner.cluster_collective_time(s),
+                             gpu_of(s.cluster, s.training.precision).num_sms)
     assert step_lower_bound(s, w, planner.node_collective_time(s)) <= bound <= simulate(s).step_time_s
+
+
+@pytest.mark.parametrize("kw", [
+    dict(tp=2), dict(tp=4, pp=1, dp=2), dict(tp=4, pp=1, dp=2, sequence_parallel=True),
+    dict(tp=2, sequence_parallel=True, recompute="selective"), dict(tp=2, sequence_parallel=True, recompute="full"),
+    dict(tp=2, vp=2, schedule="interleaved", sequence_parallel=True), dict(tp=2, cp=2, sequence_parallel=True),
+    dict(tp=2, sequence_parallel=True, schedule="zb-h1"),
+])
+def test_overlapped_tp_contention_keeps_the_bound_below_the_step(kw):
+    """The SMs the backward's overlapped TP collectives hold (``bound.overlap_contention_s``) raise
+    the bound, never above the simulated step; a split backward (zb-h1) takes no such term."""
+    from simulator.step.bound import overlap_contention_s
+
+    raw = scenario_to_dict(load_scenario("scenarios/tiny.yaml"))
+    raw["cluster"]["num_nodes"] = 2
+    raw["training"]["global_batch_size"] = 16
+    raw["parallelism"]["dp"] = 4
+    s = apply_layout(scenario_from_dict(raw), replace(layout_of(scenario_from_dict(raw)), **kw))
+    w = build_workload(s, gpu_of(s.cluster, s.training.precision))
+    sms = gpu_of(s.cluster, s.training.precision).num_sms
+    node, cluster = planner.node_collective_time(s), planner.cluster_collective_time(s)
+    extra = overlap_contention_s(s, w, node, sms)
+    without = step_lower_bound(s, w, node, cluster)
+    bound = step_lower_bound(s, w, node, cluster, sms)
+    assert without <= bound <= simulate(s).step_time_s
+    if kw.get("schedule") == "zb-h1":
+        assert extra == {False: 0.0, True: 0.0} and bound == without
+    else:
+        assert extra[False] > 0 and bound > without
 
 
 def test_candidate_scenarios_equal_the_checked_ones():

@@ -37,6 +37,11 @@ layer ``j`` cannot start before the end of layer ``j - d - 1`` (the step's start
 plus its all-gather alone on the idle cluster (``fsdp_chain``). One step's ``F`` or ``B`` is then
 the longest path of that chain rather than the plain sum of its layers.
 
+The backward's overlapped TP collectives are not free either: each holds its kernel's SMs for at
+least its time alone while the GEMM launched after it runs on the rest, so with the GPU's SM count
+each layer's ``B`` also carries ``overlap_contention_s``: the collective's exposed remainder or the
+GEMM's slowdown, whichever is larger (zero for split backwards).
+
 The same collectives also bound the step from the links' side: every all-gather (one per layer
 in each forward and backward) and gradient reduce-scatter (one per layer in each backward) of
 the stage's DP x CP group puts the same bytes on the same links whatever else runs (the routes
@@ -93,6 +98,58 @@ def blocking_tp_s(s: Scenario, w: Workload, collective_time: CollectiveTime | No
         fwd = blocks * per_block_fwd
         bwd = blocks * per_block_bwd + (fwd if s.training.recompute == "full" else 0.0)
         out[moe] = (fwd, bwd)
+    return out
+
+
+def overlap_contention_s(s: Scenario, w: Workload, collective_time: CollectiveTime | None,
+                         num_sms: int | None) -> dict[bool, float]:
+    """Least seconds per layer and micro-batch that the backward's overlapped TP collectives add to
+    the GEMMs under them, {is MoE layer: seconds} (``program._Builder.column_parallel_backward``).
+
+    With Megatron-LM's TP overlap the compute stream launches the reduce-scatter (all-reduce without
+    sequence parallelism), runs the weight-gradient GEMM and then waits for the collective; with
+    sequence parallelism it does the same with the input's re-gather around the input-gradient GEMM.
+    The collective's kernel holds ``nccl.kernel_sms`` SMs from its launch until it ends, at least
+    ``a`` later (its time alone on the idle node), and the engine runs the GEMM meanwhile at
+    ``r = (SMs - held) / SMs`` of its rate (``engine.StepEngine.gpu_time``). For a GEMM of ``g``
+    seconds, launch to end of wait then takes at least ``a`` if ``a r >= g`` (the GEMM ends under the
+    collective), else ``g + a (1 - r)`` (``a r`` of its work done under it, the rest after): at least
+    ``g + max(a - g, a (1 - r))``. A host stall before the GEMM or more SMs held only add. Zero for a
+    layer without these GEMMs (MoE MLPs), for split backwards (their W step takes the weight-gradient
+    GEMMs out of the overlap) and without ``num_sms``."""
+    from simulator.physical.nccl import kernel_sms
+    from simulator.step.schedules import SCHEDULES
+    from simulator.workload.compute import split_at_gemm
+
+    par, sw = s.parallelism, w.software
+    tp = par.tp
+    zero = {False: 0.0, True: 0.0}
+    if collective_time is None or num_sms is None or tp < 2 or tp > s.cluster.gpus_per_node:
+        return zero
+    sp = par.sequence_parallel
+    if sw is None or not (sw.tp_comm or (sp and sw.async_tp)):
+        return zero
+    if any(st.split for st in SCHEDULES[s.pipeline_schedule](0, par.pp, s.num_microbatches, par.vp)):
+        return zero
+    reduce = "reduce_scatter" if sp else "all_reduce"
+    a_reduce = collective_time(reduce, tp, w.tp_bytes)
+    a_gather = collective_time("all_gather", tp, w.tp_bytes) if sp else 0.0
+    held = kernel_sms(reduce, "tp", s.moe.token_dispatcher)
+    r = max(num_sms - held, 1) / num_sms
+
+    def under(g: float, a: float) -> float:
+        return max(a - g, a * (1 - r)) if a > 0 else 0.0
+
+    def block_s(block, gemm: str) -> float:
+        _, dgrad, wgrad, _ = split_at_gemm(block, gemm)
+        return under(wgrad.time_s, a_reduce) + under(dgrad.time_s, a_gather)
+
+    out = dict(zero)
+    for moe in (False, True):
+        layers = [x for x in w.layer_costs if s.model.is_moe_layer(x) == moe]
+        if layers:
+            out[moe] = min(block_s(w.layer_costs[x].attn_bwd, "qkv_proj")
+                           + (0.0 if moe else block_s(w.layer_costs[x].mlp_bwd, "mlp_up")) for x in layers)
     return out
 
 
@@ -220,9 +277,11 @@ def weight_grad_s(w: Workload) -> list[float]:
 
 
 def step_lower_bound(s: Scenario, w: Workload, collective_time: CollectiveTime | None = None,
-                     group_time: GroupTime | None = None) -> float:
+                     group_time: GroupTime | None = None, num_sms: int | None = None) -> float:
     """Seconds the simulated step of ``s`` (default ``SimOptions``) cannot beat (module docstring);
-    without ``collective_time`` compute only, without ``group_time`` no FSDP all-gathers."""
+    without ``collective_time`` compute only, without ``group_time`` no FSDP all-gathers, with the
+    GPU's ``num_sms`` the contention the backward's overlapped TP collectives must cost
+    (``overlap_contention_s``)."""
     from simulator.step.schedules import SCHEDULES, placement
     from simulator.workload.frameworks import fsdp_gathered_once
 
@@ -237,6 +296,10 @@ def step_lower_bound(s: Scenario, w: Workload, collective_time: CollectiveTime |
         fwd, bwd = fsdp_stage_compute(s, w, blocking, group_time)
     else:
         fwd, bwd = stage_compute(w, blocking)
+        extra = overlap_contention_s(s, w, collective_time, num_sms)
+        if extra[False] or extra[True]:
+            moe_layer = s.model.is_moe_layer
+            bwd = [b + sum(extra[moe_layer(x)] for x in w.layers(vs)) for vs, b in enumerate(bwd)]
     drain = bwd  # the part of B(j) a later B must wait for
     if any(st.split for st in SCHEDULES[s.pipeline_schedule](0, p, m, par.vp)):
         drain = [max(0.0, b - wgrad) for b, wgrad in zip(bwd, weight_grad_s(w))]

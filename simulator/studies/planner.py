@@ -129,7 +129,8 @@ class _Bounds:
         from simulator.workload.workload import build_workload
 
         cs = candidate_scenario(self.s, layout)
-        return step_lower_bound(cs, build_workload(cs, self.gpu), self.collective_time, self.group_time)
+        return step_lower_bound(cs, build_workload(cs, self.gpu), self.collective_time, self.group_time,
+                                self.gpu.num_sms)
 
     def cheap(self, layout: Layout) -> float | None:
         """The cheap bound, or None when it does not apply (DualPipe's two model copies)."""
