@@ -187,6 +187,15 @@ def test_fsdp_chain_is_the_longest_path():
     assert fsdp_chain([1.0, 1.0, 1.0], [2.0, 2.0, 2.0], 1) == 6.0
 
 
+def _tiny_on_two_nodes(**kw):
+    """The tiny scenario on two nodes (DP 4 crosses the network) with the layout changes ``kw``."""
+    raw = scenario_to_dict(load_scenario("scenarios/tiny.yaml"))
+    raw["cluster"]["num_nodes"] = 2
+    raw["training"]["global_batch_size"] = 16
+    raw["parallelism"]["dp"] = 4
+    return apply_layout(scenario_from_dict(raw), replace(layout_of(scenario_from_dict(raw)), **kw))
+
+
 @pytest.mark.parametrize("kw", [
     dict(zero_stage=3), dict(zero_stage=3, recompute="full"), dict(zero_stage=3, tp=2, pp=1, dp=8),
     dict(zero_stage=3, tp=8, pp=1, dp=2), dict(zero_stage=3, pp=4, dp=2, tp=2),
@@ -196,11 +205,7 @@ def test_fsdp_chain_is_the_longest_path():
 def test_bound_with_fsdp_never_exceeds_the_step_across_nodes(kw):
     """ZeRO-3's parameter all-gathers (chained behind the layers, and the busiest link's traffic)
     keep the bound below the simulated step, on two nodes where DP crosses the network."""
-    raw = scenario_to_dict(load_scenario("scenarios/tiny.yaml"))
-    raw["cluster"]["num_nodes"] = 2
-    raw["training"]["global_batch_size"] = 16
-    raw["parallelism"]["dp"] = 4
-    s = apply_layout(scenario_from_dict(raw), replace(layout_of(scenario_from_dict(raw)), **kw))
+    s = _tiny_on_two_nodes(**kw)
     w = build_workload(s, gpu_of(s.cluster, s.training.precision))
     bound = step_lower_bound(s, w, planner.node_collective_time(s), planner.cluster_collective_time(s),
                              gpu_of(s.cluster, s.training.precision).num_sms)
@@ -218,11 +223,7 @@ def test_overlapped_tp_contention_keeps_the_bound_below_the_step(kw):
     the bound, never above the simulated step; a split backward (zb-h1) takes no such term."""
     from simulator.step.bound import overlap_contention_s
 
-    raw = scenario_to_dict(load_scenario("scenarios/tiny.yaml"))
-    raw["cluster"]["num_nodes"] = 2
-    raw["training"]["global_batch_size"] = 16
-    raw["parallelism"]["dp"] = 4
-    s = apply_layout(scenario_from_dict(raw), replace(layout_of(scenario_from_dict(raw)), **kw))
+    s = _tiny_on_two_nodes(**kw)
     w = build_workload(s, gpu_of(s.cluster, s.training.precision))
     sms = gpu_of(s.cluster, s.training.precision).num_sms
     node, cluster = planner.node_collective_time(s), planner.cluster_collective_time(s)
