@@ -22,6 +22,7 @@ LLAMA8B = ModelConfig(hidden_size=4096, num_hidden_layers=32, num_attention_head
     ("fa2", "bwd", False, 128, 8192, 318), ("fa3", "fwd", True, 128, 8192, 602),
     ("fa3", "fwd", True, 128, 512, 292), ("fa3", "bwd", False, 128, 16384, 561),
     ("fa2", "fwd", True, 64, 2048, 262), ("fa3", "fwd", False, 64, 4096, 476),
+    ("fa3", "fwd", False, 128, 512, 467),  # the purple bar; 497 is cuDNN's (red) beside it
 ])
 def test_measured_points_are_reproduced(backend, direction, causal, d, seq, tflops):
     assert h100_tflops(AttentionKernel(backend, direction, causal, d, seq)) == pytest.approx(tflops)
@@ -108,7 +109,7 @@ def test_fa2_is_about_half_as_fast_as_the_fused_hopper_kernel_at_long_context():
 @pytest.mark.parametrize("direction,causal,d,seq,tflops", [
     # FlashAttention-3 paper Fig. 5 and 6, H100 SXM5 BF16: the cuDNN (9.1) bars beside FA3's
     ("fwd", False, 128, 16384, 595), ("fwd", True, 128, 16384, 539), ("bwd", False, 128, 16384, 516),
-    ("fwd", False, 128, 512, 467), ("fwd", False, 64, 2048, 395), ("fwd", True, 64, 8192, 379),
+    ("fwd", False, 128, 512, 497), ("fwd", False, 64, 2048, 395), ("fwd", True, 64, 8192, 379),
     ("bwd", False, 64, 512, 266),
 ])
 def test_early_2024_cudnn_is_its_measured_bars(direction, causal, d, seq, tflops):

@@ -49,8 +49,9 @@ What runs where (each framework's default; a scenario picks another with ``train
   version into a 2025 recipe.
 - ``cudnn91``: cuDNN's fused attention of early 2024 as it was measured: the cuDNN bars of the
   same FlashAttention-3 figures (cuDNN 9.1 beside FA3 on the same H100 and shapes; every mask,
-  head dim and direction the figures give is in ``_H100_TFLOPS[("cudnn91", ...)]``). Up to 2k
-  keys it is within -10% / +14% of FA3, from 8k on 7-18% below it (head dim 128 at 16k: forward
+  head dim and direction the figures give is in ``_H100_TFLOPS[("cudnn91", ...)]``; the forward
+  figure is also the repository's assets/flash3_fp16_fwd.png). Up to 2k keys it is within 14% of
+  FA3 either way, from 8k on 7-18% below it (head dim 128 at 16k: forward
   595 against 648 TFLOP/s, causal 539 against 616, backward 516 against 561; head dim 64 17-18%
   below in the forward). Its non-causal forward falls past 2k keys, so holding the 16k value
   beyond 16k (below) errs fast. It is the kernel Transformer Engine 1.3-1.5 (Feb-Apr 2024, the
@@ -102,7 +103,8 @@ FLEX_FA3_RATIO = {"fwd": 0.85, "bwd": 0.76}
 FLEX_FA2_RATIO = {"fwd": 0.90, "bwd": 0.85}
 
 # FlashAttention-3 paper, Fig. 5 (forward) and Fig. 6 (backward), H100 SXM5 BF16, TFLOP/s at
-# SEQ_POINTS. Keys: (kernel, direction, causal, head_dim).
+# SEQ_POINTS. Keys: (kernel, direction, causal, head_dim). Fig. 5c at 512 (Dao-AILab/flash-attention
+# assets/flash3_fp16_fwd.png): FA3 467, cuDNN 497 beside it.
 _H100_TFLOPS: dict[tuple[str, str, bool, int], tuple[float, ...]] = {
     ("fa2", "fwd", False, 128): (309, 350, 362, 368, 370, 370),
     ("fa2", "fwd", True, 128): (191, 260, 298, 319, 333, 335),
@@ -110,14 +112,14 @@ _H100_TFLOPS: dict[tuple[str, str, bool, int], tuple[float, ...]] = {
     ("fa2", "fwd", False, 64): (282, 306, 318, 321, 322, 324),
     ("fa2", "fwd", True, 64): (180, 229, 262, 284, 295, 299),
     ("fa2", "bwd", False, 64): (198, 238, 264, 276, 284, 289),
-    ("fa3", "fwd", False, 128): (497, 565, 625, 638, 646, 648),
+    ("fa3", "fwd", False, 128): (467, 565, 625, 638, 646, 648),
     ("fa3", "fwd", True, 128): (292, 423, 521, 579, 602, 616),
     ("fa3", "bwd", False, 128): (316, 424, 501, 542, 559, 561),
     ("fa3", "fwd", False, 64): (333, 392, 460, 476, 496, 497),
     ("fa3", "fwd", True, 64): (197, 265, 371, 420, 460, 473),
     ("fa3", "bwd", False, 64): (272, 363, 422, 452, 471, 475),
     # cuDNN 9.1, the cuDNN bars of the same figures (see ``cudnn91`` in the module docstring)
-    ("cudnn91", "fwd", False, 128): (467, 574, 617, 609, 600, 595),
+    ("cudnn91", "fwd", False, 128): (497, 574, 617, 609, 600, 595),
     ("cudnn91", "fwd", True, 128): (315, 410, 484, 518, 529, 539),
     ("cudnn91", "bwd", False, 128): (305, 408, 465, 499, 518, 516),
     ("cudnn91", "fwd", False, 64): (335, 373, 395, 408, 412, 413),
