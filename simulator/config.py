@@ -118,7 +118,7 @@ class TrainingConfig:
     recompute: str = "none"  # none | selective | full
     # with recompute: selective, Megatron-core's --recompute-modules (None: core_attn, its default)
     recompute_modules: tuple[str, ...] | None = None
-    attention: str = "flash"  # flash (the framework's fused kernel) | fa2 | fa3 | cudnn | unfused (materialised scores, pre-2023 Megatron)
+    attention: str = "flash"  # flash (the framework's fused kernel) | fa2 | sdpa | fa3 | cudnn | cudnn91 | flex | unfused (materialised scores, pre-2023 Megatron)
     fp8_attention: bool = False  # attention matmuls in FP8 (Transformer Engine fp8_dot_product_attention, cuDNN); needs an FP8 precision
 
 

@@ -224,7 +224,7 @@ _CHECKS: dict[str, dict[str, Checker]] = {
         "precision": partial(_choice, choices=PRECISIONS),
         "recompute": partial(_choice, choices=RECOMPUTE),
         "recompute_modules": _recompute_modules,
-        "attention": partial(_choice, choices=("flash", "fa2", "sdpa", "fa3", "cudnn", "flex", "unfused")),
+        "attention": partial(_choice, choices=("flash", "fa2", "sdpa", "fa3", "cudnn", "cudnn91", "flex", "unfused")),
         "fp8_attention": _boolean,
     },
     "parallelism": {

@@ -22,6 +22,7 @@ LLAMA8B = ModelConfig(hidden_size=4096, num_hidden_layers=32, num_attention_head
     ("fa2", "bwd", False, 128, 8192, 318), ("fa3", "fwd", True, 128, 8192, 602),
     ("fa3", "fwd", True, 128, 512, 292), ("fa3", "bwd", False, 128, 16384, 561),
     ("fa2", "fwd", True, 64, 2048, 262), ("fa3", "fwd", False, 64, 4096, 476),
+    ("fa3", "fwd", False, 128, 512, 467),  # the purple bar; 497 is cuDNN's (red) beside it
 ])
 def test_measured_points_are_reproduced(backend, direction, causal, d, seq, tflops):
     assert h100_tflops(AttentionKernel(backend, direction, causal, d, seq)) == pytest.approx(tflops)
@@ -103,6 +104,43 @@ def test_fa2_is_about_half_as_fast_as_the_fused_hopper_kernel_at_long_context():
     fused = _core(LLAMA8B, train, ParallelConfig(), H100).time_s
     fa2 = _core(LLAMA8B, dataclasses.replace(train, attention="fa2"), ParallelConfig(), H100).time_s
     assert fa2 / fused == pytest.approx(616 / 335, rel=0.02)
+
+
+@pytest.mark.parametrize("direction,causal,d,seq,tflops", [
+    # FlashAttention-3 paper Fig. 5 and 6, H100 SXM5 BF16: the cuDNN (9.1) bars beside FA3's
+    ("fwd", False, 128, 16384, 595), ("fwd", True, 128, 16384, 539), ("bwd", False, 128, 16384, 516),
+    ("fwd", False, 128, 512, 497), ("fwd", False, 64, 2048, 395), ("fwd", True, 64, 8192, 379),
+    ("bwd", False, 64, 512, 266),
+])
+def test_early_2024_cudnn_is_its_measured_bars(direction, causal, d, seq, tflops):
+    assert h100_tflops(AttentionKernel("cudnn91", direction, causal, d, seq)) == pytest.approx(tflops)
+
+
+def test_early_2024_cudnn_holds_its_16k_rate_at_long_keys_below_fa3():
+    """At 128k keys the 16k bars: causal backward 516 x 539 / 595 (the non-causal backward times
+    the forward's causal ratio), against FA3's 561 x 616 / 648 that ``cudnn`` runs."""
+    old = h100_tflops(AttentionKernel("cudnn91", "bwd", True, 128, 131072))
+    assert old == pytest.approx(516 * 539 / 595)
+    now = h100_tflops(AttentionKernel("cudnn", "bwd", True, 128, 131072))
+    assert now == pytest.approx(561 * 616 / 648)
+    assert h100_tflops(AttentionKernel("cudnn91", "fwd", False, 128, 65536)) == 595
+
+
+def test_early_2024_cudnn_by_architecture():
+    assert attention.resolve_backend("cudnn91", "H100-SXM5-80GB") == "cudnn91"
+    assert attention.resolve_backend("cudnn91", "A100-SXM4-80GB") == "fa2"  # TE on sm80 runs FA2
+    assert attention.resolve_backend("cudnn91", "B200-SXM-180GB") == "cudnn"  # no 2024 cuDNN ran Blackwell
+
+
+def test_layer_attention_with_early_2024_cudnn_costs_its_measured_ratio_more():
+    """Llama 3 8B at 32k tokens on one GPU: the causal core takes 616 / 539 of the current
+    kernel's time forward and (561 x 616 / 648) / (516 x 539 / 595) backward (launch gaps aside)."""
+    train = TrainingConfig(seq_length=32768)
+    old = dataclasses.replace(train, attention="cudnn91")
+    for backward, ratio in ((False, 616 / 539), (True, (561 * 616 / 648) / (516 * 539 / 595))):
+        new_t = _core(LLAMA8B, train, ParallelConfig(), H100, backward).time_s - H100.launch_overhead_s
+        old_t = _core(LLAMA8B, old, ParallelConfig(), H100, backward).time_s - H100.launch_overhead_s
+        assert old_t / new_t == pytest.approx(ratio)
 
 
 def test_cp_calls_add_up_to_the_causal_work_and_balance():

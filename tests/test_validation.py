@@ -221,3 +221,13 @@ def test_a_stated_attention_kernel_is_the_one_that_runs():
     assert case_to_scenario_dict(case)["training"]["attention"] == "flash"
     del case["framework_options"]["attention"]
     assert case_to_scenario_dict(case)["training"]["attention"] == "flash"
+
+
+def test_nemo_24_03_runs_state_the_early_2024_cudnn():
+    """The NeMo 24.03 long-sequence rows name Transformer Engine's cuDNN of that release
+    (framework_options.attention cudnn91), which validate passes to the scenario."""
+    cases = yaml.safe_load(Path("tests/data/framework-runs.yaml").read_text())["cases"]
+    nemo = [c for c in cases if c["id"].startswith("nemo2403-")]
+    assert len(nemo) == 2
+    for case in nemo:
+        assert case_to_scenario_dict(case)["training"]["attention"] == "cudnn91"

@@ -42,7 +42,8 @@ only, so predictions are the same with them removed. Documented defaults for unk
   recipes in 2023, and runs published before that trained with Megatron's fused softmax over
   materialised scores.
   ``framework_options.attention`` naming a kernel stepsim prices (fa2, sdpa, fa3, cudnn, flex:
-  NeMo AutoModel's ``attn: flex`` backend is PyTorch FlexAttention) runs that kernel instead.
+  NeMo AutoModel's ``attn: flex`` backend is PyTorch FlexAttention; cudnn91: the cuDNN of
+  Transformer Engine's early-2024 releases, simulator.workload.attention) runs that kernel instead.
 - layers not divisible by pp x vp: the first and last stages get f layers each and the others the
   rest evenly, f the largest value <= ceil(layers / (pp x vp)) that makes this possible (how
   Megatron-DeepSpeed balanced BLOOM, whose first and last stages also carry the embedding). When
@@ -198,7 +199,7 @@ def _stated_schedule(case: dict) -> str | None:
     return stated if stated in SPLIT_SCHEDULES else None
 
 
-STATED_ATTENTION = ("fa2", "sdpa", "fa3", "cudnn", "flex")
+STATED_ATTENTION = ("fa2", "sdpa", "fa3", "cudnn", "cudnn91", "flex")
 
 
 def _attention_of(case: dict) -> str:

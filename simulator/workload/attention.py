@@ -47,6 +47,21 @@ What runs where (each framework's default; a scenario picks another with ``train
   since have closed the gap, and stepsim's Megatron-core calibration (hardware.py) was fitted
   with the FA3 curve, so ``cudnn`` uses the FA3 curve and says so rather than mixing a 2024 cuDNN
   version into a 2025 recipe.
+- ``cudnn91``: cuDNN's fused attention of early 2024 as it was measured: the cuDNN bars of the
+  same FlashAttention-3 figures (cuDNN 9.1 beside FA3 on the same H100 and shapes; every mask,
+  head dim and direction the figures give is in ``_H100_TFLOPS[("cudnn91", ...)]``; the forward
+  figure is also the repository's assets/flash3_fp16_fwd.png). Up to 2k keys it is within 14% of
+  FA3 either way, from 8k on 7-18% below it (head dim 128 at 16k: forward
+  595 against 648 TFLOP/s, causal 539 against 616, backward 516 against 561; head dim 64 17-18%
+  below in the forward). Its non-causal forward falls past 2k keys, so holding the 16k value
+  beyond 16k (below) errs fast. It is the kernel Transformer Engine 1.3-1.5 (Feb-Apr 2024, the
+  NeMo 24.0x containers) ran on Hopper: they already chose FusedAttention over flash-attn on
+  sm90 whenever cuDNN's arbitrary-seqlen backend took the shape, context parallelism included
+  (transformer_engine/pytorch/attention.py at v1.4, 0fbc76af3: "Select FusedAttention on sm90
+  ... for performance"), with the cuDNN 9 of those months, of which 9.1 is the release measured.
+  A scenario (or a published run's ``framework_options.attention``) names it for a run of that
+  era; ``cudnn`` stays the current kernel. On Ampere it is FA2 like every TE kernel, on
+  Blackwell (which no 2024 cuDNN ran) ``cudnn``.
 - ``flash``: the framework's default fused kernel: ``cudnn`` on Hopper and Blackwell (FA3 does not
   run on Blackwell; cuDNN and FlashAttention-4 do, at a similar fraction of the new peak), ``fa2``
   on Ampere.
@@ -73,7 +88,7 @@ from simulator.physical.hardware import power_factor
 H100_PEAK_TFLOPS = 989.0
 A100_PEAK_TFLOPS = 312.0
 SEQ_POINTS = (512, 1024, 2048, 4096, 8192, 16384)
-ATTENTION_BACKENDS = ("flash", "fa2", "sdpa", "fa3", "cudnn", "flex", "unfused")
+ATTENTION_BACKENDS = ("flash", "fa2", "sdpa", "fa3", "cudnn", "cudnn91", "flex", "unfused")
 
 # PyTorch SDPA flash backend / flash_attn FA2, non-causal forward, head dim 128, at SEQ_POINTS:
 # pytorch/benchmark#2296 (287.457, 293.208, 298.428, 287.696, 304.199 TFLOP/s at 1k..16k) over the
@@ -88,7 +103,8 @@ FLEX_FA3_RATIO = {"fwd": 0.85, "bwd": 0.76}
 FLEX_FA2_RATIO = {"fwd": 0.90, "bwd": 0.85}
 
 # FlashAttention-3 paper, Fig. 5 (forward) and Fig. 6 (backward), H100 SXM5 BF16, TFLOP/s at
-# SEQ_POINTS. Keys: (kernel, direction, causal, head_dim).
+# SEQ_POINTS. Keys: (kernel, direction, causal, head_dim). Fig. 5c at 512 (Dao-AILab/flash-attention
+# assets/flash3_fp16_fwd.png): FA3 467, cuDNN 497 beside it.
 _H100_TFLOPS: dict[tuple[str, str, bool, int], tuple[float, ...]] = {
     ("fa2", "fwd", False, 128): (309, 350, 362, 368, 370, 370),
     ("fa2", "fwd", True, 128): (191, 260, 298, 319, 333, 335),
@@ -96,12 +112,19 @@ _H100_TFLOPS: dict[tuple[str, str, bool, int], tuple[float, ...]] = {
     ("fa2", "fwd", False, 64): (282, 306, 318, 321, 322, 324),
     ("fa2", "fwd", True, 64): (180, 229, 262, 284, 295, 299),
     ("fa2", "bwd", False, 64): (198, 238, 264, 276, 284, 289),
-    ("fa3", "fwd", False, 128): (497, 565, 625, 638, 646, 648),
+    ("fa3", "fwd", False, 128): (467, 565, 625, 638, 646, 648),
     ("fa3", "fwd", True, 128): (292, 423, 521, 579, 602, 616),
     ("fa3", "bwd", False, 128): (316, 424, 501, 542, 559, 561),
     ("fa3", "fwd", False, 64): (333, 392, 460, 476, 496, 497),
     ("fa3", "fwd", True, 64): (197, 265, 371, 420, 460, 473),
     ("fa3", "bwd", False, 64): (272, 363, 422, 452, 471, 475),
+    # cuDNN 9.1, the cuDNN bars of the same figures (see ``cudnn91`` in the module docstring)
+    ("cudnn91", "fwd", False, 128): (497, 574, 617, 609, 600, 595),
+    ("cudnn91", "fwd", True, 128): (315, 410, 484, 518, 529, 539),
+    ("cudnn91", "bwd", False, 128): (305, 408, 465, 499, 518, 516),
+    ("cudnn91", "fwd", False, 64): (335, 373, 395, 408, 412, 413),
+    ("cudnn91", "fwd", True, 64): (225, 288, 334, 363, 379, 388),
+    ("cudnn91", "bwd", False, 64): (266, 348, 395, 417, 432, 433),
 }
 
 # A100 (FlashAttention-2 paper, Dao 2023, Sec. 4.1 and Fig. 5): forward up to 73% of the 312
@@ -138,7 +161,7 @@ def resolve_backend(attention: str, gpu_name: str, framework_default: str = "cud
     if arch == "ampere":
         return "flex" if attention == "flex" else "fa2"
     kernel = framework_default if attention == "flash" else attention
-    if arch == "blackwell" and kernel == "fa3":
+    if arch == "blackwell" and kernel in ("fa3", "cudnn91"):
         return "cudnn"
     return kernel
 
@@ -167,7 +190,8 @@ def _curve(kernel: str, direction: str, causal: bool, head_dim: int, kv_len: flo
 
 
 def h100_tflops(k: AttentionKernel) -> float:
-    """Measured-curve TFLOP/s of kernel ``k`` on an H100 (``cudnn`` uses the FA3 curve, see above)."""
+    """Measured-curve TFLOP/s of kernel ``k`` on an H100 (``cudnn`` uses the FA3 curve and
+    ``cudnn91`` its own measured bars, see above)."""
     if k.backend == "sdpa":
         ratio = _interp_log2(SEQ_POINTS, SDPA_FA2_RATIO, k.kv_len)
         return ratio * h100_tflops(AttentionKernel("fa2", k.direction, k.causal, k.head_dim, k.kv_len))
