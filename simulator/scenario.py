@@ -39,6 +39,7 @@ from simulator.step.plan import vstage_layers
 from simulator.step.schedules import SCHEDULES, check_schedule_args
 from simulator.physical.faults import effective_spec, node_links
 from simulator.physical.topology import LINK_CLASSES, load_topology
+from simulator.workload.attention import ATTENTION_BACKENDS
 from simulator.workload.frameworks import FP8_RECIPES, framework_names
 
 HIDDEN_ACTS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "silu", "swiglu")
@@ -224,7 +225,7 @@ _CHECKS: dict[str, dict[str, Checker]] = {
         "precision": partial(_choice, choices=PRECISIONS),
         "recompute": partial(_choice, choices=RECOMPUTE),
         "recompute_modules": _recompute_modules,
-        "attention": partial(_choice, choices=("flash", "fa2", "sdpa", "fa3", "cudnn", "cudnn91", "flex", "unfused")),
+        "attention": partial(_choice, choices=ATTENTION_BACKENDS),
         "fp8_attention": _boolean,
     },
     "parallelism": {

@@ -7,15 +7,10 @@ changes no number of the report: the recorder only copies rates it already compu
 from __future__ import annotations
 
 from functools import lru_cache
-from pathlib import Path
-
 import pytest
 
 from simulator.scenario import load_scenario
 from simulator.step.engine import SimOptions, SimResult, simulate
-
-SCENARIOS = sorted((Path(__file__).resolve().parents[1] / "scenarios").glob("*.yaml"))
-
 
 @lru_cache(maxsize=None)
 def _shipped(path: str) -> SimResult:

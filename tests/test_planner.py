@@ -159,9 +159,9 @@ def test_bound_never_exceeds_the_step_and_is_exact_without_communication_on_one_
     cases.append(replace(apply_layout(tiny, replace(layout_of(tiny), zero_stage=3)), framework="torchtitan"))
     assert cases[-1].parallelism.pp > 1
     for s in cases:
-        w = build_workload(s, gpu_of(s.cluster, s.training.precision))
-        bound = step_lower_bound(s, w)
         gpu = gpu_of(s.cluster, s.training.precision)
+        w = build_workload(s, gpu)
+        bound = step_lower_bound(s, w)
         assert step_lower_bound(s, w, planner.node_collective_time(s), planner.cluster_collective_time(s),
                                 gpu.num_sms) <= simulate(s).step_time_s
         assert bound <= simulate(s).step_time_s
@@ -206,9 +206,9 @@ def test_bound_with_fsdp_never_exceeds_the_step_across_nodes(kw):
     """ZeRO-3's parameter all-gathers (chained behind the layers, and the busiest link's traffic)
     keep the bound below the simulated step, on two nodes where DP crosses the network."""
     s = _tiny_on_two_nodes(**kw)
-    w = build_workload(s, gpu_of(s.cluster, s.training.precision))
-    bound = step_lower_bound(s, w, planner.node_collective_time(s), planner.cluster_collective_time(s),
-                             gpu_of(s.cluster, s.training.precision).num_sms)
+    gpu = gpu_of(s.cluster, s.training.precision)
+    w = build_workload(s, gpu)
+    bound = step_lower_bound(s, w, planner.node_collective_time(s), planner.cluster_collective_time(s), gpu.num_sms)
     assert step_lower_bound(s, w, planner.node_collective_time(s)) <= bound <= simulate(s).step_time_s
 
 
@@ -224,8 +224,9 @@ def test_overlapped_tp_contention_keeps_the_bound_below_the_step(kw):
     from simulator.step.bound import overlap_contention_s
 
     s = _tiny_on_two_nodes(**kw)
-    w = build_workload(s, gpu_of(s.cluster, s.training.precision))
-    sms = gpu_of(s.cluster, s.training.precision).num_sms
+    gpu = gpu_of(s.cluster, s.training.precision)
+    w = build_workload(s, gpu)
+    sms = gpu.num_sms
     node, cluster = planner.node_collective_time(s), planner.cluster_collective_time(s)
     extra = overlap_contention_s(s, w, node, sms)
     without = step_lower_bound(s, w, node, cluster)

@@ -226,7 +226,7 @@ def test_a_stated_attention_kernel_is_the_one_that_runs():
 def test_nemo_24_03_runs_state_the_early_2024_cudnn():
     """The NeMo 24.03 long-sequence rows name Transformer Engine's cuDNN of that release
     (framework_options.attention cudnn91), which validate passes to the scenario."""
-    cases = yaml.safe_load(Path("tests/data/framework-runs.yaml").read_text())["cases"]
+    cases = yaml.safe_load((Path(__file__).parent / "data" / "framework-runs.yaml").read_text())["cases"]
     nemo = [c for c in cases if c["id"].startswith("nemo2403-")]
     assert len(nemo) == 2
     for case in nemo:

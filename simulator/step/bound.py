@@ -101,6 +101,14 @@ def blocking_tp_s(s: Scenario, w: Workload, collective_time: CollectiveTime | No
     return out
 
 
+def split_backward(s: Scenario) -> bool:
+    """Whether the scenario's schedule splits the backward (a W step takes the weight gradients)."""
+    from simulator.step.schedules import SCHEDULES
+
+    par = s.parallelism
+    return any(st.split for st in SCHEDULES[s.pipeline_schedule](0, par.pp, s.num_microbatches, par.vp))
+
+
 def overlap_contention_s(s: Scenario, w: Workload, collective_time: CollectiveTime | None,
                          num_sms: int | None) -> dict[bool, float]:
     """Least seconds per layer and micro-batch that the backward's overlapped TP collectives add to
@@ -118,7 +126,6 @@ def overlap_contention_s(s: Scenario, w: Workload, collective_time: CollectiveTi
     layer without these GEMMs (MoE MLPs), for split backwards (their W step takes the weight-gradient
     GEMMs out of the overlap) and without ``num_sms``."""
     from simulator.physical.nccl import kernel_sms
-    from simulator.step.schedules import SCHEDULES
     from simulator.workload.compute import split_at_gemm
 
     par, sw = s.parallelism, w.software
@@ -129,7 +136,7 @@ def overlap_contention_s(s: Scenario, w: Workload, collective_time: CollectiveTi
     sp = par.sequence_parallel
     if sw is None or not (sw.tp_comm or (sp and sw.async_tp)):
         return zero
-    if any(st.split for st in SCHEDULES[s.pipeline_schedule](0, par.pp, s.num_microbatches, par.vp)):
+    if split_backward(s):
         return zero
     reduce = "reduce_scatter" if sp else "all_reduce"
     a_reduce = collective_time(reduce, tp, w.tp_bytes)
@@ -282,7 +289,7 @@ def step_lower_bound(s: Scenario, w: Workload, collective_time: CollectiveTime |
     without ``collective_time`` compute only, without ``group_time`` no FSDP all-gathers, with the
     GPU's ``num_sms`` the contention the backward's overlapped TP collectives must cost
     (``overlap_contention_s``)."""
-    from simulator.step.schedules import SCHEDULES, placement
+    from simulator.step.schedules import placement
     from simulator.workload.frameworks import fsdp_gathered_once
 
     par = s.parallelism
@@ -301,7 +308,7 @@ def step_lower_bound(s: Scenario, w: Workload, collective_time: CollectiveTime |
             moe_layer = s.model.is_moe_layer
             bwd = [b + sum(extra[moe_layer(x)] for x in w.layers(vs)) for vs, b in enumerate(bwd)]
     drain = bwd  # the part of B(j) a later B must wait for
-    if any(st.split for st in SCHEDULES[s.pipeline_schedule](0, p, m, par.vp)):
+    if split_backward(s):
         drain = [max(0.0, b - wgrad) for b, wgrad in zip(bwd, weight_grad_s(w))]
     opt = [w.optimizer[stage].time_s for stage in range(p)]
     per_chunk = m // place.copies  # micro-batches through each chunk
