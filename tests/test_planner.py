@@ -238,6 +238,34 @@ def test_overlapped_tp_contention_keeps_the_bound_below_the_step(kw):
         assert extra[False] > 0 and bound > without
 
 
+def test_fsdp_contention_bound_is_its_closed_form_and_below_the_step():
+    """Llama 3 70B, TP2 CP2 ZeRO-3 over 32 GPUs on 64 H100 (the gathers cross the network, hidden
+    by the prefetch): the SMs the FSDP collectives hold lift the bound to C + (24/132) L +
+    (108/132) T, with C the compute alone (the step without communication, pp 1), L the busiest
+    link's FSDP busy time and T the blocking TP collectives; the simulated step stays above it."""
+    from simulator.physical.nccl import NCCL_KERNEL_SMS
+    from simulator.step.bound import blocking_tp_s, fsdp_link_busy, stage_compute
+
+    raw = scenario_to_dict(load_scenario("scenarios/llama3-70b-64xh100.yaml"))
+    raw["training"]["global_batch_size"] = 64
+    base = scenario_from_dict(raw)
+    s = apply_layout(base, replace(layout_of(base), tp=2, pp=1, dp=16, cp=2, vp=1, zero_stage=3, schedule="1f1b",
+                                   sequence_parallel=True, recompute="none", first_pipeline_num_layers=None,
+                                   last_pipeline_num_layers=None))
+    gpu = gpu_of(s.cluster, s.training.precision)
+    w = build_workload(s, gpu)
+    node, cluster = planner.node_collective_time(s), planner.cluster_collective_time(s)
+    without = step_lower_bound(s, w, node, cluster)
+    bound = step_lower_bound(s, w, node, cluster, gpu.num_sms)
+    compute = simulate(s, SimOptions(communication=False)).step_time_s
+    fwd, bwd = stage_compute(w, blocking_tp_s(s, w, node))
+    waits = s.num_microbatches * (sum(fwd) + sum(bwd)) - (compute - w.optimizer[0].time_s)
+    k = NCCL_KERNEL_SMS / gpu.num_sms
+    assert waits > 0
+    assert bound == pytest.approx(compute + k * fsdp_link_busy(s, w, cluster)[0] + (1 - k) * waits, rel=1e-8)
+    assert without * 1.1 < bound < simulate(s).step_time_s
+
+
 def test_candidate_scenarios_equal_the_checked_ones():
     s = load_scenario("scenarios/llama3-70b-64xh100.yaml")
     enum = enumerate_layouts(s, parse_space(["tp=4,8", "pp=2,4", "cp=1,2"], s))

@@ -46,7 +46,17 @@ The same collectives also bound the step from the links' side: every all-gather 
 in each forward and backward) and gradient reduce-scatter (one per layer in each backward) of
 the stage's DP x CP group puts the same bytes on the same links whatever else runs (the routes
 are fixed), and a link carries at most its capacity, so the stage cannot end before its busiest
-link has carried them all, plus the optimizer step (``fsdp_link_bound``).
+link has carried them all, plus the optimizer step (``fsdp_link_bound``). Those collectives
+cost SMs too: whenever a byte of one is on a link, the collective has started, so every rank of the
+group has launched it and holds its kernel's ``k`` SMs (``engine.hold``, until the collective ends),
+and compute beside it advances at no more than ``(SMs - k) / SMs`` of its rate (``engine.gpu_time``).
+Split a stage's time ``E`` into compute alone ``t1``, compute beside a communication kernel ``t2`` and
+no compute ``t3``: its compute work ``C`` is at most ``t1 + t2 (SMs - k) / SMs``, and its FSDP
+collectives are active for at least the busiest link's busy time ``L``, all within ``t2 + t3``, so
+``E = t1 + t2 + t3 >= C + (k / SMs) t2 + t3 >= C + (k / SMs) L + (1 - k / SMs) t3``; ``t3`` is at
+least the blocking TP collectives' time ``T`` (the compute stream waits on them, computing nothing)
+plus the fill ``H`` before the stage's first forward (item 1), so
+``E >= C + (k / SMs) L + (1 - k / SMs) (T + H)`` (``fsdp_contention_bound``).
 
 Hence ``step >= max_s [sum_{j<s} F(j) + W_s + max(O_s, sum_{j<s} B(j) + O_0)]`` for every
 schedule (each one's last backward on a stage is followed by the backwards of the virtual stages
@@ -242,9 +252,10 @@ def fsdp_stage_compute(s: Scenario, w: Workload, blocking: dict[bool, tuple[floa
     return fwd, bwd
 
 
-def fsdp_link_bound(s: Scenario, w: Workload, group_time: GroupTime) -> float:
-    """Seconds no ZeRO-3 stage can beat for its FSDP traffic alone: over its DP x CP group, the
-    busiest link's total busy time, plus the stage's optimizer step (module docstring)."""
+def fsdp_link_busy(s: Scenario, w: Workload, group_time: GroupTime) -> dict[int, float]:
+    """Seconds the busiest link of each ZeRO-3 stage's DP x CP group is busy with that group's FSDP
+    traffic alone, by pipeline stage (stages whose group is one rank are left out): per layer and
+    micro-batch two parameter all-gathers and one gradient reduce-scatter (module docstring)."""
     from simulator.step.plan import Plan
     from simulator.step.schedules import placement
     from simulator.workload.workload import GRAD_BYTES, PARAM_BYTES
@@ -253,7 +264,7 @@ def fsdp_link_bound(s: Scenario, w: Workload, group_time: GroupTime) -> float:
     plan = Plan.build(par.tp, par.pp, s.dp, par.cp, par.ep, par.expert_tp, par.dp_replicate)
     place = placement(s.pipeline_schedule, par.pp, par.vp)
     m = s.num_microbatches // place.copies  # micro-batches through each chunk
-    best = 0.0
+    out: dict[int, float] = {}
     for stage in range(par.pp):
         group = plan.dp_cp_group(int(plan.grid[stage, 0, 0, 0]))
         if len(group) < 2:
@@ -269,7 +280,42 @@ def fsdp_link_bound(s: Scenario, w: Workload, group_time: GroupTime) -> float:
             busy = busy + 2 * m * n * group_time("all_gather", group, params * PARAM_BYTES)[1]
             busy = busy + m * n * group_time("reduce_scatter", group, params * GRAD_BYTES)[1]
         if not isinstance(busy, float):
-            best = max(best, float(busy.max()) + w.optimizer[stage].time_s)
+            out[stage] = float(busy.max())
+    return out
+
+
+def fsdp_link_bound(s: Scenario, w: Workload, group_time: GroupTime) -> float:
+    """Seconds no ZeRO-3 stage can beat for its FSDP traffic alone: over its DP x CP group, the
+    busiest link's total busy time, plus the stage's optimizer step (module docstring)."""
+    busy = fsdp_link_busy(s, w, group_time)
+    return max((b + w.optimizer[stage].time_s for stage, b in busy.items()), default=0.0)
+
+
+def fsdp_contention_bound(s: Scenario, w: Workload, busy: dict[int, float], num_sms: int,
+                          blocking: dict[bool, tuple[float, float]] | None = None,
+                          heads: dict[int, float] | None = None) -> float:
+    """Seconds no ZeRO-3 stage can beat for its compute slowed by the SMs its FSDP collectives hold
+    (module docstring): its compute work ``C`` (every forward and backward of its chunks, and its
+    optimizer step, on the whole GPU) plus ``k / SMs`` of ``busy``, the seconds the busiest link of
+    its DP x CP group carries that group's FSDP bytes (``fsdp_link_busy``), plus ``(SMs - k) / SMs``
+    of what it cannot compute in: the TP collectives its compute stream waits on (``blocking``) and
+    the pipeline's fill before its first forward (``heads``, by stage; module docstring)."""
+    from simulator.physical.nccl import NCCL_KERNEL_SMS
+    from simulator.step.schedules import placement
+
+    par = s.parallelism
+    place = placement(s.pipeline_schedule, par.pp, par.vp)
+    per_chunk = s.num_microbatches // place.copies
+    loss = min(NCCL_KERNEL_SMS, num_sms - 1) / num_sms  # 1 - the rate compute keeps beside one kernel
+    fwd, bwd = stage_compute(w)
+    fwd_tp, bwd_tp = stage_compute(w, blocking)
+    best = 0.0
+    for stage, b in busy.items():
+        held = [place.vstage(stage, c) for c in range(place.chunks)]
+        work = per_chunk * sum(fwd[vs] + bwd[vs] for vs in held)
+        waits = per_chunk * sum(fwd_tp[vs] + bwd_tp[vs] for vs in held) - work
+        idle = max(0.0, waits) + (heads or {}).get(stage, 0.0)
+        best = max(best, work + w.optimizer[stage].time_s + loss * b + (1 - loss) * idle)
     return best
 
 
@@ -313,12 +359,13 @@ def step_lower_bound(s: Scenario, w: Workload, collective_time: CollectiveTime |
     opt = [w.optimizer[stage].time_s for stage in range(p)]
     per_chunk = m // place.copies  # micro-batches through each chunk
     best = 0.0
+    heads: dict[int, float] = {}
     for stage in range(p):
         held = [(c if place.copies > 1 else 0, place.vstage(stage, c)) for c in range(place.chunks)]
         lowest: dict[int, int] = {}  # model copy -> the lowest virtual stage this rank holds of it
         for copy, vs in held:
             lowest[copy] = min(vs, lowest.get(copy, vs))
-        head = min(sum(fwd[:vs]) for vs in lowest.values())
+        head = heads[stage] = min(sum(fwd[:vs]) for vs in lowest.values())
         # every F and (input-gradient) B of the rank, then the backwards below its last one and
         # the optimizer of the rank holding the copy's first stage; or all its work and its own
         # optimizer step
@@ -327,5 +374,8 @@ def step_lower_bound(s: Scenario, w: Workload, collective_time: CollectiveTime |
         work = per_chunk * sum(fwd[vs] + bwd[vs] for _, vs in held)
         best = max(best, head + max(work + opt[stage], before_last_b + drained))
     if group_time is not None and per_microbatch_fsdp:
-        best = max(best, fsdp_link_bound(s, w, group_time))
+        busy = fsdp_link_busy(s, w, group_time)
+        best = max(best, max((b + opt[stage] for stage, b in busy.items()), default=0.0))
+        if num_sms:
+            best = max(best, fsdp_contention_bound(s, w, busy, num_sms, blocking, heads))
     return best * (1 - ROUNDING_MARGIN)
