@@ -7,10 +7,12 @@ changes no number of the report: the recorder only copies rates it already compu
 from __future__ import annotations
 
 from functools import lru_cache
+
 import pytest
 
 from simulator.scenario import load_scenario
 from simulator.step.engine import SimOptions, SimResult, simulate
+
 
 @lru_cache(maxsize=None)
 def _shipped(path: str) -> SimResult:

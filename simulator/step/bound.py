@@ -284,10 +284,10 @@ def fsdp_link_busy(s: Scenario, w: Workload, group_time: GroupTime) -> dict[int,
     return out
 
 
-def fsdp_link_bound(s: Scenario, w: Workload, group_time: GroupTime) -> float:
+def fsdp_link_bound(w: Workload, busy: dict[int, float]) -> float:
     """Seconds no ZeRO-3 stage can beat for its FSDP traffic alone: over its DP x CP group, the
-    busiest link's total busy time, plus the stage's optimizer step (module docstring)."""
-    busy = fsdp_link_busy(s, w, group_time)
+    busiest link's total busy time (``fsdp_link_busy``), plus the stage's optimizer step (module
+    docstring)."""
     return max((b + w.optimizer[stage].time_s for stage, b in busy.items()), default=0.0)
 
 
@@ -308,13 +308,14 @@ def fsdp_contention_bound(s: Scenario, w: Workload, busy: dict[int, float], num_
     per_chunk = s.num_microbatches // place.copies
     loss = min(NCCL_KERNEL_SMS, num_sms - 1) / num_sms  # 1 - the rate compute keeps beside one kernel
     fwd, bwd = stage_compute(w)
-    fwd_tp, bwd_tp = stage_compute(w, blocking)
+    moe_layer = s.model.is_moe_layer
+    blocking = blocking or {False: (0.0, 0.0), True: (0.0, 0.0)}
     best = 0.0
     for stage, b in busy.items():
         held = [place.vstage(stage, c) for c in range(place.chunks)]
         work = per_chunk * sum(fwd[vs] + bwd[vs] for vs in held)
-        waits = per_chunk * sum(fwd_tp[vs] + bwd_tp[vs] for vs in held) - work
-        idle = max(0.0, waits) + (heads or {}).get(stage, 0.0)
+        waits = per_chunk * sum(sum(blocking[moe_layer(x)]) for vs in held for x in w.layers(vs))
+        idle = waits + (heads or {}).get(stage, 0.0)
         best = max(best, work + w.optimizer[stage].time_s + loss * b + (1 - loss) * idle)
     return best
 
@@ -375,7 +376,7 @@ def step_lower_bound(s: Scenario, w: Workload, collective_time: CollectiveTime |
         best = max(best, head + max(work + opt[stage], before_last_b + drained))
     if group_time is not None and per_microbatch_fsdp:
         busy = fsdp_link_busy(s, w, group_time)
-        best = max(best, max((b + opt[stage] for stage, b in busy.items()), default=0.0))
+        best = max(best, fsdp_link_bound(w, busy))
         if num_sms:
             best = max(best, fsdp_contention_bound(s, w, busy, num_sms, blocking, heads))
     return best * (1 - ROUNDING_MARGIN)

@@ -178,7 +178,7 @@ def node_collective_time(s: Scenario):
 def cluster_collective_time(s: Scenario):
     """(op, ranks, bytes) -> (seconds of a collective over those global ranks alone on ``s``'s idle
     cluster, seconds each link is busy with its bytes), memoised, the cluster built on first use:
-    what ``bound.fsdp_stage_compute`` and ``bound.fsdp_link_bound`` need."""
+    what ``bound.fsdp_stage_compute`` and ``bound.fsdp_link_busy`` need."""
     from simulator.physical.collectives import time_collective
     from simulator.step.engine import scenario_cluster
 
