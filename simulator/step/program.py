@@ -160,6 +160,16 @@ class _Builder:
         self.unsharded = fsdp_gathered_once(s, self.sw)
         self.held_grads: list = []  # layers whose reduce-scatter waits for the chunk's last backward
         self.replica_held = 0.0  # bytes of cross-copy all-reduce not yet launched (``fsdp_grad_ops``)
+        self._splits: dict = {}  # (split function, id(block), args) -> (block, its parts)
+
+    def split(self, fn, block, *args):
+        """``fn(block, *args)``, computed once per block: every micro-batch of a layer kind splits the
+        same block the same way. The block is kept beside its parts so its id stays its own."""
+        key = (fn, id(block), args)
+        hit = self._splits.get(key)
+        if hit is None:
+            hit = self._splits[key] = (block, fn(block, *args))
+        return hit[1]
 
     # emitting --------------------------------------------------------------------------------
 
@@ -218,8 +228,8 @@ class _Builder:
         (torchtitan async-TP post; Wang et al. 2022, 'Overlap communication with dependent
         computation via decomposition')."""
         w = self.w
-        before, head, rest = split_around(block, (first,))
-        middle, tail, after = split_around(rest, (last,))
+        before, head, rest = self.split(split_around, block, (first,))
+        middle, tail, after = self.split(split_around, rest, (last,))
         self.compute(kind, before, label, **at)
         gather = self.launch("tp", "all_gather", w.tp_bytes, "tp")
         self.compute(kind, head, label, **at)
@@ -247,7 +257,7 @@ class _Builder:
         ``moe.overlap_a2a`` the all-to-alls run under the rank's other work and are waited for at
         the end of the block."""
         w = self.w
-        before, experts, after = split_moe_block(block)
+        before, experts, after = self.split(split_moe_block, block)
         overlap = self.s.moe.overlap_a2a
         self.compute(kind, before, "moe", **at)
         if overlap:
@@ -280,7 +290,7 @@ class _Builder:
         cost = w.layer_costs[layer]
         attn_bwd, mlp_bwd = cost.attn_bwd, cost.mlp_bwd
         if split:
-            attn_bwd, mlp_bwd = split_weight_grad(attn_bwd)[0], split_weight_grad(mlp_bwd)[0]
+            attn_bwd, mlp_bwd = self.split(split_weight_grad, attn_bwd)[0], self.split(split_weight_grad, mlp_bwd)[0]
         at = dict(microbatch=mb, chunk=chunk, layer=layer)
         if s.training.recompute == "full":
             self.layer_forward(layer, mb, chunk, kind="R")
@@ -309,8 +319,8 @@ class _Builder:
         """The W step of a layer: the weight-gradient GEMMs a split backward left out."""
         cost = self.w.layer_costs[layer]
         at = dict(microbatch=mb, chunk=chunk, layer=layer)
-        self.compute("W", split_weight_grad(cost.mlp_bwd)[1], "mlp", **at)
-        self.compute("W", split_weight_grad(cost.attn_bwd)[1], "attention", **at)
+        self.compute("W", self.split(split_weight_grad, cost.mlp_bwd)[1], "mlp", **at)
+        self.compute("W", self.split(split_weight_grad, cost.attn_bwd)[1], "attention", **at)
 
     def context_parallel_attention(self, kind, block, chunk_bytes, at):
         """Attention under context parallelism. The ops before the core compute first; the
@@ -321,14 +331,14 @@ class _Builder:
         call computes, and the calls on the other ranks' keys wait for it. With
         ``overlap.cp_comm: false`` the whole exchange is exposed. Forward, the rest of the block
         computes here; backward, it is returned for the column-parallel backward."""
-        before, core, after = split_around(block, CP_CORE_OPS)
+        before, core, after = self.split(split_around, block, CP_CORE_OPS)
         self.compute(kind, before, "attention", **at)
         cp_ev = self.launch("cp", "all_gather", chunk_bytes * self.s.parallelism.cp, "cp")
         if not self.sw.cp_comm:
             self.wait((cp_ev,), "cp", **at)
             self.compute(kind, core, "attention", **at)
         elif self.sw.cp_comm_type == "all_gather":
-            _, local, remote = split_around(core, CP_LOCAL_OPS)
+            _, local, remote = self.split(split_around, core, CP_LOCAL_OPS)
             self.compute(kind, local, "attention", **at)
             self.wait((cp_ev,), "cp", **at)
             self.compute(kind, remote, "attention", **at)
@@ -347,7 +357,7 @@ class _Builder:
         sequence-sharded input is re-gathered under the input-gradient GEMM; without it
         (``overlap.tp_comm: false``, e.g. DTensor TP in eager PyTorch) both are exposed."""
         w = self.w
-        before, dgrad, wgrad, after = split_at_gemm(block, gemm)
+        before, dgrad, wgrad, after = self.split(split_at_gemm, block, gemm)
         reduce = "reduce_scatter" if self.sp else "all_reduce"
         if not (self.sw.tp_comm or (self.sp and self.sw.async_tp)):
             self.compute("B", before, label, **at)
