@@ -398,3 +398,54 @@ def test_only_the_ops_after_the_sync_stall_without_run_ahead():
     # GPU time left over after the sync is a head start for the ops before the next one
     assert moe.host_sync_time(0.2e-3, 1.0e-3, 50, 10) == pytest.approx(s + max(0.0, 50 * op - 0.2e-3 - 0.9e-3))
     assert moe.host_sync_time(0.0, 0.0, 0, 0) == s
+
+
+def test_a_grace_host_issues_each_op_slower_by_the_measured_ratio():
+    """TransformerEngine#2053: one torch Linear forward took 37.08 us of CPU on GB200, 13.48 us on a
+    DGX H100's Xeon. Grace-hosted parts carry that ratio; x86-hosted ones (B200, B300, H100) do not."""
+    from simulator.physical.hardware import GRACE_HOST_OVERHEAD
+
+    assert GRACE_HOST_OVERHEAD == pytest.approx(37.08 / 13.48)
+    assert get_gpu("GB200").host_overhead == get_gpu("GB300").host_overhead == GRACE_HOST_OVERHEAD
+    assert get_gpu("B200").host_overhead == get_gpu("B300").host_overhead == get_gpu("H100").host_overhead == 1.0
+    # the MoE sync prices its ops at that much more host time per op (closed form above)
+    m = model("Qwen/Qwen3-30B-A3B")
+    t, par = TrainingConfig(seq_length=4096, precision="bf16"), ParallelConfig(ep=8)
+    gb = replace(get_gpu("GB200"), host_overhead=1.0)
+
+    def sync(gpu):
+        return next(op.time_s for op in layer_cost(m, t, par, gpu, 0, MoEConfig()).mlp_fwd.ops
+                    if op.name == "moe_host_sync")
+
+    assert sync(get_gpu("GB200")) > sync(gb) >= moe.HOST_SYNC_S
+    assert moe.host_sync_time(0.0, 0.0, 10, 20, 3 * moe.HOST_OP_S) == pytest.approx(moe.HOST_SYNC_S
+                                                                                  + 30 * 3 * moe.HOST_OP_S)
+
+
+def test_a_whole_iteration_cuda_graph_has_no_host_sync():
+    """A CUDA graph cannot hold a device-to-host sync: with the whole iteration captured the dropless
+    layer's sync costs nothing, while the per-kernel host issue is gone too (profile cuda_graphs)."""
+    m = model("Qwen/Qwen3-30B-A3B")
+    t, par = TrainingConfig(seq_length=4096, precision="bf16"), ParallelConfig(ep=8)
+    eager = layer_cost(m, t, par, get_gpu("GB200"), 0, MoEConfig())
+    graphed = layer_cost(m, t, par, get_gpu("GB200"), 0, MoEConfig(), graphed=True)
+    assert next(op.time_s for op in eager.mlp_fwd.ops if op.name == "moe_host_sync") > 0
+    assert sum(op.time_s for op in graphed.mlp_fwd.ops if op.name == "moe_host_sync") == 0
+    assert eager.mlp_fwd.time_s > graphed.mlp_fwd.time_s
+
+
+def test_the_workload_charges_a_grace_host_its_slower_kernel_issue():
+    from simulator.physical.hardware import gpu_of
+    from simulator.workload.frameworks import resolve
+    from simulator.workload.workload import build_workload
+
+    s = scenario_from_dict({
+        "model": "Qwen/Qwen3-30B-A3B",
+        "cluster": {"topology": "gb200-nvl72", "num_nodes": 1, "gpu": "GB200"},
+        "training": {"seq_length": 4096, "micro_batch_size": 1, "global_batch_size": 64, "precision": "bf16"},
+        "parallelism": {"tp": 1, "pp": 1, "dp": 64, "ep": 8},
+    })
+    gpu = gpu_of(s.cluster, s.training.precision)
+    assert resolve(s).host_issue_s > 0
+    assert build_workload(s, gpu).software.host_issue_s == pytest.approx(resolve(s).host_issue_s
+                                                                         * gpu.host_overhead)

@@ -46,6 +46,7 @@ class GPUSpec:
     sfu_ex2_per_clk_sm: int = 16  # MUFU.EX2 results per clock per SM (softmax exponentials; attention.softmax_exp_speedup)
     tdp_w: float | None = None  # board power the sustained fraction was fitted at; None: not catalogued
     power_limit_w: float | None = None  # the part's default power limit when below its TDP (``gpu_of`` applies it)
+    host_overhead: float = 1.0  # host CPU time per framework op against an x86 DGX host's (``GRACE_HOST_OVERHEAD``)
 
     def __hash__(self) -> int:
         return hash(self.name)
@@ -157,6 +158,17 @@ def _blackwell_gemm(bf16: float, fp8: float) -> dict[str, float]:
     return {"bf16": bf16, "fp16": bf16, "tf32": bf16, "fp8": fp8, "mxfp8": fp8 * MXFP8_OVER_FP8,
             "nvfp4": fp8 * NVFP4_OVER_FP8}
 
+
+# Host CPU. A PyTorch training step issues its kernels from Python on one CPU core per GPU, and the
+# framework's per-op host time (profile execution.host_issue_us, moe.HOST_OP_S) was taken on x86
+# hosts. The Grace-Blackwell superchips (GB200, GB300) host each GPU on an Arm Neoverse V2 Grace
+# CPU, on which the same ops take longer: NVIDIA/TransformerEngine issue #2053 (2025-08-11) timed
+# one BF16 torch.nn.Linear forward (hidden 2048, 8,192 tokens, averaged over runs) at 37.08 us of
+# CPU on GB200 and 13.48 us on a DGX H100 (Xeon Platinum 8480C), 2.75x (GH200's Grace 33.17 us,
+# 2.46x; TE's own Linear 99.66 us on GB200). The NVIDIA DeepSeek-V3 GB200 optimization guide
+# (Megatron-LM docs/discussions/deepseek-v3-gb200-optimization) found its baseline host-bound for
+# the same reason. Parts on x86 hosts (B200, B300 in DGX/HGX systems) keep 1.0.
+GRACE_HOST_OVERHEAD = 37.08 / 13.48
 
 _B200_GEMM = _blackwell_gemm(1745.0 / 2250, 3432.5 / 4500)
 _B300_GEMM = _blackwell_gemm(1769.0 / 2250, 3353.3 / 4500)
@@ -288,6 +300,7 @@ GPU_CATALOG: dict[str, GPUSpec] = {
         "10 PF NVFP4, 186 GB at 8 TB/s, NVLink5 1.8 TB/s bidirectional; 148 SMs",
         num_sms=148,
         gemm_efficiency=_GB200_GEMM,
+        host_overhead=GRACE_HOST_OVERHEAD,
         **_BLACKWELL,
     ),
     "GB300": GPUSpec(
@@ -303,6 +316,7 @@ GPU_CATALOG: dict[str, GPUSpec] = {
         num_sms=160,
         gemm_efficiency=_B300_GEMM,
         sfu_ex2_per_clk_sm=_BLACKWELL_ULTRA_EX2,
+        host_overhead=GRACE_HOST_OVERHEAD,
         **_BLACKWELL,
     ),
     "H20": GPUSpec(

@@ -463,14 +463,15 @@ def _local_tokens(training: TrainingConfig, par: ParallelConfig) -> tuple[float,
 
 def layer_cost(
     model: ModelConfig, training: TrainingConfig, par: ParallelConfig, gpu: GPUSpec, layer: int,
-    moe: MoEConfig | None = None,
+    moe: MoEConfig | None = None, graphed: bool = False,
 ) -> LayerCost:
     """Forward, backward and recompute cost of transformer layer ``layer`` on one GPU.
 
     Recompute (Korthikanti et al. 2022): "selective" re-runs the attention core forward before
     the attention backward; "full" re-runs the whole attention and MLP forwards; "none" nothing.
     "selective" with ``training.recompute_modules`` re-runs what those Megatron-core modules
-    checkpoint instead (``recompute_blocks``).
+    checkpoint instead (``recompute_blocks``). ``graphed``: the whole iteration is one CUDA graph,
+    which cannot hold a device-to-host sync, so an MoE layer has none (``moe.price_host_sync``).
     """
     if training.recompute not in RECOMPUTE_MODES:
         raise ConfigError("training.recompute", training.recompute, f"valid: {', '.join(RECOMPUTE_MODES)}")
@@ -481,10 +482,11 @@ def layer_cost(
     mlp = _mlp_plan(model, layer, tokens, tokens_norm, par, moe, training.precision)
     attn_fwd = _run(attn, model, training, par, gpu, backward=False)
     mlp_fwd = _run(mlp, model, training, par, gpu, backward=False)
-    if model.is_moe_layer(layer):
+    if model.is_moe_layer(layer) and not graphed:
         from simulator.workload.moe import price_host_sync
 
-        mlp_fwd = price_host_sync(attn_fwd, mlp_fwd, model, par, moe or MoEConfig(), training.precision)
+        mlp_fwd = price_host_sync(attn_fwd, mlp_fwd, model, par, moe or MoEConfig(), training.precision,
+                                  gpu.host_overhead)
     if training.recompute == "full":
         attn_re, mlp_re = attn_fwd, mlp_fwd
     elif training.recompute == "selective":

@@ -29,7 +29,10 @@ and the rest (``split_moe_block``). Every cost is its own op in the trace:
   counted from Megatron-core's and Transformer Engine's code per component (``moe_host_ops``:
   router, dispatcher pre- and post-processing, permutations, per-expert GroupedLinear work by
   precision, shared expert). With ``capacity_factor`` (drop and pad to capacity, static shapes)
-  there is no sync.
+  there is no sync, nor with the whole iteration in one CUDA graph (a graph cannot hold a sync;
+  profile ``cuda_graphs``, Megatron-Bridge's ``full_iteration`` recipes). ``HOST_OP_S`` is an x86
+  host's; a Grace host (GB200, GB300) takes ``GPUSpec.host_overhead`` times it
+  (``hardware.GRACE_HOST_OVERHEAD``).
 - ``expert_up`` / ``expert_act`` / ``expert_down``: the local experts as grouped GEMMs
   (``gemm_efficiency`` with ``groups`` = local experts: one kernel over all experts' tiles, as
   CUTLASS grouped GEMM schedules them; small per-expert M fills its 128-row tiles poorly), on the
@@ -329,15 +332,16 @@ def moe_host_ops(model: ModelConfig, par: ParallelConfig, moe: MoEConfig, precis
     return before, after
 
 
-def host_sync_time(gpu_before_s: float, gpu_after_s: float, ops_before: int, ops_after: int) -> float:
+def host_sync_time(gpu_before_s: float, gpu_after_s: float, ops_before: int, ops_after: int,
+                   host_op_s: float = HOST_OP_S) -> float:
     """Stall of one dropless host sync: the round trip, plus what the GPU waits for the host between
     two syncs. After the sync the GPU is idle, so the ops after it (the rest of the MoE layer) are
     issued with no run-ahead: the GPU waits for whatever of their issue time their GPU time does not
     cover. Any GPU time they leave over is a head start for the ops before the next sync (the next
     layer's attention and routing), which stall only beyond it."""
-    late = ops_after * HOST_OP_S - gpu_after_s
+    late = ops_after * host_op_s - gpu_after_s
     head_start = max(0.0, -late)
-    return HOST_SYNC_S + max(0.0, late) + max(0.0, ops_before * HOST_OP_S - gpu_before_s - head_start)
+    return HOST_SYNC_S + max(0.0, late) + max(0.0, ops_before * host_op_s - gpu_before_s - head_start)
 
 
 def expected_destinations(slots: int, topk: int) -> float:
@@ -406,7 +410,8 @@ def split_moe_block(block):
     return BlockCost(block.ops[:a]), BlockCost(block.ops[a:b]), BlockCost(block.ops[b:])
 
 
-def price_host_sync(attn_fwd, mlp_fwd, model: ModelConfig, par: ParallelConfig, moe: MoEConfig, precision: str):
+def price_host_sync(attn_fwd, mlp_fwd, model: ModelConfig, par: ParallelConfig, moe: MoEConfig, precision: str,
+                    host_overhead: float = 1.0):
     """``mlp_fwd`` with its zero-time ``moe_host_sync`` placeholder priced by ``host_sync_time``
     over one layer forward (attention and MoE block), split at the sync. The shared expert runs
     before the router in Megatron-core (moe_layer.py:261), so its GPU time counts before the sync
@@ -430,5 +435,5 @@ def price_host_sync(attn_fwd, mlp_fwd, model: ModelConfig, par: ParallelConfig, 
     ops_before = len(attn_fwd.ops) + sum(1 for op in mlp_fwd.ops[:i] if not is_moe(op.name)) + moe_before
     ops_after = sum(1 for op in after if not is_moe(op.name)) + moe_after
     t = host_sync_time(attn_fwd.time_s + sum(op.time_s for op in before), sum(op.time_s for op in after),
-                       ops_before, ops_after)
+                       ops_before, ops_after, HOST_OP_S * host_overhead)
     return BlockCost(mlp_fwd.ops[:i] + (Op("moe_host_sync", 0.0, 0.0, t),) + mlp_fwd.ops[i + 1:])
