@@ -105,6 +105,18 @@ def test_gpu_names_as_people_write_them_find_the_catalog_entry(name, expected):
     assert get_gpu(name).name == expected
 
 
+def test_grace_hopper_is_not_taken_for_an_h200():
+    """'gh200' contains 'h200': the superchip has its own memory and a Grace host (TE#2053: a torch
+    Linear forward took 33.17 us of CPU on GH200, 13.48 us on a DGX H100's Xeon)."""
+    for name, key, gib, tbps in (("GH200", "GH200-96GB", 96, 4.0), ("NVIDIA GH200 480GB", "GH200-96GB", 96, 4.0),
+                                 ("GH200 144GB HBM3e", "GH200-144GB", 144, 4.9)):
+        gpu = get_gpu(name)
+        assert gpu.name == key and gpu.hbm_capacity_bytes == gib * 2**30 and gpu.hbm_bandwidth_Bps == tbps * 1e12
+        assert gpu.peak_flops == get_gpu("H100").peak_flops and gpu.num_sms == 132
+        assert gpu.host_overhead == pytest.approx(33.17 / 13.48)
+    assert get_gpu("H200").host_overhead == 1.0
+
+
 def test_pcie_parts_are_not_mistaken_for_sxm():
     with pytest.raises(ConfigError, match="cluster.gpu"):
         get_gpu("H100 PCIe")

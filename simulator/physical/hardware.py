@@ -169,6 +169,7 @@ def _blackwell_gemm(bf16: float, fp8: float) -> dict[str, float]:
 # (Megatron-LM docs/discussions/deepseek-v3-gb200-optimization) found its baseline host-bound for
 # the same reason. Parts on x86 hosts (B200, B300 in DGX/HGX systems) keep 1.0.
 GRACE_HOST_OVERHEAD = 37.08 / 13.48
+GH200_HOST_OVERHEAD = 33.17 / 13.48  # the same benchmark on GH200's Grace
 
 _B200_GEMM = _blackwell_gemm(1745.0 / 2250, 3432.5 / 4500)
 _B300_GEMM = _blackwell_gemm(1769.0 / 2250, 3353.3 / 4500)
@@ -256,6 +257,35 @@ GPU_CATALOG: dict[str, GPUSpec] = {
         source="NVIDIA H200 Tensor Core GPU datasheet (SXM): 989 TF BF16 / 1979 TF FP8 dense, "
         "141 GB HBM3e at 4.8 TB/s, NVLink4 900 GB/s bidirectional; 132 SMs",
         num_sms=132,
+        **_HOPPER,
+    ),
+    # Grace Hopper superchips: the H100 die (same compute, NVLink 4) beside a Grace CPU that hosts
+    # it, so the H100 peaks, Hopper's constants and the Grace host's per-op time
+    # (GH200_HOST_OVERHEAD). The module's power (450-1000 W, CPU and memory included) is
+    # programmable; the GPU is priced at Hopper's 700 W fractions.
+    "GH200-96GB": GPUSpec(
+        name="GH200-96GB",
+        peak_flops=_H100_PEAK,
+        hbm_bandwidth_Bps=GBps(4000),
+        hbm_capacity_bytes=96 * GiB,
+        nvlink_bandwidth_Bps=GBps(450),
+        source="NVIDIA GH200 Grace Hopper Superchip datasheet: H100 GPU (989 TF BF16 / 1979 TF FP8 "
+        "dense), 96 GB HBM3 at 4 TB/s, NVLink4 900 GB/s bidirectional, Grace CPU over NVLink-C2C; "
+        "132 SMs",
+        num_sms=132,
+        host_overhead=GH200_HOST_OVERHEAD,
+        **_HOPPER,
+    ),
+    "GH200-144GB": GPUSpec(
+        name="GH200-144GB",
+        peak_flops=_H100_PEAK,
+        hbm_bandwidth_Bps=GBps(4900),
+        hbm_capacity_bytes=144 * GiB,
+        nvlink_bandwidth_Bps=GBps(450),
+        source="NVIDIA GH200 Grace Hopper Superchip datasheet, HBM3e version: H100 GPU, 144 GB HBM3e "
+        "at 4.9 TB/s, NVLink4 900 GB/s bidirectional, Grace CPU over NVLink-C2C; 132 SMs",
+        num_sms=132,
+        host_overhead=GH200_HOST_OVERHEAD,
         **_HOPPER,
     ),
     "B200-SXM-180GB": GPUSpec(
@@ -361,6 +391,11 @@ _ALIASES = {
     "gb300-nvl72": "GB300",
     "gb300-288gb": "GB300",
     "h20-96gb": "H20",
+    "gh200": "GH200-96GB",
+    "gh200-96gb": "GH200-96GB",
+    "gh200-480gb": "GH200-96GB",
+    "gh200-144gb": "GH200-144GB",
+    "gh200-624gb": "GH200-144GB",
 }
 _LOOKUP = {**{k.lower(): k for k in GPU_CATALOG}, **_ALIASES}
 
@@ -381,6 +416,8 @@ def _lookup(name: str) -> str | None:
     text = re.sub(r"[\s_]+", "-", text.replace("nvidia", "")).strip("-")
     if text in _LOOKUP:
         return _LOOKUP[text]
+    if "gh200" in text:  # before the families: "gh200" contains "h200"
+        return "GH200-144GB" if "144" in text or "hbm3e" in text else "GH200-96GB"
     for family, key in _SUPERCHIPS:
         if family in text and "pcie" not in text:
             return key
