@@ -189,6 +189,9 @@ class FrameworkOptions:
 
     compile: bool | None = None  # torch.compile / XLA: fused elementwise kernels, lower host cost
     cuda_graphs: bool | None = None  # kernels replayed from a CUDA graph: no per-kernel host issue
+    # Megatron-core --cuda-graph-scope: only these modules replayed from CUDA graphs (attn, mlp,
+    # moe_router, moe_preprocess, moe); the rest is issued kernel by kernel
+    cuda_graph_scope: tuple[str, ...] | None = None
     fp8_recipe: str | None = None  # delayed | tensorwise | rowwise | blockwise | mxfp8
     # hybrid sharding: cross-copy gradient all-reduces combined up to this many bytes per GPU
     # (XLA's --xla_gpu_all_reduce_combine_threshold_bytes when layers are not scanned)

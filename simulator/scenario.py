@@ -152,6 +152,19 @@ def _recompute_modules(field: str, value: object) -> tuple[str, ...] | None:
     return tuple(dict.fromkeys(value))
 
 
+def _graph_scope(field: str, value: object) -> tuple[str, ...] | None:
+    from simulator.workload.frameworks import CUDA_GRAPH_SCOPES
+
+    if value is None:
+        return None
+    if (not isinstance(value, (list, tuple)) or not value or not all(isinstance(v, str) for v in value)
+            or any(v not in CUDA_GRAPH_SCOPES for v in value)):
+        raise ConfigError(field, value, f"must be a non-empty list of {', '.join(CUDA_GRAPH_SCOPES)}")
+    if "moe_preprocess" in value and "moe_router" not in value:
+        raise ConfigError(field, value, "moe_preprocess is captured with moe_router only (Megatron-core): add moe_router")
+    return tuple(dict.fromkeys(value))
+
+
 def _layer_types(field: str, value: object) -> tuple[str, ...] | None:
     if value is None:
         return None
@@ -254,6 +267,7 @@ _CHECKS: dict[str, dict[str, Checker]] = {
     "framework_options": {
         "compile": _optional_boolean,
         "cuda_graphs": _optional_boolean,
+        "cuda_graph_scope": _graph_scope,
         "fp8_recipe": partial(_optional_choice, choices=FP8_RECIPES),
         "replica_combine_bytes": partial(_optional_number, minimum=0, inclusive=True),
     },
@@ -733,6 +747,11 @@ def validate_plan(s: Scenario) -> list[str]:
         raise ConfigError("training.fp8_attention", True,
                           "needs training.precision fp8, mxfp8 or nvfp4 and the fused cuDNN kernel (training.attention "
                           "flash or cudnn): Transformer Engine runs FP8 attention inside an FP8 recipe; valid: false")
+    scope = s.framework_options.cuda_graph_scope or ()
+    if "moe" in scope and m.is_moe and s.moe.capacity_factor is None:
+        raise ConfigError("framework_options.cuda_graph_scope", list(scope),
+                          "moe captures drop-and-pad MoE layers only (Megatron-core CudaGraphModule.moe): set "
+                          "moe.capacity_factor, or capture moe_router and moe_preprocess")
     if c.gpu_power_limit_W is not None:
         if gpu.tdp_w is None:
             raise ConfigError("cluster.gpu_power_limit_W", c.gpu_power_limit_W,

@@ -158,6 +158,54 @@ def test_a_host_bound_step_lasts_at_least_its_kernel_issue_time():
     assert graphs.step_time_s < res.step_time_s
 
 
+def test_a_cuda_graph_scope_issues_its_modules_in_one_launch_each():
+    """Megatron-core --cuda-graph-scope: the attention blocks (and the dense MLPs with mlp) are
+    replayed from graphs, one host launch each; the rest is issued kernel by kernel. The step lies
+    between the eager one and the whole-iteration graph's."""
+    tiny = ModelConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+                       intermediate_size=256, vocab_size=100, hidden_act="silu")
+    s = dataclasses.replace(scen("megatron-core", model=tiny, dp=1),
+                            training=TrainingConfig(seq_length=32, micro_batch_size=1, global_batch_size=1))
+    eager = simulate(s)
+    attn = simulate(dataclasses.replace(s, framework_options=FrameworkOptions(cuda_graph_scope=("attn",))))
+    both = simulate(dataclasses.replace(s, framework_options=FrameworkOptions(cuda_graph_scope=("attn", "mlp"))))
+    whole = simulate(dataclasses.replace(s, framework_options=FrameworkOptions(cuda_graphs=True)))
+    assert eager.step_time_s > attn.step_time_s > both.step_time_s > whole.step_time_s
+    from simulator.step.inputs import step_inputs
+    from simulator.step.program import Compute
+
+    ins = step_inputs(dataclasses.replace(s, framework_options=FrameworkOptions(cuda_graph_scope=("attn",))))
+    ops = [op for op in ins.programs[0] if isinstance(op, Compute)]
+    assert all(op.graphed == (op.label == "attention") for op in ops) and any(op.graphed for op in ops)
+    # the step gains at most the host time the attention blocks save: their kernels less one launch
+    # each, at 10 us (less where the host had a lead on the GPU)
+    lc = ins.workload.layer_costs[0]
+    saved = 2 * (lc.attn_fwd.kernels - 1 + lc.attn_bwd.kernels - 1) * 10e-6
+    assert 0.5 * saved < eager.step_time_s - attn.step_time_s <= saved + 1e-12
+
+
+def test_cuda_graph_scope_values_are_megatrons_and_bad_ones_are_one_line_errors():
+    d = scenario_to_dict(scen())
+    d["framework_options"] = {"cuda_graph_scope": ["attn", "moe_router", "moe_preprocess"]}
+    assert scenario_from_dict(d).framework_options.cuda_graph_scope == ("attn", "moe_router", "moe_preprocess")
+    for bad, word in ((["attention"], "attn, mlp, moe_router, moe_preprocess, moe"), (["moe_preprocess"], "moe_router"),
+                      ("attn", "non-empty list"), ([], "non-empty list")):
+        d["framework_options"] = {"cuda_graph_scope": bad}
+        with pytest.raises(ConfigError) as err:
+            scenario_from_dict(d)
+        assert "\n" not in str(err.value) and "framework_options.cuda_graph_scope" in str(err.value)
+        assert word in str(err.value)
+
+
+def test_validate_reads_a_partial_capture_as_the_scope():
+    from simulator.studies.validate import _framework_keys
+
+    partial = _framework_keys({"framework_options": {"cuda_graphs": "transformer_engine (attn, moe_router, moe_preprocess)"}})
+    assert partial["framework_options"] == {"cuda_graph_scope": ["attn", "moe_router", "moe_preprocess"]}
+    assert _framework_keys({"framework_options": {"cuda_graphs": "full_iteration"}})["framework_options"] == {
+        "cuda_graphs": True}
+
+
 def test_megatron_core_reproduces_todays_tiny_report():
     """megatron-core is the default, and the profiles change nothing else on it: the step time of
     scenarios/tiny.yaml as before framework profiles existed, with the measured attention curves

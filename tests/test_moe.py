@@ -449,3 +449,42 @@ def test_the_workload_charges_a_grace_host_its_slower_kernel_issue():
     assert resolve(s).host_issue_s > 0
     assert build_workload(s, gpu).software.host_issue_s == pytest.approx(resolve(s).host_issue_s
                                                                          * gpu.host_overhead)
+
+
+def test_a_graphed_router_and_attention_leave_only_their_launches_before_the_sync():
+    """With attn, moe_router and moe_preprocess captured, the host ops before the sync are one launch
+    per graph plus what no graph holds: ``host_sync_time`` of the reduced counts."""
+    m = model("deepseek-ai/DeepSeek-V3")
+    t, par = TrainingConfig(seq_length=256, precision="bf16"), ParallelConfig(ep=32, pp=8)  # host-bound
+    flex = MoEConfig(token_dispatcher="flex")
+    gpu = get_gpu("GB200")
+    layer = 5  # an MoE layer
+
+    def sync(scope):
+        return next(op.time_s for op in layer_cost(m, t, par, gpu, layer, flex, graph_scope=scope).mlp_fwd.ops
+                    if op.name == "moe_host_sync")
+
+    eager, graphed = sync(()), sync(("attn", "moe_router", "moe_preprocess"))
+    assert graphed < eager
+    base = layer_cost(m, t, par, gpu, layer, flex)
+    before, after = moe.moe_host_ops(m, par, flex, "bf16")
+    routing = moe.graphed_routing_ops(m, par, flex, "bf16")
+    assert 0 < routing <= before
+    ops = base.mlp_fwd.ops
+    i = [op.name for op in ops].index("moe_host_sync")
+    later = [op for op in ops[i + 1:] if not op.name.startswith("shared_")]  # the shared expert runs first
+
+    def counted(op):  # the ops the code count stands for are not counted again
+        return not (op.name in ("router", "router_topk", "moe_permute", "moe_unpermute")
+                    or moe.is_expert_op(op.name) or op.name.startswith("shared_"))
+
+    gpu_before = base.attn_fwd.time_s + sum(op.time_s for op in ops if op not in later and op is not ops[i])
+    gpu_after = sum(op.time_s for op in later)
+    ops_before = 1 + sum(map(counted, ops[:i])) + (before - routing + 1)  # one launch per graph
+    ops_after = sum(map(counted, later)) + after
+    expected = moe.host_sync_time(gpu_before, gpu_after, ops_before, ops_after, moe.HOST_OP_S * gpu.host_overhead)
+    assert graphed == pytest.approx(expected)
+    # eager, every attention op and the whole routing count
+    assert eager == pytest.approx(moe.host_sync_time(gpu_before, gpu_after,
+                                                     len(base.attn_fwd.ops) + sum(map(counted, ops[:i])) + before,
+                                                     ops_after, moe.HOST_OP_S * gpu.host_overhead))

@@ -213,7 +213,7 @@ class StepEngine:
         block, stage = op.block, self.plan.stage_of(rank)
         gpu_s = self.var.block_time(rank, op, index) if self.varies else block.time_s
         if self.host_issue_s:
-            host[0] += block.kernels * self.host_issue_s
+            host[0] += (1 if op.graphed else block.kernels) * self.host_issue_s
             stall = host[0] - (self.env.now + gpu_s)
             if stall > 0:
                 start = self.env.now

@@ -49,6 +49,7 @@ class Compute:
     microbatch: int = -1
     chunk: int = -1
     layer: int = -1
+    graphed: bool = False  # replayed from a CUDA graph (``framework_options.cuda_graph_scope``): one host launch
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +142,11 @@ def stage_placement(s: Scenario) -> Placement:
     return placement(s.pipeline_schedule, s.parallelism.pp, s.parallelism.vp)
 
 
+# Compute labels whose blocks a cuda_graph_scope entry captures (Megatron-core CudaGraphModule): the
+# attention block with "attn", the dense MLP with "mlp"; MoE blocks are decided in ``moe_block``.
+GRAPHED_LABELS = {"attention": "attn", "mlp": "mlp"}
+
+
 def build_program(s: Scenario, work: Workload, stage: int, extras: bool = True) -> tuple[Op, ...]:
     """The ordered ops of every rank of pipeline stage ``stage`` (pure)."""
     return _Builder(s, work, stage, extras).build()
@@ -173,9 +179,13 @@ class _Builder:
 
     # emitting --------------------------------------------------------------------------------
 
-    def compute(self, kind, block, label, microbatch=-1, chunk=-1, layer=-1):
+    def compute(self, kind, block, label, microbatch=-1, chunk=-1, layer=-1, graphed=None):
+        """Append a block; ``graphed`` None: the attention block and the dense MLP are replayed from
+        CUDA graphs when the scenario's ``cuda_graph_scope`` names them (attn, mlp)."""
         if block.time_s > 0:
-            self.ops.append(Compute(kind, block, label, microbatch, chunk, layer))
+            if graphed is None:
+                graphed = GRAPHED_LABELS.get(label, "") in self.sw.graph_scope
+            self.ops.append(Compute(kind, block, label, microbatch, chunk, layer, graphed))
 
     def launch(self, group, op, nbytes, axis, stamp=False) -> int:
         h = self.next_handle
@@ -259,17 +269,21 @@ class _Builder:
         w = self.w
         before, experts, after = self.split(split_moe_block, block)
         overlap = self.s.moe.overlap_a2a
-        self.compute(kind, before, "moe", **at)
+        scope = self.sw.graph_scope
+        whole = "moe" in scope
+        # the router and the EP preprocess run before the dispatch, their gradients after the combine
+        routing = whole or {"moe_router", "moe_preprocess"} <= set(scope)
+        self.compute(kind, before, "moe", **at, graphed=whole or (routing and kind != "B"))
         if overlap:
             first = self.launch("ep", "all_to_all", w.ep_bytes, "ep")
         else:
             self.collective("ep", "all_to_all", w.ep_bytes, "ep", **at)
-        self.compute(kind, experts, "moe", **at)
+        self.compute(kind, experts, "moe", **at, graphed=whole)
         if overlap:
             second = self.launch("ep", "all_to_all", w.ep_bytes, "ep")
         else:
             self.collective("ep", "all_to_all", w.ep_bytes, "ep", **at)
-        self.compute(kind, after, "moe", **at)
+        self.compute(kind, after, "moe", **at, graphed=whole or (routing and kind == "B"))
         if overlap:
             self.wait((first,), "ep", "all_to_all", **at)
             self.wait((second,), "ep", "all_to_all", **at)

@@ -58,7 +58,8 @@ only, so predictions are the same with them removed. Documented defaults for unk
   ``fp8_recipe`` (delayed, tensorwise, rowwise, blockwise, mxfp8) and ``replica_combine_bytes``
   (hybrid sharding's combined cross-copy all-reduces) go to the scenario's
   ``framework_options`` (a ``cuda_graphs`` scope written out: "full iteration" is true, a list of
-  captured modules leaves the profile's default); ``async_tp`` and the ``overlap:`` mapping (tp_comm, grad_reduce,
+  captured modules in parentheses becomes ``cuda_graph_scope``, those of Megatron-core's modules it
+  names); ``async_tp`` and the ``overlap:`` mapping (tp_comm, grad_reduce,
   param_gather, param_prefetch_depth, async_tp, cp_comm) to its ``overlap`` section;
   ``activation_checkpointing`` (none, selective, full) sets recompute in place of the
   parallelism block's recompute text; ``pp_schedule`` and ``context_parallel_rotate`` as below.
@@ -105,6 +106,7 @@ import re
 from pathlib import Path
 
 from simulator.workload.compute import param_counts
+from simulator.workload.frameworks import CUDA_GRAPH_SCOPES
 from simulator.config import QUANTIZED_PRECISIONS, ModelConfig
 from simulator.errors import ConfigError
 from simulator.yamlfile import load_yaml_file
@@ -243,7 +245,11 @@ def _framework_keys(case: dict) -> dict:
         if "full" in graphs.lower():
             options["cuda_graphs"] = True
         else:
-            del options["cuda_graphs"]  # partial capture: the profile's default host cost stands
+            del options["cuda_graphs"]
+            named = re.findall(r"[a-z_]+", graphs.partition("(")[2].lower())
+            scope = [m for m in named if m in CUDA_GRAPH_SCOPES]
+            if scope:  # "transformer_engine (attn, moe_router, moe_preprocess)"
+                options["cuda_graph_scope"] = scope
     out = {"framework": case.get("framework") or "megatron-core", "framework_options": options}
     if overlap:
         out["overlap"] = overlap

@@ -463,7 +463,7 @@ def _local_tokens(training: TrainingConfig, par: ParallelConfig) -> tuple[float,
 
 def layer_cost(
     model: ModelConfig, training: TrainingConfig, par: ParallelConfig, gpu: GPUSpec, layer: int,
-    moe: MoEConfig | None = None, graphed: bool = False,
+    moe: MoEConfig | None = None, graphed: bool = False, graph_scope: tuple[str, ...] = (),
 ) -> LayerCost:
     """Forward, backward and recompute cost of transformer layer ``layer`` on one GPU.
 
@@ -471,7 +471,9 @@ def layer_cost(
     the attention backward; "full" re-runs the whole attention and MLP forwards; "none" nothing.
     "selective" with ``training.recompute_modules`` re-runs what those Megatron-core modules
     checkpoint instead (``recompute_blocks``). ``graphed``: the whole iteration is one CUDA graph,
-    which cannot hold a device-to-host sync, so an MoE layer has none (``moe.price_host_sync``).
+    which cannot hold a device-to-host sync, so an MoE layer has none (``moe.price_host_sync``);
+    ``graph_scope``: the modules replayed from CUDA graphs otherwise, whose host ops before the sync
+    cost one launch.
     """
     if training.recompute not in RECOMPUTE_MODES:
         raise ConfigError("training.recompute", training.recompute, f"valid: {', '.join(RECOMPUTE_MODES)}")
@@ -486,7 +488,7 @@ def layer_cost(
         from simulator.workload.moe import price_host_sync
 
         mlp_fwd = price_host_sync(attn_fwd, mlp_fwd, model, par, moe or MoEConfig(), training.precision,
-                                  gpu.host_overhead)
+                                  gpu.host_overhead, graph_scope)
     if training.recompute == "full":
         attn_re, mlp_re = attn_fwd, mlp_fwd
     elif training.recompute == "selective":

@@ -26,6 +26,10 @@ FP8_RECIPES = ("delayed", "tensorwise", "rowwise", "blockwise", "mxfp8")
 OVERLAP_KEYS = ("tp_comm", "grad_reduce", "param_gather", "param_prefetch_depth", "async_tp", "cp_comm")
 FUSION_KEYS = ("norm", "rope", "activation")
 EXECUTION_KEYS = ("compile", "cuda_graphs", "host_issue_us", "compiled_host_issue_us")
+# Megatron-core --cuda-graph-scope (megatron/core/transformer/enums.py CudaGraphModule, d98e8a6;
+# the DeepSeek-V3 GB200 guide, Sec. 2.3): the attention block, the dense MLP, the MoE router (and
+# shared experts), the EP preprocess (with the router only), the whole MoE layer (token-drop only)
+CUDA_GRAPH_SCOPES = ("attn", "mlp", "moe_router", "moe_preprocess", "moe")
 FP8_KEYS = ("recipe", "casts_fused_into_producers", "weight_cast_once_per_step")
 OPTIMIZER_KEYS = ("adam_bytes_per_param", "clip_bytes_per_param", "zero_grad_bytes_per_param")
 SELECTIVE_POLICIES = ("attention_core", "every_second_matmul", "elementwise")
@@ -52,6 +56,7 @@ class Software:
     fused_activation: bool
     compile: bool
     cuda_graphs: bool
+    graph_scope: tuple[str, ...]  # modules replayed from CUDA graphs when not the whole iteration
     host_issue_s: float  # CPU time to issue one kernel (0 when replayed from a CUDA graph)
     fp8_recipe: str
     fp8_casts_fused: bool  # casts of norm / activation outputs fused into those kernels (TE)
@@ -131,6 +136,7 @@ def resolve(s) -> Software:
         fused_activation=bool(fu["activation"]) or compile_,
         compile=compile_,
         cuda_graphs=graphs,
+        graph_scope=() if graphs else tuple(opt.cuda_graph_scope or ()),
         host_issue_s=issue_us * 1e-6,
         fp8_recipe=str(_pick(opt.fp8_recipe, f8["recipe"])),
         fp8_casts_fused=bool(f8["casts_fused_into_producers"]),

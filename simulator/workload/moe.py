@@ -332,6 +332,23 @@ def moe_host_ops(model: ModelConfig, par: ParallelConfig, moe: MoEConfig, precis
     return before, after
 
 
+def graphed_routing_ops(model: ModelConfig, par: ParallelConfig, moe: MoEConfig, precision: str) -> int:
+    """Host ops before the sync that a ``moe_router`` + ``moe_preprocess`` CUDA graph replays in one
+    launch: the shared expert (captured with the router), the router and the dispatcher's metadata
+    preprocessing (``moe_host_ops``; the alltoall dispatcher's device-to-host copies and permutation
+    stay outside, as no graph can hold the sync they feed)."""
+    shared = 0
+    if model.num_shared_experts:
+        shared = SHARED_EXPERT_OPS + (SHARED_EXPERT_QUANT_OPS if precision in QUANTIZED_PRECISIONS else 0)
+    router = ROUTER_GATE_OPS + ROUTER_TOPK_OPS.get(model.scoring_func, ROUTER_TOPK_OPS["softmax"])
+    if model.scoring_func == "sigmoid":
+        router += ROUTER_BIAS_OPS
+    if moe.token_dispatcher == "flex":
+        return shared + router + FLEX_PREPROCESS_OPS
+    return (shared + router + A2A_PREPROCESS_OPS
+            + (A2A_PREPROCESS_MULTI_EXPERT_OPS if local_experts(model, par) > 1 else 0))
+
+
 def host_sync_time(gpu_before_s: float, gpu_after_s: float, ops_before: int, ops_after: int,
                    host_op_s: float = HOST_OP_S) -> float:
     """Stall of one dropless host sync: the round trip, plus what the GPU waits for the host between
@@ -411,7 +428,7 @@ def split_moe_block(block):
 
 
 def price_host_sync(attn_fwd, mlp_fwd, model: ModelConfig, par: ParallelConfig, moe: MoEConfig, precision: str,
-                    host_overhead: float = 1.0):
+                    host_overhead: float = 1.0, graph_scope: tuple[str, ...] = ()):
     """``mlp_fwd`` with its zero-time ``moe_host_sync`` placeholder priced by ``host_sync_time``
     over one layer forward (attention and MoE block), split at the sync. The shared expert runs
     before the router in Megatron-core (moe_layer.py:261), so its GPU time counts before the sync
@@ -432,7 +449,10 @@ def price_host_sync(attn_fwd, mlp_fwd, model: ModelConfig, par: ParallelConfig, 
     # the attention block's and the layer's other priced ops issue one host op each, beside the
     # MoE layer's counted ops
     moe_before, moe_after = moe_host_ops(model, par, moe, precision)
-    ops_before = len(attn_fwd.ops) + sum(1 for op in mlp_fwd.ops[:i] if not is_moe(op.name)) + moe_before
+    if {"moe_router", "moe_preprocess"} <= set(graph_scope):  # replayed in one graph launch
+        moe_before -= graphed_routing_ops(model, par, moe, precision) - 1
+    attn_ops = 1 if "attn" in graph_scope else len(attn_fwd.ops)
+    ops_before = attn_ops + sum(1 for op in mlp_fwd.ops[:i] if not is_moe(op.name)) + moe_before
     ops_after = sum(1 for op in after if not is_moe(op.name)) + moe_after
     t = host_sync_time(attn_fwd.time_s + sum(op.time_s for op in before), sum(op.time_s for op in after),
                        ops_before, ops_after, HOST_OP_S * host_overhead)

@@ -96,8 +96,8 @@ def build_workload(s: Scenario, gpu: GPUSpec) -> Workload:
         moe = m.is_moe_layer(layer)
         kind = (moe, m.attention_window(layer))
         if kind not in costs:
-            costs[kind] = layer_with_software(layer_cost(m, t, par, gpu, layer, s.moe, sw.cuda_graphs), m, t, par, gpu,
-                                              layer, sw)
+            cost = layer_cost(m, t, par, gpu, layer, s.moe, sw.cuda_graphs, sw.graph_scope)
+            costs[kind] = layer_with_software(cost, m, t, par, gpu, layer, sw)
         layer_costs[layer] = costs[kind]
         if moe:
             dense_params[layer] = dense_part_of_moe / par.tp
@@ -152,13 +152,15 @@ def build_workload(s: Scenario, gpu: GPUSpec) -> Workload:
         payload = ep_bytes = 0.0
     return Workload(
         scenario=s, vstages=vstages, layer_costs=layer_costs,
-        embedding=embedding_cost(m, t, par, gpu), head=head_with_software(_head_with_mtp(s, t, gpu, sw.cuda_graphs), gpu, sw),
+        embedding=embedding_cost(m, t, par, gpu),
+        head=head_with_software(_head_with_mtp(s, t, gpu, sw.cuda_graphs, sw.graph_scope), gpu, sw),
         optimizer=optimizer, buckets=buckets, layer_dense_params=dense_params,
         layer_expert_params=expert_params, tp_bytes=act, pp_bytes=act / par.tp, cp_bytes=kv,
         ep_bytes=ep_bytes, ep_payload_bytes=payload, software=sw)
 
 
-def _head_with_mtp(s: Scenario, t: TrainingConfig, gpu: GPUSpec, graphed: bool = False) -> tuple[BlockCost, BlockCost]:
+def _head_with_mtp(s: Scenario, t: TrainingConfig, gpu: GPUSpec, graphed: bool = False,
+                   graph_scope: tuple[str, ...] = ()) -> tuple[BlockCost, BlockCost]:
     """LM head and loss, followed by the MTP modules (see the module docstring); ``t`` is the
     training section with the framework's attention kernel resolved."""
     from simulator.workload.compute import ACT_BYTES, Op, _gemm, _gemm_bwd, _mem
@@ -170,7 +172,7 @@ def _head_with_mtp(s: Scenario, t: TrainingConfig, gpu: GPUSpec, graphed: bool =
     tokens = t.micro_batch_size * t.seq_length / par.cp
     h = m.hidden_size
     last = m.num_hidden_layers - 1
-    layer = layer_cost(m, t, par, gpu, last, s.moe, graphed)
+    layer = layer_cost(m, t, par, gpu, last, s.moe, graphed, graph_scope)
     for _ in range(m.num_nextn_predict_layers):
         norms = 2 * 2 * ACT_BYTES * tokens * h
         proj_f = BlockCost((_mem("mtp_norms", norms, gpu), _gemm("mtp_proj", tokens, h / par.tp, 2 * h, gpu, t.precision)))
