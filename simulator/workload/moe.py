@@ -301,13 +301,7 @@ def moe_host_ops(model: ModelConfig, par: ParallelConfig, moe: MoEConfig, precis
     yet). The allgather dispatcher is counted as alltoall."""
     nloc = local_experts(model, par)
     multi = nloc > 1
-    shared = 0
-    if model.num_shared_experts:
-        shared = SHARED_EXPERT_OPS + (SHARED_EXPERT_QUANT_OPS if precision in QUANTIZED_PRECISIONS else 0)
-    router = ROUTER_GATE_OPS + (ROUTER_TOPK_FUSED_OPS if router_fusion
-                                else ROUTER_TOPK_OPS.get(model.scoring_func, ROUTER_TOPK_OPS["softmax"]))
-    if model.scoring_func == "sigmoid":
-        router += ROUTER_BIAS_OPS
+    shared, router = _shared_and_router_ops(model, precision, router_fusion)
     permute = PERMUTE_FUSED_OPS if permute_fusion else PERMUTE_OPS
     unpermute = UNPERMUTE_FUSED_OPS if permute_fusion else UNPERMUTE_OPS
     experts = (GROUPED_MLP_OPS + (GROUPED_MLP_QUANT_PAD_OPS if precision in QUANTIZED_PRECISIONS else 0)
@@ -337,16 +331,23 @@ def graphed_routing_ops(model: ModelConfig, par: ParallelConfig, moe: MoEConfig,
     launch: the shared expert (captured with the router), the router and the dispatcher's metadata
     preprocessing (``moe_host_ops``; the alltoall dispatcher's device-to-host copies and permutation
     stay outside, as no graph can hold the sync they feed)."""
-    shared = 0
-    if model.num_shared_experts:
-        shared = SHARED_EXPERT_OPS + (SHARED_EXPERT_QUANT_OPS if precision in QUANTIZED_PRECISIONS else 0)
-    router = ROUTER_GATE_OPS + ROUTER_TOPK_OPS.get(model.scoring_func, ROUTER_TOPK_OPS["softmax"])
-    if model.scoring_func == "sigmoid":
-        router += ROUTER_BIAS_OPS
+    shared, router = _shared_and_router_ops(model, precision)
     if moe.token_dispatcher == "flex":
         return shared + router + FLEX_PREPROCESS_OPS
     return (shared + router + A2A_PREPROCESS_OPS
             + (A2A_PREPROCESS_MULTI_EXPERT_OPS if local_experts(model, par) > 1 else 0))
+
+
+def _shared_and_router_ops(model: ModelConfig, precision: str, router_fusion: bool = False) -> tuple[int, int]:
+    """Host ops of the shared expert and of the router (gate, top-k, expert bias), constants above."""
+    shared = 0
+    if model.num_shared_experts:
+        shared = SHARED_EXPERT_OPS + (SHARED_EXPERT_QUANT_OPS if precision in QUANTIZED_PRECISIONS else 0)
+    router = ROUTER_GATE_OPS + (ROUTER_TOPK_FUSED_OPS if router_fusion
+                                else ROUTER_TOPK_OPS.get(model.scoring_func, ROUTER_TOPK_OPS["softmax"]))
+    if model.scoring_func == "sigmoid":
+        router += ROUTER_BIAS_OPS
+    return shared, router
 
 
 def host_sync_time(gpu_before_s: float, gpu_after_s: float, ops_before: int, ops_after: int,
