@@ -141,28 +141,29 @@ def _optional_flag(field: str, value: object) -> bool | None:
     return None if value is None else _boolean(field, value)
 
 
-def _recompute_modules(field: str, value: object) -> tuple[str, ...] | None:
-    from simulator.workload.compute import RECOMPUTE_MODULES
-
+def _names(field: str, value: object, valid: tuple[str, ...]) -> tuple[str, ...] | None:
+    """A non-empty list of names from ``valid``, duplicates dropped; None stays None."""
     if value is None:
         return None
     if (not isinstance(value, (list, tuple)) or not value or not all(isinstance(v, str) for v in value)
-            or any(v not in RECOMPUTE_MODULES for v in value)):
-        raise ConfigError(field, value, f"must be a non-empty list of {', '.join(RECOMPUTE_MODULES)}")
+            or any(v not in valid for v in value)):
+        raise ConfigError(field, value, f"must be a non-empty list of {', '.join(valid)}")
     return tuple(dict.fromkeys(value))
+
+
+def _recompute_modules(field: str, value: object) -> tuple[str, ...] | None:
+    from simulator.workload.compute import RECOMPUTE_MODULES
+
+    return _names(field, value, RECOMPUTE_MODULES)
 
 
 def _graph_scope(field: str, value: object) -> tuple[str, ...] | None:
     from simulator.workload.frameworks import CUDA_GRAPH_SCOPES
 
-    if value is None:
-        return None
-    if (not isinstance(value, (list, tuple)) or not value or not all(isinstance(v, str) for v in value)
-            or any(v not in CUDA_GRAPH_SCOPES for v in value)):
-        raise ConfigError(field, value, f"must be a non-empty list of {', '.join(CUDA_GRAPH_SCOPES)}")
-    if "moe_preprocess" in value and "moe_router" not in value:
+    scope = _names(field, value, CUDA_GRAPH_SCOPES)
+    if scope and "moe_preprocess" in scope and "moe_router" not in scope:
         raise ConfigError(field, value, "moe_preprocess is captured with moe_router only (Megatron-core): add moe_router")
-    return tuple(dict.fromkeys(value))
+    return scope
 
 
 def _layer_types(field: str, value: object) -> tuple[str, ...] | None:
