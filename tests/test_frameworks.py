@@ -206,6 +206,30 @@ def test_validate_reads_a_partial_capture_as_the_scope():
         "cuda_graphs": True}
 
 
+def test_the_report_says_how_long_the_gpu_waited_on_the_host():
+    """host_wait_s is the host_dispatch rows (the GPU outran kernel issue) plus the MoE token-count
+    syncs inside compute blocks; it is part of compute_s, and zero with the iteration graphed."""
+    tiny = ModelConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+                       intermediate_size=256, vocab_size=100, hidden_act="silu")
+    s = dataclasses.replace(scen("torchtitan", model=tiny, dp=1, options=FrameworkOptions(compile=False)),
+                            training=TrainingConfig(seq_length=32, micro_batch_size=1, global_batch_size=1))
+    res = simulate(s)
+    stalls = sum(r.end - r.start for r in res.trace if r.label == "host_dispatch")
+    b = step_report(res)["time_breakdown_s"]
+    assert stalls > 0 and b["host_wait_s"] == pytest.approx(stalls) and b["host_wait_s"] < b["compute_s"]
+    graphed = simulate(dataclasses.replace(s, framework_options=FrameworkOptions(cuda_graphs=True)))
+    assert step_report(graphed)["time_breakdown_s"]["host_wait_s"] == 0
+    # dropless MoE: every MoE layer forward waits at least one sync round trip
+    from simulator.workload import moe
+
+    q = load_scenario("scenarios/qwen3-30b-a3b-16xh100.yaml")
+    r = simulate(q)
+    forwards = sum(1 for row in r.trace if row.stage == 0 and row.label == "moe" and row.kind in ("F", "R")
+                   and row.host_s > 0)
+    assert forwards > 0
+    assert step_report(r)["stages"][0]["host_wait_s"] >= forwards * moe.HOST_SYNC_S
+
+
 def test_megatron_core_reproduces_todays_tiny_report():
     """megatron-core is the default, and the profiles change nothing else on it: the step time of
     scenarios/tiny.yaml as before framework profiles existed, with the measured attention curves

@@ -39,8 +39,9 @@ def test_run_json_has_the_contract_fields():
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     assert REPORT_FIELDS <= set(report)
-    assert set(report["time_breakdown_s"]) == {"compute_s", "exposed_comm_s", "idle_s", "contention_s"}
+    assert set(report["time_breakdown_s"]) == {"compute_s", "exposed_comm_s", "idle_s", "contention_s", "host_wait_s"}
     assert 0 < report["time_breakdown_s"]["contention_s"] < report["time_breakdown_s"]["compute_s"]
+    assert 0 <= report["time_breakdown_s"]["host_wait_s"] < report["time_breakdown_s"]["compute_s"]
     assert report["memory_gib_per_gpu"]["stages"][0]["stage"] == 0
 
 

@@ -49,6 +49,8 @@ def _args(row: Row) -> dict:
             "flops": row.flops, "label": row.label}
     if row.contention_s > 0:  # time the kernels lost to communication kernels' SMs
         args["beside_comm_us"] = round(row.contention_s * 1e6, 3)
+    if row.host_s > 0:  # time the GPU waited on the host (kernel issue, MoE sync)
+        args["host_wait_us"] = round(row.host_s * 1e6, 3)
     return args
 
 

@@ -8,7 +8,9 @@ Conventions:
   (``compute.hardware_flops_per_token``), so HFU >= MFU, equal without recompute; the report
   states this in ``flops_convention``. (The kernels themselves execute only the causal half of
   attention; ``stages[].flops`` counts those executed FLOPs.)
-- Per stage, the step time splits into compute (kernels), exposed communication by axis (time
+- Per stage, the step time splits into compute (kernels; of it, ``contention_s`` lost to the SMs
+  communication kernels held and ``host_wait_s`` the GPU waited on the host: kernel issue it
+  outran, MoE token-count syncs), exposed communication by axis (time
   the compute stream waited on a transfer, after the transfer had started) and idle (waiting
   for a pipeline dependency, or done before the slowest stage). ``bubble_fraction`` of a stage is
   its idle share; the step's is the mean over stages. With uniform stages and free communication
@@ -44,6 +46,7 @@ class StageTimes(Record):
     bubble_fraction: float
     flops: float
     contention_s: float = 0.0  # of compute_s: lost to the SMs communication kernels held beside it
+    host_wait_s: float = 0.0  # of compute_s: the GPU waiting on the host (kernel issue, MoE token-count syncs)
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,7 @@ class TimeBreakdown(Record):
     exposed_comm_s: dict
     idle_s: float
     contention_s: float = 0.0  # of compute_s: lost to the SMs communication kernels held beside it
+    host_wait_s: float = 0.0  # of compute_s: the GPU waiting on the host (kernel issue, MoE token-count syncs)
 
 
 @dataclass(frozen=True)
@@ -106,6 +110,7 @@ def stage_times(result: SimResult) -> tuple[StageTimes, ...]:
     compute = defaultdict(float)
     flops = defaultdict(float)
     slowed = defaultdict(float)
+    host = defaultdict(float)
     exposed = defaultdict(lambda: defaultdict(float))
     for row in result.trace:
         if row.stream != "compute":
@@ -114,6 +119,7 @@ def stage_times(result: SimResult) -> tuple[StageTimes, ...]:
             compute[row.rank] += row.end - row.start
             flops[row.rank] += row.flops
             slowed[row.rank] += row.contention_s
+            host[row.rank] += row.host_s
         elif row.kind == "wait":
             exposed[row.rank][row.axis] += row.end - row.start
     out = []
@@ -121,7 +127,7 @@ def stage_times(result: SimResult) -> tuple[StageTimes, ...]:
         rank = reps[stage]
         idle = max(0.0, step - compute[rank] - sum(exposed[rank].values()))
         out.append(StageTimes(stage, compute[rank], {a: exposed[rank].get(a, 0.0) for a in AXES}, idle,
-                              idle / step if step > 0 else 0.0, flops[rank], slowed[rank]))
+                              idle / step if step > 0 else 0.0, flops[rank], slowed[rank], host[rank]))
     return tuple(out)
 
 
@@ -171,7 +177,8 @@ def step_record(result: SimResult, wall_s: float | None = None) -> StepReport:
             compute_s=sum(st.compute_s for st in stages) / n,
             exposed_comm_s={a: sum(st.exposed_comm_s[a] for st in stages) / n for a in AXES},
             idle_s=sum(st.idle_s for st in stages) / n,
-            contention_s=sum(st.contention_s for st in stages) / n),
+            contention_s=sum(st.contention_s for st in stages) / n,
+            host_wait_s=sum(st.host_wait_s for st in stages) / n),
         stages=stages,
         num_gpus=world,
         num_microbatches=s.num_microbatches,
@@ -205,6 +212,8 @@ def format_summary(report: dict) -> str:
     ]
     if b.get("contention_s", 0.0) > 0:
         lines.append(f"      beside comm    {b['contention_s']:.4f} s of it: the SMs communication kernels held")
+    if b.get("host_wait_s", 0.0) > 0:
+        lines.append(f"      host-bound     {b['host_wait_s']:.4f} s of it: the GPU waiting on kernel issue and MoE syncs")
     for axis, t in b["exposed_comm_s"].items():
         if t > 0:
             lines.append(f"    exposed {axis:<8} {t:.4f} s")

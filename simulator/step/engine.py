@@ -219,14 +219,15 @@ class StepEngine:
                 start = self.env.now
                 yield self.env.timeout(stall)
                 self.trace.add(Row(rank, stage, "compute", op.kind, "", start, self.env.now, op.microbatch,
-                                   op.chunk, op.layer, "host_dispatch"))
+                                   op.chunk, op.layer, "host_dispatch", host_s=self.env.now - start))
         start, slowed = self.env.now, 0.0
         if self.opt.contention:
             slowed = yield from self.gpu_time(rank, gpu_s)
         else:
             yield self.env.timeout(gpu_s)
         self.trace.add(Row(rank, stage, "compute", op.kind, "", start, self.env.now, op.microbatch, op.chunk,
-                           op.layer, op.label, flops=block.flops, contention_s=max(0.0, slowed)))
+                           op.layer, op.label, flops=block.flops, contention_s=max(0.0, slowed),
+                           host_s=block.host_wait_s))
 
     # the rank ------------------------------------------------------------------------------------
 

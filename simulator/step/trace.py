@@ -46,6 +46,7 @@ class Row:
     flops: float = 0.0
     dep: tuple | None = None  # (rank, stream, time) whose end released this row, if not its predecessor
     contention_s: float = 0.0  # of a compute row's time, what communication kernels' SMs cost it
+    host_s: float = 0.0  # of a compute row's time, the GPU waiting on the host (kernel issue, MoE token-count sync)
 
 
 @dataclass

@@ -42,6 +42,9 @@ FA_BWD_FLOP_RATIO = 2.5
 # shows the same gap on H100. The backward kernel's efficiency is the forward's x 63/73.
 FA_BWD_EFFICIENCY = 63 / 73
 RECOMPUTE_MODES = ("none", "selective", "full")
+# Ops whose time is the GPU waiting on the host, not running kernels: the dropless MoE layer's
+# token-count sync (``moe.price_host_sync``).
+HOST_WAIT_OPS = ("moe_host_sync",)
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,11 @@ class BlockCost:
     @functools.cached_property
     def kernels(self) -> int:
         return sum(op.kernels for op in self.ops)
+
+    @functools.cached_property
+    def host_wait_s(self) -> float:
+        """Of ``time_s``, the GPU idle waiting on the host inside the block (``HOST_WAIT_OPS``)."""
+        return sum(op.time_s for op in self.ops if op.name in HOST_WAIT_OPS)
 
 
 @dataclass(frozen=True)
