@@ -120,6 +120,9 @@ class TrainingConfig:
     recompute_modules: tuple[str, ...] | None = None
     attention: str = "flash"  # flash (the framework's fused kernel) | fa2 | sdpa | fa3 | cudnn | cudnn91 | flex | unfused (materialised scores, pre-2023 Megatron)
     fp8_attention: bool = False  # attention matmuls in FP8 (Transformer Engine fp8_dot_product_attention, cuDNN); needs an FP8 precision
+    # Adam's first and second moments: fp32, or bf16 (Megatron-core --use-precision-aware-optimizer
+    # --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16; DeepSeek-V3); the master weights stay fp32
+    optimizer_state_dtype: str = "fp32"
 
 
 @dataclass(frozen=True)
@@ -152,6 +155,13 @@ class ParallelConfig:
 TOKEN_DISPATCHERS = ("alltoall", "allgather", "flex")
 # GEMM precisions whose operands are quantized (Transformer Engine FP8 recipes, MXFP8, NVFP4)
 QUANTIZED_PRECISIONS = ("fp8", "mxfp8", "nvfp4")
+OPTIMIZER_STATE_DTYPES = ("fp32", "bf16")  # training.optimizer_state_dtype: Adam's moments
+
+
+def optimizer_state_bytes(dtype: str) -> int:
+    """Bytes per parameter of the optimizer state: the fp32 master weight (4) and Adam's two moments
+    (4 each in fp32, 2 each in bf16; Rajbhandari et al. 2020 count 12 for fp32 moments)."""
+    return 4 + 2 * (2 if dtype == "bf16" else 4)
 
 
 @dataclass(frozen=True)

@@ -30,8 +30,9 @@ from pathlib import Path
 
 import yaml
 
-from simulator.config import (QUANTIZED_PRECISIONS, TOKEN_DISPATCHERS, ClusterConfig, Faults, FrameworkOptions, LinkFault,
-                              ModelConfig, MoEConfig, OverlapConfig, ParallelConfig, Scenario, Straggler, TrainingConfig)
+from simulator.config import (OPTIMIZER_STATE_DTYPES, QUANTIZED_PRECISIONS, TOKEN_DISPATCHERS, ClusterConfig, Faults,
+                              FrameworkOptions, LinkFault, ModelConfig, MoEConfig, OverlapConfig, ParallelConfig,
+                              Scenario, Straggler, TrainingConfig)
 from simulator import limits
 from simulator.errors import ConfigError
 from simulator.yamlfile import load_yaml_file
@@ -241,6 +242,7 @@ _CHECKS: dict[str, dict[str, Checker]] = {
         "recompute_modules": _recompute_modules,
         "attention": partial(_choice, choices=ATTENTION_BACKENDS),
         "fp8_attention": _boolean,
+        "optimizer_state_dtype": partial(_choice, choices=OPTIMIZER_STATE_DTYPES),
     },
     "parallelism": {
         "tp": _upto(limits.NUM_GPUS),

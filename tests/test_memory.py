@@ -454,3 +454,29 @@ def test_framework_selective_between_full_and_none_and_used_by_the_report():
                - saved_op_activation_bytes(LLAMA8B, s, b, 1, False, "every_second_matmul"))
     assert megatron.activations - titan.activations == pytest.approx(saved - working, rel=1e-9)
     assert titan.weights == megatron.weights and titan.optimizer == megatron.optimizer
+
+
+def test_bf16_adam_moments_hold_8_bytes_per_parameter_and_move_8_fewer_in_adam():
+    """training.optimizer_state_dtype bf16 (Megatron-core precision-aware optimizer, DeepSeek-V3):
+    the fp32 master weight (4) and two bf16 moments (2 + 2), against 4 + 4 + 4; the fused Adam reads
+    and writes each moment once, 8 bytes fewer per parameter of its shard."""
+    from simulator.config import optimizer_state_bytes
+    from simulator.scenario import load_scenario
+    from simulator.workload.memory import stage_memory
+    from simulator.workload.software import BF16_MOMENTS_SAVED_BYTES
+
+    assert optimizer_state_bytes("fp32") == 12 and optimizer_state_bytes("bf16") == 8
+    s = load_scenario("scenarios/llama3-70b-64xh100.yaml")
+    b = load_scenario("scenarios/llama3-70b-64xh100.yaml", ["training.optimizer_state_dtype=bf16"])
+    assert stage_memory(b, 0).optimizer == pytest.approx(stage_memory(s, 0).optimizer * 8 / 12)
+    assert stage_memory(b, 0).weights == stage_memory(s, 0).weights
+    from simulator.physical.hardware import gpu_of
+    from simulator.workload.workload import build_workload
+
+    gpu = gpu_of(s.cluster, s.training.precision)
+    adam = {x.training.optimizer_state_dtype: next(op for op in build_workload(x, gpu).optimizer[0].ops
+                                                   if op.name == "adam") for x in (s, b)}
+    assert BF16_MOMENTS_SAVED_BYTES == 8
+    assert adam["fp32"].bytes - adam["bf16"].bytes == pytest.approx(8 * adam["fp32"].bytes / 30)
+    with pytest.raises(ConfigError, match="training.optimizer_state_dtype"):
+        load_scenario("scenarios/llama3-70b-64xh100.yaml", ["training.optimizer_state_dtype=fp16"])

@@ -32,7 +32,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, replace
 
-from simulator.config import ModelConfig, Scenario
+from simulator.config import ModelConfig, Scenario, optimizer_state_bytes
 from simulator.errors import ConfigError
 from simulator.records import Record
 from simulator.step.plan import vstage_layers
@@ -396,7 +396,7 @@ def _stage_layout_part(s: Scenario, stage: int) -> tuple[_Params, float, int]:
 
 def stage_memory(
     s: Scenario, stage: int, weight_bytes: float = 2, grad_bytes: float = 2,
-    optimizer_bytes: float = 12,
+    optimizer_bytes: float | None = None,
 ) -> StageMemory:
     """Peak bytes per GPU of pipeline stage ``stage`` (module docstring has the accounting).
 
@@ -407,6 +407,8 @@ def stage_memory(
     buffers + allocator fragmentation on all tensor bytes.
     """
     _check(s)
+    if optimizer_bytes is None:
+        optimizer_bytes = optimizer_state_bytes(s.training.optimizer_state_dtype)
     par = s.parallelism
     zero = par.zero_stage
     dense_group = par.shard_group(s.dp)  # dp x cp, or one copy's shard group with dp_replicate
@@ -447,7 +449,7 @@ def memory_peak(s: Scenario) -> tuple[float, float]:
 
 def memory_report(
     s: Scenario, gpu_capacity_bytes: float | None = None, weight_bytes: float = 2,
-    grad_bytes: float = 2, optimizer_bytes: float = 12,
+    grad_bytes: float = 2, optimizer_bytes: float | None = None,
 ) -> dict:
     """``memory_record(...).to_dict()``: the JSON form."""
     return memory_record(s, gpu_capacity_bytes, weight_bytes, grad_bytes, optimizer_bytes).to_dict()
@@ -455,7 +457,7 @@ def memory_report(
 
 def memory_record(
     s: Scenario, gpu_capacity_bytes: float | None = None, weight_bytes: float = 2,
-    grad_bytes: float = 2, optimizer_bytes: float = 12,
+    grad_bytes: float = 2, optimizer_bytes: float | None = None,
 ) -> MemoryReport:
     """Per-stage memory per GPU in GiB (2**30 bytes), the peak and the OOM verdict (issue 5 JSON).
 
@@ -467,6 +469,8 @@ def memory_record(
         gpu_capacity_bytes = gpu_of(s.cluster, s.training.precision).hbm_capacity_bytes
     if not gpu_capacity_bytes > 0:
         raise ConfigError("gpu_capacity_bytes", gpu_capacity_bytes, "must be a positive byte count")
+    if optimizer_bytes is None:
+        optimizer_bytes = optimizer_state_bytes(s.training.optimizer_state_dtype)
     for name, value in (("weight_bytes", weight_bytes), ("grad_bytes", grad_bytes),
                         ("optimizer_bytes", optimizer_bytes)):
         if value < 0:

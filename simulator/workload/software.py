@@ -263,12 +263,20 @@ def head_with_software(head: tuple[BlockCost, BlockCost], gpu: GPUSpec, sw: Soft
             _add(bwd, [_mem_op("unfused_elementwise_bwd", 2 * NORM_EXTRA[0] * elems, 2 * NORM_EXTRA[1], gpu)]))
 
 
-def optimizer_block(num_params_local: float, num_params_buffer: float, gpu: GPUSpec, sw: Software) -> BlockCost:
+# bf16 Adam moments (training.optimizer_state_dtype): the fused Adam reads and writes m and v once
+# each, 2 bytes each instead of 4 (Megatron-core precision-aware optimizer, TE FusedAdam).
+BF16_MOMENTS_SAVED_BYTES = 4 * 2.0
+
+
+def optimizer_block(num_params_local: float, num_params_buffer: float, gpu: GPUSpec, sw: Software,
+                    moments: str = "fp32") -> BlockCost:
     """Clipping norm, Adam and gradient zeroing as memory-bound passes with the profile's bytes per
-    parameter (shard for the first two, every local gradient for the zeroing)."""
+    parameter (shard for the first two, every local gradient for the zeroing); ``moments`` bf16
+    moves ``BF16_MOMENTS_SAVED_BYTES`` fewer per parameter in Adam."""
+    adam = sw.adam_bytes_per_param - (BF16_MOMENTS_SAVED_BYTES if moments == "bf16" else 0.0)
     ops = [
         ("grad_norm", sw.clip_bytes_per_param, num_params_local),
-        ("adam", sw.adam_bytes_per_param, num_params_local),
+        ("adam", adam, num_params_local),
         ("zero_grad", sw.zero_grad_bytes_per_param, num_params_buffer),
     ]
     return BlockCost(tuple(_mem_op(name, per * n, 1, gpu) for name, per, n in ops if per > 0))

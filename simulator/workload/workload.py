@@ -134,7 +134,7 @@ def build_workload(s: Scenario, gpu: GPUSpec) -> Workload:
             local = dense / par.shard_group(dp) + expert / max(1, s.expert_dp)
         else:
             local = dense + expert
-        optimizer[stage] = optimizer_block(local, dense + expert, gpu, sw)
+        optimizer[stage] = optimizer_block(local, dense + expert, gpu, sw, t.optimizer_state_dtype)
 
     b, seq, h = t.micro_batch_size, t.seq_length, m.hidden_size
     act = b * seq / par.cp * h * 2
