@@ -33,6 +33,8 @@ def test_four_by_two_sweep_gives_eight_rows_plots_and_step_time_never_rises_with
     table = _csv_rows(tmp_path / CSV)
     assert len(table) == 8 and list(table[0]) == [BANDWIDTH, "parallelism.tp", *METRICS]
     assert all(r["error"] == "" and r["fits"] == "true" for r in table)
+    assert METRICS[-2:] == ("contention_s", "host_wait_s")  # appended: earlier columns keep their places
+    assert all(0 <= float(r["host_wait_s"]) < float(r["compute_s"]) and float(r["contention_s"]) >= 0 for r in table)
     for tp in ("2", "4"):
         times = [float(r["step_time_s"]) for r in table if r["parallelism.tp"] == tp]
         assert len(times) == 4 and all(b <= a for a, b in zip(times, times[1:])), times
@@ -212,3 +214,11 @@ def test_whatif_cli(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "simulator", "whatif", TINY, "--factor", "0.5"],
                          capture_output=True, text=True)
     assert bad.returncode == 2 and "--factor" in bad.stderr and bad.stderr.count("\n") == 1
+
+
+def test_a_log_written_before_the_appended_columns_still_makes_a_table():
+    """A results.jsonl from before contention_s / host_wait_s existed resumes into a table whose new
+    cells are empty, not an error."""
+    old = {"point": {"parallelism.tp": 2}, "step_time_s": 1.0, "compute_s": 0.5}
+    rows = list(csv.DictReader(io.StringIO(table_csv([old], ["parallelism.tp"]))))
+    assert rows[0]["step_time_s"] == "1.0" and rows[0]["host_wait_s"] == "" and rows[0]["contention_s"] == ""

@@ -46,8 +46,12 @@ from simulator.reports.report import AXES
 from simulator.scenario import apply_overrides, read_scenario_file, scenario_to_dict
 from simulator.files import atomic_write_text, remove_stale
 
+# Appended columns keep their place at the end, so a table read by position stays readable:
+# contention_s and host_wait_s (parts of compute_s: SMs held by communication kernels; the GPU
+# waiting on the host) came after the first release.
 METRICS = ("step_time_s", "tokens_per_s_per_gpu", "mfu", "bubble_fraction", "compute_s",
-           *(f"exposed_{a}_s" for a in AXES), "idle_s", "peak_memory_gib", "fits", "warnings", "error")
+           *(f"exposed_{a}_s" for a in AXES), "idle_s", "peak_memory_gib", "fits", "warnings", "error",
+           "contention_s", "host_wait_s")
 EXECUTORS = ("process", "ray")
 JSONL = "results.jsonl"
 CSV = "results.csv"
@@ -95,7 +99,8 @@ def evaluate(task: Task) -> dict:
     b = report["time_breakdown_s"]
     row.update(step_time_s=report["step_time_s"], tokens_per_s_per_gpu=report["tokens_per_s_per_gpu"],
                mfu=report["mfu"], bubble_fraction=report["bubble_fraction"], compute_s=b["compute_s"],
-               idle_s=b["idle_s"], **{f"exposed_{a}_s": b["exposed_comm_s"].get(a, 0.0) for a in AXES})
+               idle_s=b["idle_s"], **{f"exposed_{a}_s": b["exposed_comm_s"].get(a, 0.0) for a in AXES},
+               contention_s=b["contention_s"], host_wait_s=b["host_wait_s"])
     return row
 
 
