@@ -33,7 +33,7 @@ from simulator.config import Scenario
 from simulator.step.schedules import SCHEDULES, Placement, Step, placement
 from simulator.workload.compute import (CP_CORE_OPS, CP_LOCAL_OPS, BlockCost, joined, split_around,
                                         split_at_gemm, split_weight_grad)
-from simulator.workload.frameworks import fsdp_gathered_once
+from simulator.workload.frameworks import fsdp_gathered_once, routing_graphed
 from simulator.workload.moe import split_moe_block
 from simulator.workload.workload import GRAD_BYTES, PARAM_BYTES, Workload
 
@@ -269,10 +269,9 @@ class _Builder:
         w = self.w
         before, experts, after = self.split(split_moe_block, block)
         overlap = self.s.moe.overlap_a2a
-        scope = self.sw.graph_scope
-        whole = "moe" in scope
+        whole = "moe" in self.sw.graph_scope
         # the router and the EP preprocess run before the dispatch, their gradients after the combine
-        routing = whole or {"moe_router", "moe_preprocess"} <= set(scope)
+        routing = routing_graphed(self.sw.graph_scope)
         self.compute(kind, before, "moe", **at, graphed=whole or (routing and kind != "B"))
         if overlap:
             first = self.launch("ep", "all_to_all", w.ep_bytes, "ep")

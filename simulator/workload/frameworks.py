@@ -30,6 +30,12 @@ EXECUTION_KEYS = ("compile", "cuda_graphs", "host_issue_us", "compiled_host_issu
 # the DeepSeek-V3 GB200 guide, Sec. 2.3): the attention block, the dense MLP, the MoE router (and
 # shared experts), the EP preprocess (with the router only), the whole MoE layer (token-drop only)
 CUDA_GRAPH_SCOPES = ("attn", "mlp", "moe_router", "moe_preprocess", "moe")
+
+
+def routing_graphed(scope: tuple[str, ...]) -> bool:
+    """Whether an MoE layer's router and EP preprocess replay from a CUDA graph: captured with the
+    whole layer (``moe``) or as ``moe_router`` with ``moe_preprocess``."""
+    return "moe" in scope or {"moe_router", "moe_preprocess"} <= set(scope)
 FP8_KEYS = ("recipe", "casts_fused_into_producers", "weight_cast_once_per_step")
 OPTIMIZER_KEYS = ("adam_bytes_per_param", "clip_bytes_per_param", "zero_grad_bytes_per_param")
 SELECTIVE_POLICIES = ("attention_core", "every_second_matmul", "elementwise")

@@ -63,6 +63,7 @@ from __future__ import annotations
 import math
 
 from simulator.config import QUANTIZED_PRECISIONS, ModelConfig, MoEConfig, ParallelConfig
+from simulator.workload.frameworks import routing_graphed
 
 ACT_BYTES = 2
 SCORE_BYTES = 4
@@ -450,7 +451,7 @@ def price_host_sync(attn_fwd, mlp_fwd, model: ModelConfig, par: ParallelConfig, 
     # the attention block's and the layer's other priced ops issue one host op each, beside the
     # MoE layer's counted ops
     moe_before, moe_after = moe_host_ops(model, par, moe, precision)
-    if {"moe_router", "moe_preprocess"} <= set(graph_scope):  # replayed in one graph launch
+    if routing_graphed(graph_scope):  # replayed in one graph launch ("moe" has no sync: no placeholder)
         moe_before -= graphed_routing_ops(model, par, moe, precision) - 1
     attn_ops = 1 if "attn" in graph_scope else len(attn_fwd.ops)
     ops_before = attn_ops + sum(1 for op in mlp_fwd.ops[:i] if not is_moe(op.name)) + moe_before
