@@ -115,6 +115,8 @@ def test_grace_hopper_is_not_taken_for_an_h200():
         assert gpu.peak_flops == get_gpu("H100").peak_flops and gpu.num_sms == 132
         assert gpu.host_overhead == pytest.approx(33.17 / 13.48)
     assert get_gpu("H200").host_overhead == 1.0
+    with pytest.raises(ConfigError, match="cluster.gpu"):  # no such part: not a guess at H200
+        get_gpu("GH200 PCIe")
 
 
 def test_pcie_parts_are_not_mistaken_for_sxm():

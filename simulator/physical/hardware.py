@@ -416,12 +416,12 @@ def _lookup(name: str) -> str | None:
     text = re.sub(r"[\s_]+", "-", text.replace("nvidia", "")).strip("-")
     if text in _LOOKUP:
         return _LOOKUP[text]
-    if "gh200" in text:  # before the families: "gh200" contains "h200"
+    if "gh200" in text and "pcie" not in text:  # before the families: "gh200" contains "h200"
         return "GH200-144GB" if "144" in text or "hbm3e" in text else "GH200-96GB"
     for family, key in _SUPERCHIPS:
         if family in text and "pcie" not in text:
             return key
-    if "pcie" in text or "nvl" in text or "94gb" in text:
+    if "pcie" in text or "nvl" in text or "94gb" in text or "gh200" in text:
         return None
     for family, detail, key in _FAMILIES:
         if family in text and detail in text:
