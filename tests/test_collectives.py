@@ -60,6 +60,15 @@ def test_multi_node_ring_uses_one_channel_per_rank_position_and_matches_closed_f
     assert t == pytest.approx(C.nccl_ring_time("all_reduce", 16, 8 * GiB / 8, 50e9, 2 / 16), rel=1e-9)
 
 
+def test_channel_rings_are_planned_once_per_group_whatever_the_rank_order():
+    coll = C.Collectives(None, None, _two_nodes())
+    first = coll.channel_rings(range(16))
+    again = coll.channel_rings(list(reversed(range(16))))
+    assert again is first  # memoised by the sorted group: a folded stage asks again for every bucket
+    assert again == C.Collectives(None, None, _two_nodes()).channel_rings(range(16))
+    assert coll.channel_rings([3, 1]) == [[1, 3]]  # inside one node: the group itself, sorted
+
+
 def test_halving_inter_node_bandwidth_doubles_the_inter_node_bound_part():
     fast, slow = _two_nodes(400), _two_nodes(200)
     lat = 8.4e-6 + 2 * 15 * (14 / 16 * 3.4e-6 + 2 / 16 * 14e-6)  # Simple protocol, 2 of 16 steps inter-node

@@ -134,6 +134,7 @@ class Collectives:
         self._geometry: dict = {}
         self._specs: dict = {}
         self._edge_arrays: dict = {}  # id(edges tuple) -> (the tuple, src, dst), for rings
+        self._channel_rings: dict = {}  # sorted ranks -> their rings (``channel_rings``)
 
     def ring_spec(self, op: str, ring: Sequence[int], per_step: float, steps: int) -> Spec:
         """``steps`` ring steps of ``per_step`` bytes per rank, as one coupled transfer, in the NCCL
@@ -260,8 +261,16 @@ class Collectives:
         return nodes, rails
 
     def channel_rings(self, ranks: Sequence[int]) -> list[list[int]]:
-        """NCCL-style rings: one per rank position when every node holds the same count k > 1."""
-        ranks = sorted(ranks)
+        """NCCL-style rings: one per rank position when every node holds the same count k > 1.
+        Memoised by the group (a folded stage plans the same groups again for every bucket size):
+        callers read the rings and never change them."""
+        key = tuple(sorted(ranks))
+        hit = self._channel_rings.get(key)
+        if hit is None:
+            hit = self._channel_rings[key] = self._channel_rings_of(list(key))
+        return hit
+
+    def _channel_rings_of(self, ranks: list[int]) -> list[list[int]]:
         nodes = self._node_groups(ranks)
         if nodes is None or len(nodes) < 2 or len(nodes[0]) < 2:
             return [ranks]
