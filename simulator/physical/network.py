@@ -276,8 +276,14 @@ class Network:
             t.record = FlowRecord(label, now, tpl.links, tpl.mult, float(size), members, latency)
             self.flows.append(t.record)
         owners = self._owner[links]
-        ids = np.unique(owners[owners >= 0]).tolist() if owners.max() >= 0 else []
-        comps = sorted((self._components[i] for i in ids), key=lambda c: (-len(c.transfers), c.id))
+        taken = owners[owners >= 0]
+        if not taken.size:
+            comps = []
+        elif (taken == taken[0]).all():  # the common case: the links of one component, or free
+            comps = [self._components[int(taken[0])]]
+        else:
+            comps = sorted((self._components[i] for i in np.unique(taken).tolist()),
+                           key=lambda c: (-len(c.transfers), c.id))
         if comps:
             comp = comps[0]
             for other in comps[1:]:
