@@ -112,6 +112,7 @@ class Transfer:
     version: int = 0
     component: "Component | None" = None
     record: FlowRecord | None = None
+    provisional: bool = False  # its rate was set alone at its start; a flush at that instant replaces it
 
     @property
     def links(self) -> np.ndarray:
@@ -296,7 +297,12 @@ class Network:
             comp = self._new_component()
         self._users[links] += 1
         self._assign(t, comp)
-        self._mark(comp)
+        if comps:
+            self._mark(comp)
+        else:  # alone on free links: its rate now, as the flush would set it at this same instant
+            self.stats.rate_updates += 1
+            self._set_rate(t, self._alone(t.tpl), now)
+            t.provisional = True
         return done
 
     def _mark(self, comp: Component) -> None:
@@ -329,10 +335,7 @@ class Network:
             return
         now = self.env.now
         if len(groups) == 1:
-            tpl = groups[0].tpl
-            if tpl.alone is None:
-                tpl.alone = float((self._cap[tpl.cls] / tpl.cmult).min())
-            rates = [tpl.alone]
+            rates = [self._alone(groups[0].tpl)]
         else:
             entry_group = np.repeat(np.arange(len(groups)), [len(t.links) for t in groups])
             entry_link = np.concatenate([t.links for t in groups])
@@ -340,17 +343,38 @@ class Network:
             rates = max_min_rates(self._cap, entry_group, entry_link, entry_mult, len(groups)).tolist()
         self.stats.rate_updates += 1
         for t, r in zip(groups, rates):
+            if t.provisional:
+                t.provisional = False
+                if now == t.since:
+                    # flushed at the instant it started alone: this rate is its first, as if it
+                    # had waited for the flush like any other transfer (same records and count)
+                    self.stats.rate_updates -= 1
+                    if r == t.rate:
+                        continue
+                    if t.record is not None:
+                        t.record.times.pop()
+                        t.record.rates.pop()
             if r == t.rate and t.version:
                 continue
-            t.remaining -= t.rate * (now - t.since)
-            t.since = now
-            t.rate = r
-            t.version += 1
-            if t.record is not None:
-                t.record.times.append(now)
-                t.record.rates.append(r)
-            ev = self.env.timeout(max(t.remaining / r, 0.0))
-            ev.callbacks.append(lambda _e, t=t, v=t.version: self._finish(t, v))
+            self._set_rate(t, r, now)
+
+    def _alone(self, tpl: Template) -> float:
+        """The rate of a template's flows with its links to themselves (cached on the template)."""
+        if tpl.alone is None:
+            tpl.alone = float((self._cap[tpl.cls] / tpl.cmult).min())
+        return tpl.alone
+
+    def _set_rate(self, t: Transfer, r: float, now: float) -> None:
+        """From ``now`` the transfer moves at ``r``; its finish is scheduled (an earlier one lapses)."""
+        t.remaining -= t.rate * (now - t.since)
+        t.since = now
+        t.rate = r
+        t.version += 1
+        if t.record is not None:
+            t.record.times.append(now)
+            t.record.rates.append(r)
+        ev = self.env.timeout(max(t.remaining / r, 0.0))
+        ev.callbacks.append(lambda _e, t=t, v=t.version: self._finish(t, v))
 
     def _finish(self, t: Transfer, version: int) -> None:
         if version != t.version:
