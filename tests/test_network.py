@@ -36,6 +36,29 @@ def test_two_equal_transfers_on_one_link_each_take_twice_as_long():
     assert both == [pytest.approx(2 * alone[0], rel=1e-12)] * 2
 
 
+def test_a_transfer_joined_at_its_start_keeps_one_rate_record_and_one_update():
+    """A transfer that starts alone gets its rate at once; one that joins it at the same instant
+    makes the flush's shared rate its first (records and update count as one flush sets them),
+    while one that joins later adds a second rate to the first's record."""
+    env = simpy.Environment()
+    net = Network(env, np.array([100.0]), record=True)
+
+    def one(start):
+        yield env.timeout(start)
+        yield net.transfer([np.array([0])], 1000, 0)
+
+    for start in (0.0, 0.0, 5.0):
+        env.process(one(start))
+    env.run()
+    first, second, third = net.flows
+    assert first.times[:1] == [0.0] and first.rates[:1] == [pytest.approx(50.0)]
+    assert second.times[:1] == [0.0] and second.rates[:1] == [pytest.approx(50.0)]
+    assert first.times[1] == pytest.approx(5.0) and first.rates[1] == pytest.approx(100.0 / 3)
+    assert third.times[0] == pytest.approx(5.0)
+    # one update at 0 (the pair), one at 5 (the three), one at 27.5 when the pair ends together
+    assert net.stats.rate_updates == 3
+
+
 def test_transfer_on_disjoint_path_is_unaffected():
     times, _ = run_transfers([100.0, 100.0, 100.0],
                              [(0, [[0, 1]], 1000, 0), (0, [[0, 1]], 1000, 0), (0, [[2]], 1000, 0)])
