@@ -231,3 +231,26 @@ def test_nemo_24_03_runs_state_the_early_2024_cudnn():
     assert len(nemo) == 2
     for case in nemo:
         assert case_to_scenario_dict(case)["training"]["attention"] == "cudnn91"
+
+
+def test_llm_foundry_attn_impl_picks_the_kernel_and_an_unpriced_one_is_said():
+    """llm-foundry's ``attn_impl``: flash runs the profile's kernel, torch the unfused attention;
+    its Triton kernel has no measured curve, so the case is priced with the fused kernel and the
+    validation notes say so (no silent substitution)."""
+    cases = yaml.safe_load((Path(__file__).parent / "data" / "framework-runs.yaml").read_text())["cases"]
+    triton = next(c for c in cases if c["id"] == "lf-mpt7b-h100-bf16-8-64k")
+    assert triton["framework_options"]["attn_impl"] == "triton"
+    notes: list[str] = []
+    assert case_to_scenario_dict(triton, notes)["training"]["attention"] == "flash"
+    assert any(n.startswith("attn_impl triton (llm-foundry's Triton FlashAttention") for n in notes)
+    flash = next(c for c in cases if c["id"] == "lf-mpt70b-h100-bf16-128")
+    notes = []
+    assert case_to_scenario_dict(flash, notes)["training"]["attention"] == "flash"
+    assert not any("attn_impl" in n for n in notes)
+    torch_impl = copy.deepcopy(flash)
+    torch_impl["framework_options"]["attn_impl"] = "torch"
+    assert case_to_scenario_dict(torch_impl)["training"]["attention"] == "unfused"
+    a100_2k = next(c for c in cases if c["id"] == "lf-mpt7b-a100-40g-bf16-128")
+    notes = []
+    case_to_scenario_dict(a100_2k, notes)  # "triton (submit_benchmarks default at the time)"
+    assert any(n.startswith("attn_impl triton") for n in notes)

@@ -205,12 +205,36 @@ def _stated_schedule(case: dict) -> str | None:
 STATED_ATTENTION = ("fa2", "sdpa", "fa3", "cudnn", "cudnn91", "flex")
 
 
+# llm-foundry's ``attn_config.attn_impl`` (Composer runs): "flash" is the flash_attn package that
+# frameworks/composer.yaml prices (its profile kernel), "torch" the unfused softmax(Q K^T) V of
+# llmfoundry/models/layers/attention.py (scaled_multihead_dot_product_attention). "triton" is
+# llm-foundry's own Triton FlashAttention (llmfoundry/models/layers/flash_attn_triton.py, built on
+# triton-pre-mlir and, by its docstring, tested on A100 only, its forward faster and its backward
+# slower than the CUDA FlashAttention of late 2022): no published curve measures that kernel, so
+# it is priced as the profile's kernel, and the case says so (``attention_note``).
+ATTN_IMPL = {"flash": "flash", "torch": "unfused"}
+
+
 def _attention_of(case: dict) -> str:
-    """The scenario's ``training.attention`` for a case (module docstring)."""
-    stated = str((case.get("framework_options") or {}).get("attention") or "").lower()
+    """The scenario's ``training.attention`` for a case (module docstring, ``ATTN_IMPL``)."""
+    opts = case.get("framework_options") or {}
+    stated = str(opts.get("attention") or "").lower()
     if stated in STATED_ATTENTION:
         return stated
+    impl = str(opts.get("attn_impl") or "").split()[0].lower() if opts.get("attn_impl") else ""
+    if impl in ATTN_IMPL:
+        return ATTN_IMPL[impl]
     return "unfused" if (source_year(case) or 9999) < 2023 else "flash"
+
+
+def attention_note(case: dict) -> str | None:
+    """What the validation assumed of a stated attention kernel it has no curve for, else None."""
+    impl = str((case.get("framework_options") or {}).get("attn_impl") or "").split()
+    if not impl or impl[0].lower() in ATTN_IMPL:
+        return None
+    what = "llm-foundry's Triton FlashAttention, " if impl[0].lower() == "triton" else ""
+    return (f"attn_impl {impl[0]} ({what}no measured curve) priced as the framework's fused kernel: "
+            f"fast by as much as that kernel is slower")
 
 
 def source_year(case: dict) -> int | None:
@@ -433,6 +457,9 @@ def case_to_scenario_dict(case: dict, notes: list[str] | None = None) -> dict:
         moe["overlap_a2a"] = True  # DualPipe's chunk pairing hides the all-to-alls (module docstring)
     if moe:
         out["moe"] = moe
+    note = attention_note(case)
+    if note:
+        notes.append(note)
     modules = _recompute_modules(case) if recompute == "selective" else None
     if modules:
         out["training"]["recompute_modules"] = modules
