@@ -153,3 +153,44 @@ def test_link_classes_give_exactly_the_rates_of_links_one_by_one(seed):
     coarse, coarse_bytes, n_classes = run(True)
     assert coarse == fine and coarse_bytes == fine_bytes
     assert n_classes <= 60
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_small_templates_kept_as_lists_run_bit_for_bit_like_the_array_path(seed, monkeypatch):
+    """Templates with a few link classes do their bookkeeping (bytes, owners, users) entry by
+    entry on Python lists; random transfers whose templates split classes while in flight give the
+    same completion times, bytes, rate updates and owners as with every template on arrays."""
+    import simulator.physical.network as network
+
+    rng = np.random.default_rng(100 + seed)
+    capacity = rng.choice([50.0, 120.0], size=40)
+    templates = []
+    for _ in range(14):
+        links = np.unique(rng.choice(40, size=rng.integers(1, 4 if rng.random() < 0.6 else 25)))
+        mult = rng.choice([1.0, 2.0], size=len(links)) if rng.random() < 0.3 else np.ones(len(links))
+        templates.append((links, mult))
+    plan = [(float(rng.uniform(0, 15)), templates[rng.integers(len(templates))], float(rng.uniform(10, 900)),
+             float(rng.choice([0.0, 0.3]))) for _ in range(50)]
+
+    def run(small):
+        monkeypatch.setattr(network, "SMALL_TEMPLATE", small)
+        env = simpy.Environment()
+        net = Network(env, capacity)
+        done = []
+
+        def go(at, tpl, size, lat):
+            yield env.timeout(at)
+            yield net.transfer_links(tpl[0], tpl[1], size, lat)
+            done.append(env.now)
+
+        for item in plan:
+            env.process(go(*item))
+        env.run()
+        lists = sum(1 for tpl in net._templates.values() if tpl.small is not None)
+        return (done, net.stats.bytes_carried.tolist(), net.stats.rate_updates, net._owner.tolist(),
+                net._users.tolist()), lists
+
+    arrays, none_small = run(0)
+    lists, some_small = run(8)
+    assert none_small == 0 and some_small > 0
+    assert lists == arrays

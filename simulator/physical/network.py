@@ -83,6 +83,9 @@ class FlowRecord:
     end: float = float("nan")
 
 
+SMALL_TEMPLATE = 8  # link classes up to which a template's bookkeeping runs on Python lists
+
+
 @dataclass(eq=False)
 class Template:
     """The links of a transfer: ``links`` and ``mult`` (physical link ids, member flows on each),
@@ -93,6 +96,9 @@ class Template:
     cls: np.ndarray
     cmult: np.ndarray
     alone: float | None = None  # bytes/s per member with the links to itself (memo, cleared on a split)
+    # ``cls`` and ``cmult`` as Python lists when there are at most SMALL_TEMPLATE classes (memo,
+    # cleared when the classes change): scalar updates beat numpy's fancy indexing on a few entries
+    small: tuple[list, list] | None = None
 
 
 @dataclass(eq=False)
@@ -183,7 +189,24 @@ class Network:
     def _assign(self, t: Transfer, comp: Component) -> None:
         comp.transfers[t] = None
         t.component = comp
-        self._owner[t.links] = comp.id
+        small = self._small(t.tpl)
+        if small is None:
+            self._owner[t.links] = comp.id
+        else:
+            owner = self._owner
+            for c in small[0]:
+                owner[c] = comp.id
+
+    @staticmethod
+    def _small(tpl: Template) -> tuple[list, list] | None:
+        """(classes, multiplicities) of a template with at most ``SMALL_TEMPLATE`` classes as lists, else
+        None. Updating a few entries one by one gives the same floats as the array expressions
+        (the same products and sums, entry by entry; the classes are distinct) in less time."""
+        if tpl.small is None:
+            if len(tpl.cls) > SMALL_TEMPLATE:
+                return None
+            tpl.small = (tpl.cls.tolist(), tpl.cmult.tolist())
+        return tpl.small
 
     def template(self, links: np.ndarray, mult: np.ndarray) -> Template:
         """The registered template of distinct ``links`` with ``mult`` member flows on each."""
@@ -241,6 +264,7 @@ class Network:
         for tpl, cls, mults in pending.values():
             tpl.cls = np.concatenate([tpl.cls, np.array(cls, dtype=np.int64)])
             tpl.alone = None
+            tpl.small = None
             tpl.cmult = np.concatenate([tpl.cmult, np.array(mults)])
 
     def transfer(self, routes: Sequence[np.ndarray], size: float, latency: float = 0.0,
@@ -268,7 +292,16 @@ class Network:
             self._after(latency, done)
             return done
         links = tpl.cls
-        self._bytes[links] += tpl.cmult * size
+        small = self._small(tpl)
+        if small is None:
+            self._bytes[links] += tpl.cmult * size
+            owners = self._owner[links]
+            taken = owners[owners >= 0].tolist()
+        else:
+            nbytes, owner = self._bytes, self._owner
+            for c, m in zip(*small):
+                nbytes[c] += m * size
+            taken = [int(o) for o in (owner[c] for c in small[0]) if o >= 0]
         self.stats.transfers += 1
         now = self.env.now
         t = Transfer(tpl=tpl, size=float(size), latency=latency, done=done, label=label,
@@ -276,15 +309,12 @@ class Network:
         if self.record:
             t.record = FlowRecord(label, now, tpl.links, tpl.mult, float(size), members, latency)
             self.flows.append(t.record)
-        owners = self._owner[links]
-        taken = owners[owners >= 0]
-        if not taken.size:
+        if not taken:
             comps = []
-        elif (taken == taken[0]).all():  # the common case: the links of one component, or free
-            comps = [self._components[int(taken[0])]]
+        elif taken.count(taken[0]) == len(taken):  # the common case: the links of one component, or free
+            comps = [self._components[taken[0]]]
         else:
-            comps = sorted((self._components[i] for i in np.unique(taken).tolist()),
-                           key=lambda c: (-len(c.transfers), c.id))
+            comps = sorted((self._components[i] for i in set(taken)), key=lambda c: (-len(c.transfers), c.id))
         if comps:
             comp = comps[0]
             for other in comps[1:]:
@@ -295,7 +325,12 @@ class Network:
                 del self._components[other.id]
         else:
             comp = self._new_component()
-        self._users[links] += 1
+        if small is None:
+            self._users[links] += 1
+        else:
+            users = self._users
+            for c in small[0]:
+                users[c] += 1
         self._assign(t, comp)
         if comps:
             self._mark(comp)
@@ -384,9 +419,17 @@ class Network:
         t.component = None
         if t.record is not None:
             t.record.end = self.env.now
-        self._users[t.links] -= 1
-        freed = t.links[self._users[t.links] == 0]
-        self._owner[freed] = -1
+        small = self._small(t.tpl)
+        if small is None:
+            self._users[t.links] -= 1
+            freed = t.links[self._users[t.links] == 0]
+            self._owner[freed] = -1
+        else:
+            users, owner = self._users, self._owner
+            for c in small[0]:
+                users[c] -= 1
+                if users[c] == 0:
+                    owner[c] = -1
         self._after(t.latency, t.done)
         if comp.transfers:
             self._split(comp)
