@@ -480,3 +480,17 @@ def test_bf16_adam_moments_hold_8_bytes_per_parameter_and_move_8_fewer_in_adam()
     assert adam["fp32"].bytes - adam["bf16"].bytes == pytest.approx(8 * adam["fp32"].bytes / 30)
     with pytest.raises(ConfigError, match="training.optimizer_state_dtype"):
         load_scenario("scenarios/llama3-70b-64xh100.yaml", ["training.optimizer_state_dtype=fp16"])
+
+
+def test_one_f_one_b_and_gpipe_in_flight_are_read_without_building_the_program():
+    """1F1B and GPipe take their closed forms (min(p - s, m) and m) instead of walking the built
+    program; both equal the walk for every stage, fewer micro-batches than stages included, and a
+    stage outside the pipeline is still refused."""
+    for name in ("1f1b", "gpipe"):
+        for stages in (1, 2, 3, 5, 8):
+            for microbatches in (1, 2, 3, 7, 16):
+                for stage in range(stages):
+                    walk = peak_in_flight(SCHEDULES[name](stage, stages, microbatches, 1))
+                    assert microbatches_in_flight(name, stage, stages, microbatches) == walk
+        with pytest.raises(ValueError, match="outside"):
+            microbatches_in_flight(name, 4, 4, 8)

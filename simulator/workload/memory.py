@@ -36,7 +36,7 @@ from simulator.config import ModelConfig, Scenario, optimizer_state_bytes
 from simulator.errors import ConfigError
 from simulator.records import Record
 from simulator.step.plan import vstage_layers
-from simulator.step.schedules import SCHEDULES, check_schedule_args, peak_in_flight, placement
+from simulator.step.schedules import SCHEDULES, _check_stage, check_schedule_args, peak_in_flight, placement
 from simulator.units import GiB
 from simulator.workload.frameworks import fsdp_gathered_once, resolve
 
@@ -224,6 +224,9 @@ def microbatches_in_flight(
     DualPipeV count half-stage chunks (vp = 2); DualPipe counts stages of either model copy.
     """
     check_schedule_args(schedule, stages, microbatches, chunks)
+    if schedule in ("1f1b", "gpipe"):  # what the program gives, without building it (tests/test_memory.py)
+        _check_stage(stage, stages)
+        return min(stages - stage, microbatches) if schedule == "1f1b" else microbatches
     return peak_in_flight(SCHEDULES[schedule](stage, stages, microbatches, chunks))
 
 
@@ -295,12 +298,13 @@ def _ends(s: Scenario, stage: int) -> tuple[int, int]:
             sum(place.locate(last, c)[0] == stage for c in range(place.copies)))
 
 
-def _stage_params(s: Scenario, stage: int) -> _Params:
+def _stage_params(s: Scenario, stage: int, by_kind: dict | None = None) -> _Params:
     m, par = s.model, s.parallelism
     tp, pp = par.tp, par.pp
     # A layer's parameters depend on the layer only through whether it is an MoE layer: one
-    # computation per kind (the planner calls this for tens of thousands of layouts).
-    by_kind: dict[bool, tuple[float, float]] = {}
+    # computation per kind (the planner calls this for tens of thousands of layouts), shared by
+    # the stages of a layout through ``by_kind``.
+    by_kind = {} if by_kind is None else by_kind
     units = []
     for layer in stage_layers(m, stage, pp, par.vp, par.first_pipeline_num_layers, par.last_pipeline_num_layers,
                               s.pipeline_schedule):
@@ -349,13 +353,22 @@ def _check(s: Scenario) -> None:
     check_schedule_args(s.pipeline_schedule, par.pp, s.num_microbatches, par.vp)
 
 
-@functools.lru_cache(maxsize=8192)
-def _stage_layout_part(s: Scenario, stage: int) -> tuple[_Params, float, int]:
+@functools.lru_cache(maxsize=1024)
+def _layout_parts(s: Scenario) -> tuple[tuple[_Params, float, int], ...]:
+    """``_stage_layout_part`` of every pipeline stage, by stage: one cache look-up (one hash of the
+    scenario) per layout rather than per stage, shared by its ZeRO stages (``s`` has zero_stage 0)."""
+    memo: dict = {}  # what every stage of the layout shares: per-kind parameters and activations
+    return tuple(_stage_layout_part(s, stage, memo) for stage in range(s.parallelism.pp))
+
+
+def _stage_layout_part(s: Scenario, stage: int, memo: dict | None = None) -> tuple[_Params, float, int]:
     """(parameters, activation bytes, chunk activations in flight) of ``stage``: the part of
-    ``stage_memory`` the ZeRO stage does not change (``s`` has zero_stage 0)."""
+    ``stage_memory`` the ZeRO stage does not change (``s`` has zero_stage 0). ``memo`` carries the
+    per-layer-kind values from one stage of the same layout to the next (the same numbers)."""
+    memo = {} if memo is None else memo
     par, tr, m = s.parallelism, s.training, s.model
     tp, pp, vp = par.tp, par.pp, par.vp
-    params = _stage_params(s, stage)
+    params = _stage_params(s, stage, memo.setdefault("params", {}))
     # DualPipe keeps a second model copy: every rank also holds the mirrored stage, whose layers
     # ``stage_layers`` already counts (2x states in total).
     place = placement(s.pipeline_schedule, pp, vp)
@@ -367,8 +380,10 @@ def _stage_layout_part(s: Scenario, stage: int) -> tuple[_Params, float, int]:
     # layer_activation_bytes depends on the layer only through its kind (MoE or not; the
     # attention window kept in the key too): the same values, computed once per kind, summed in
     # the same order.
-    kinds: dict[tuple, tuple[float, float]] = {}
-    policy = resolve(s).selective_recompute if rc == "selective" else "attention_core"
+    kinds: dict[tuple, tuple[float, float]] = memo.setdefault("kinds", {})
+    if "policy" not in memo:
+        memo["policy"] = resolve(s).selective_recompute if rc == "selective" else "attention_core"
+    policy = memo["policy"]
     per_mb, working_set = [], []
     for layer in layers:
         kind = (m.is_moe_layer(layer), m.attention_window(layer))
@@ -407,21 +422,34 @@ def stage_memory(
     buffers + allocator fragmentation on all tensor bytes.
     """
     _check(s)
+    return _stage_memory(s, _layout_parts(_zero_stage_0(s))[stage], stage, weight_bytes, grad_bytes, optimizer_bytes)
+
+
+def _zero_stage_0(s: Scenario) -> Scenario:
+    """``s`` with ZeRO stage 0: everything but the model states and buffers is the same for every
+    ZeRO stage, so it is computed once per layout for all four (the planner screens each layout at
+    each stage)."""
+    return replace(s, parallelism=replace(s.parallelism, zero_stage=0))
+
+
+def _stage_memory(s: Scenario, part: tuple[_Params, float, int], stage: int, weight_bytes: float = 2,
+                  grad_bytes: float = 2, optimizer_bytes: float | None = None,
+                  gathered_once: bool | None = None) -> StageMemory:
+    """``stage_memory`` from the stage's ZeRO-independent ``part`` (``_stage_layout_part``), ``s``
+    already checked; ``gathered_once`` is ``fsdp_gathered_once(s)`` when the caller has it."""
     if optimizer_bytes is None:
         optimizer_bytes = optimizer_state_bytes(s.training.optimizer_state_dtype)
     par = s.parallelism
     zero = par.zero_stage
     dense_group = par.shard_group(s.dp)  # dp x cp, or one copy's shard group with dp_replicate
     expert_group = s.expert_dp
-    # Everything but the model states and buffers is the same for every ZeRO stage: computed once
-    # per layout for all four (the planner screens each layout at each stage).
-    params, activations, in_flight = _stage_layout_part(replace(s, parallelism=replace(par, zero_stage=0)), stage)
+    params, activations, in_flight = part
     dense_states = _state_components(params.dense, dense_group, zero, weight_bytes, grad_bytes, optimizer_bytes)
     expert_states = _state_components(params.expert, expert_group, zero, weight_bytes, grad_bytes, optimizer_bytes)
     weights, grads, optim = (d + e for d, e in zip(dense_states, expert_states))
 
     stage_params = params.dense + params.expert
-    if fsdp_gathered_once(s):
+    if fsdp_gathered_once(s) if gathered_once is None else gathered_once:
         # torch pipelining: every layer of the stage stays gathered from its first forward to the
         # chunk's last backward, and its unsharded gradient accumulates over the micro-batches
         # (frameworks/torchtitan.yaml fsdp.pipeline_unsharded)
@@ -443,7 +471,10 @@ def memory_peak(s: Scenario) -> tuple[float, float]:
     from simulator.physical.hardware import gpu_of
 
     capacity = gpu_of(s.cluster, s.training.precision).hbm_capacity_bytes / GiB
-    peak = max(round(stage_memory(s, st).total / GiB, 4) for st in range(s.parallelism.pp))
+    _check(s)
+    parts = _layout_parts(_zero_stage_0(s))
+    once = fsdp_gathered_once(s)
+    peak = max(round(_stage_memory(s, part, st, gathered_once=once).total / GiB, 4) for st, part in enumerate(parts))
     return peak, round(capacity, 4)
 
 
