@@ -482,15 +482,26 @@ def test_bf16_adam_moments_hold_8_bytes_per_parameter_and_move_8_fewer_in_adam()
         load_scenario("scenarios/llama3-70b-64xh100.yaml", ["training.optimizer_state_dtype=fp16"])
 
 
-def test_one_f_one_b_and_gpipe_in_flight_are_read_without_building_the_program():
-    """1F1B and GPipe take their closed forms (min(p - s, m) and m) instead of walking the built
-    program; both equal the walk for every stage, fewer micro-batches than stages included, and a
-    stage outside the pipeline is still refused."""
-    for name in ("1f1b", "gpipe"):
-        for stages in (1, 2, 3, 5, 8):
-            for microbatches in (1, 2, 3, 7, 16):
-                for stage in range(stages):
-                    walk = peak_in_flight(SCHEDULES[name](stage, stages, microbatches, 1))
-                    assert microbatches_in_flight(name, stage, stages, microbatches) == walk
+def test_one_f_one_b_gpipe_and_interleaved_in_flight_are_read_without_building_the_program():
+    """1F1B, GPipe and interleaved 1F1B take their closed forms (min(p - s, m), m and
+    min(2 (p - s - 1) + (v - 1) p + 1, m v)) instead of walking the built program; each equals
+    the walk for every stage of every valid layout of a grid (fewer micro-batches than stages
+    included), and a stage outside the pipeline is still refused."""
+    from simulator.step.schedules import check_schedule_args
+
+    checked = 0
+    for name in ("1f1b", "gpipe", "interleaved"):
+        for stages in (1, 2, 3, 4, 5, 8, 12):
+            for microbatches in (1, 2, 3, 4, 7, 8, 16, 24, 36):
+                for chunks in ((1, 2, 3, 4, 6) if name == "interleaved" else (1,)):
+                    try:
+                        check_schedule_args(name, stages, microbatches, chunks)
+                    except ValueError:
+                        continue
+                    for stage in range(stages):
+                        walk = peak_in_flight(SCHEDULES[name](stage, stages, microbatches, chunks))
+                        assert microbatches_in_flight(name, stage, stages, microbatches, chunks) == walk
+                        checked += 1
         with pytest.raises(ValueError, match="outside"):
-            microbatches_in_flight(name, 4, 4, 8)
+            microbatches_in_flight(name, 4, 4, 8, 2 if name == "interleaved" else 1)
+    assert checked > 500

@@ -224,9 +224,16 @@ def microbatches_in_flight(
     DualPipeV count half-stage chunks (vp = 2); DualPipe counts stages of either model copy.
     """
     check_schedule_args(schedule, stages, microbatches, chunks)
-    if schedule in ("1f1b", "gpipe"):  # what the program gives, without building it (tests/test_memory.py)
+    # What the program gives, without building it (tests/test_memory.py walks every stage): 1F1B
+    # warms up with min(p - s - 1, m) forwards and then alternates one forward and one backward;
+    # the interleaved schedule does the same with its 2 (p - s - 1) + (v - 1) p warm-up over its
+    # m v chunk micro-batches (``schedules.interleaved_1f1b``); GPipe runs every forward first.
+    if schedule == "interleaved" and chunks > 1:
         _check_stage(stage, stages)
-        return min(stages - stage, microbatches) if schedule == "1f1b" else microbatches
+        return min(2 * (stages - stage - 1) + (chunks - 1) * stages + 1, microbatches * chunks)
+    if schedule in ("1f1b", "gpipe", "interleaved"):
+        _check_stage(stage, stages)
+        return microbatches if schedule == "gpipe" else min(stages - stage, microbatches)
     return peak_in_flight(SCHEDULES[schedule](stage, stages, microbatches, chunks))
 
 
