@@ -220,9 +220,10 @@ def microbatches_in_flight(
 
     Read from the schedule's program (``schedules.peak_in_flight``: alive from F until its W, or
     its B when not split), or for 1F1B, GPipe and interleaved 1F1B from the closed forms below,
-    which give the same numbers without building it. 1F1B: min(p - s, m) (Narayanan et al. 2021); GPipe: m; interleaved
-    (Megatron-LM): min(2 (p - s - 1) + (v - 1) p + 1, m v); ZB-H1 p, ZB-H2 2p - 1; ZB-V and
-    DualPipeV count half-stage chunks (vp = 2); DualPipe counts stages of either model copy.
+    which give the same numbers without building it. 1F1B: min(p - s, m) (Narayanan et al.
+    2021); GPipe: m; interleaved (Megatron-LM): min(2 (p - s - 1) + (v - 1) p + 1, m v); ZB-H1 p,
+    ZB-H2 2p - 1; ZB-V and DualPipeV count half-stage chunks (vp = 2); DualPipe counts stages of
+    either model copy.
     """
     check_schedule_args(schedule, stages, microbatches, chunks)
     # What the program gives, without building it (tests/test_memory.py walks every stage): 1F1B
