@@ -199,8 +199,10 @@ class Placement:
         return 0
 
 
+@functools.lru_cache(maxsize=1024)
 def placement(name: str, stages: int, chunks: int = 1) -> Placement:
-    """The placement schedule ``name`` runs with ``stages`` ranks and ``chunks`` = parallelism.vp."""
+    """The placement schedule ``name`` runs with ``stages`` ranks and ``chunks`` = parallelism.vp
+    (cached: a frozen value, asked for per stage by the memory model and the engine)."""
     check_schedule_args(name, stages, 1 << 30, chunks, _microbatches_checked=False)
     if name in ("zb-v", "dualpipev"):
         return Placement("v", stages, 2)

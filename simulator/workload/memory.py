@@ -301,23 +301,38 @@ def _ends(s: Scenario, stage: int) -> tuple[int, int]:
     """How many model copies have their first virtual stage (embedding) and their last (LM head)
     on ``stage``."""
     par = s.parallelism
-    place = placement(s.pipeline_schedule, par.pp, par.vp)
+    return _ends_of(s.pipeline_schedule, par.pp, par.vp, stage)
+
+
+@functools.lru_cache(maxsize=4096)
+def _ends_of(schedule: str, pp: int, vp: int, stage: int) -> tuple[int, int]:
+    place = placement(schedule, pp, vp)
     last = place.virtual_stages - 1
     return (sum(place.locate(0, c)[0] == stage for c in range(place.copies)),
             sum(place.locate(last, c)[0] == stage for c in range(place.copies)))
 
 
-def _stage_params(s: Scenario, stage: int, by_kind: dict | None = None) -> _Params:
+@functools.lru_cache(maxsize=16)
+def _layer_kinds(model: ModelConfig) -> tuple[tuple[bool, int | None], ...]:
+    """(is an MoE layer, attention window) of every layer: what the memory model reads of a layer."""
+    return tuple((model.is_moe_layer(x), model.attention_window(x)) for x in range(model.num_hidden_layers))
+
+
+def _stage_params(s: Scenario, stage: int, by_kind: dict | None = None, layers: list[int] | None = None,
+                  kinds: tuple | None = None) -> _Params:
     m, par = s.model, s.parallelism
     tp, pp = par.tp, par.pp
     # A layer's parameters depend on the layer only through whether it is an MoE layer: one
     # computation per kind (the planner calls this for tens of thousands of layouts), shared by
-    # the stages of a layout through ``by_kind``.
+    # the stages of a layout through ``by_kind``; ``layers`` and ``kinds`` when the caller has them.
     by_kind = {} if by_kind is None else by_kind
+    if layers is None:
+        layers = stage_layers(m, stage, pp, par.vp, par.first_pipeline_num_layers, par.last_pipeline_num_layers,
+                              s.pipeline_schedule)
+    kinds = _layer_kinds(m) if kinds is None else kinds
     units = []
-    for layer in stage_layers(m, stage, pp, par.vp, par.first_pipeline_num_layers, par.last_pipeline_num_layers,
-                              s.pipeline_schedule):
-        moe = m.is_moe_layer(layer)
+    for layer in layers:
+        moe = kinds[layer][0]
         if moe not in by_kind:
             by_kind[moe] = _layer_params(m, layer, tp, par.ep, par.expert_tp)
         units.append(by_kind[moe])
@@ -377,14 +392,17 @@ def _stage_layout_part(s: Scenario, stage: int, memo: dict | None = None) -> tup
     memo = {} if memo is None else memo
     par, tr, m = s.parallelism, s.training, s.model
     tp, pp, vp = par.tp, par.pp, par.vp
-    params = _stage_params(s, stage, memo.setdefault("params", {}))
+    if "layer_kinds" not in memo:
+        memo["layer_kinds"] = _layer_kinds(m)
+    layer_kinds = memo["layer_kinds"]
+    layers = stage_layers(m, stage, pp, vp, par.first_pipeline_num_layers, par.last_pipeline_num_layers,
+                          s.pipeline_schedule)
+    params = _stage_params(s, stage, memo.setdefault("params", {}), layers, layer_kinds)
     # DualPipe keeps a second model copy: every rank also holds the mirrored stage, whose layers
     # ``stage_layers`` already counts (2x states in total).
     place = placement(s.pipeline_schedule, pp, vp)
 
     seq, b, sp, rc = tr.seq_length / par.cp, tr.micro_batch_size, par.sequence_parallel, tr.recompute
-    layers = stage_layers(m, stage, pp, vp, par.first_pipeline_num_layers, par.last_pipeline_num_layers,
-                          s.pipeline_schedule)
     kernels = {"flash_attention": tr.attention != "unfused", "dropout": tr.attention == "unfused", "etp": par.expert_tp}
     # layer_activation_bytes depends on the layer only through its kind (MoE or not; the
     # attention window kept in the key too): the same values, computed once per kind, summed in
@@ -395,7 +413,7 @@ def _stage_layout_part(s: Scenario, stage: int, memo: dict | None = None) -> tup
     policy = memo["policy"]
     per_mb, working_set = [], []
     for layer in layers:
-        kind = (m.is_moe_layer(layer), m.attention_window(layer))
+        kind = layer_kinds[layer]
         if kind not in kinds:
             a = layer_activation_bytes(m, layer, seq, b, tp, sp, rc, **kernels)
             if rc == "selective" and policy != "attention_core" and not kind[0]:
