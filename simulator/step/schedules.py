@@ -82,7 +82,7 @@ def one_f_one_b(stage: int, stages: int, microbatches: int, chunks: int = 1) -> 
     """
     check_schedule_args("1f1b", stages, microbatches, chunks)
     _check_stage(stage, stages)
-    warmup = min(stages - stage - 1, microbatches)
+    warmup = _warmup(stage, stages, microbatches, 1)
     steps = [Step("F", mb, 0) for mb in range(warmup)]
     for k in range(microbatches - warmup):
         steps += [Step("F", warmup + k, 0), Step("B", k, 0)]
@@ -112,7 +112,7 @@ def interleaved_1f1b(stage: int, stages: int, microbatches: int, chunks: int) ->
     if chunks == 1:
         return one_f_one_b(stage, stages, microbatches)
     total = microbatches * chunks
-    warmup = min(2 * (stages - stage - 1) + (chunks - 1) * stages, total)
+    warmup = _warmup(stage, stages, microbatches, chunks)
 
     def forward(k: int) -> Step:
         return Step("F", _interleaved_microbatch(k, stages, chunks), (k // stages) % chunks)
@@ -126,6 +126,14 @@ def interleaved_1f1b(stage: int, stages: int, microbatches: int, chunks: int) ->
         steps += [forward(warmup + k), backward(k)]
     steps += [backward(k) for k in range(total - warmup, total)]
     return tuple(steps)
+
+
+def _warmup(stage: int, stages: int, microbatches: int, chunks: int) -> int:
+    """Forwards rank ``stage`` runs before its first backward: 1F1B's ``min(p - s - 1, m)`` with one
+    chunk, interleaved 1F1B's ``min(2 (p - s - 1) + (v - 1) p, m v)`` with ``chunks`` = v > 1."""
+    if chunks == 1:
+        return min(stages - stage - 1, microbatches)
+    return min(2 * (stages - stage - 1) + (chunks - 1) * stages, microbatches * chunks)
 
 
 def _interleaved_microbatch(k: int, stages: int, chunks: int) -> int:
@@ -224,6 +232,21 @@ def depends_on(place: Placement, stage: int, step: Step) -> tuple[str, int, int]
             return ("F", step.microbatch, vs)
         return ("B", step.microbatch, vs + 1)
     return ("B", step.microbatch, vs)
+
+
+def schedule_peak_in_flight(name: str, stage: int, stages: int, microbatches: int, chunks: int = 1) -> int:
+    """``peak_in_flight`` of the program ``SCHEDULES[name]`` gives rank ``stage``, without building it
+    where its shape says it: GPipe runs every forward first (m); 1F1B and interleaved 1F1B run
+    their warm-up (``_warmup``), then alternate one forward and one backward, so one more than the
+    warm-up, at most all m v. The other schedules are walked."""
+    check_schedule_args(name, stages, microbatches, chunks)
+    if name in ("gpipe", "1f1b", "interleaved"):
+        _check_stage(stage, stages)
+        if name == "gpipe":
+            return microbatches
+        v = chunks if name == "interleaved" else 1
+        return min(_warmup(stage, stages, microbatches, v) + 1, microbatches * v)
+    return peak_in_flight(SCHEDULES[name](stage, stages, microbatches, chunks))
 
 
 def peak_in_flight(steps: tuple[Step, ...] | list[Step]) -> int:

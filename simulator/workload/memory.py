@@ -36,7 +36,7 @@ from simulator.config import ModelConfig, Scenario, optimizer_state_bytes
 from simulator.errors import ConfigError
 from simulator.records import Record
 from simulator.step.plan import vstage_layers
-from simulator.step.schedules import SCHEDULES, _check_stage, check_schedule_args, peak_in_flight, placement
+from simulator.step.schedules import check_schedule_args, placement, schedule_peak_in_flight
 from simulator.units import GiB
 from simulator.workload.frameworks import fsdp_gathered_once, resolve
 
@@ -218,25 +218,13 @@ def microbatches_in_flight(
 ) -> int:
     """Chunk activations stage ``stage`` holds at its peak (one chunk = 1/chunks of its layers).
 
-    Read from the schedule's program (``schedules.peak_in_flight``: alive from F until its W, or
-    its B when not split), or for 1F1B, GPipe and interleaved 1F1B from the closed forms below,
-    which give the same numbers without building it. 1F1B: min(p - s, m) (Narayanan et al.
-    2021); GPipe: m; interleaved (Megatron-LM): min(2 (p - s - 1) + (v - 1) p + 1, m v); ZB-H1 p,
-    ZB-H2 2p - 1; ZB-V and DualPipeV count half-stage chunks (vp = 2); DualPipe counts stages of
-    either model copy.
+    Read from the schedule's program (``schedules.schedule_peak_in_flight``: alive from F until its
+    W, or its B when not split; for 1F1B, GPipe and interleaved 1F1B from the program's warm-up,
+    without building it). 1F1B: min(p - s, m) (Narayanan et al. 2021); GPipe: m; interleaved
+    (Megatron-LM): min(2 (p - s - 1) + (v - 1) p + 1, m v); ZB-H1 p, ZB-H2 2p - 1; ZB-V and
+    DualPipeV count half-stage chunks (vp = 2); DualPipe counts stages of either model copy.
     """
-    check_schedule_args(schedule, stages, microbatches, chunks)
-    # What the program gives, without building it (tests/test_memory.py walks every stage): 1F1B
-    # warms up with min(p - s - 1, m) forwards and then alternates one forward and one backward;
-    # the interleaved schedule does the same with its 2 (p - s - 1) + (v - 1) p warm-up over its
-    # m v chunk micro-batches (``schedules.interleaved_1f1b``); GPipe runs every forward first.
-    if schedule == "interleaved" and chunks > 1:
-        _check_stage(stage, stages)
-        return min(2 * (stages - stage - 1) + (chunks - 1) * stages + 1, microbatches * chunks)
-    if schedule in ("1f1b", "gpipe", "interleaved"):
-        _check_stage(stage, stages)
-        return microbatches if schedule == "gpipe" else min(stages - stage, microbatches)
-    return peak_in_flight(SCHEDULES[schedule](stage, stages, microbatches, chunks))
+    return schedule_peak_in_flight(schedule, stage, stages, microbatches, chunks)
 
 
 @dataclass(frozen=True)
