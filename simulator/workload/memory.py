@@ -306,18 +306,13 @@ def _layer_kinds(model: ModelConfig) -> tuple[tuple[bool, int | None], ...]:
     return tuple((model.is_moe_layer(x), model.attention_window(x)) for x in range(model.num_hidden_layers))
 
 
-def _stage_params(s: Scenario, stage: int, by_kind: dict | None = None, layers: list[int] | None = None,
-                  kinds: tuple | None = None) -> _Params:
+def _stage_params(s: Scenario, stage: int, layers: list[int], kinds: tuple, by_kind: dict) -> _Params:
+    """Parameters of ``stage`` holding ``layers`` (``kinds``: ``_layer_kinds``). A layer's
+    parameters depend on the layer only through whether it is an MoE layer: one computation per
+    kind, kept in ``by_kind`` for every stage of the layout (the planner asks for tens of
+    thousands of layouts)."""
     m, par = s.model, s.parallelism
     tp, pp = par.tp, par.pp
-    # A layer's parameters depend on the layer only through whether it is an MoE layer: one
-    # computation per kind (the planner calls this for tens of thousands of layouts), shared by
-    # the stages of a layout through ``by_kind``; ``layers`` and ``kinds`` when the caller has them.
-    by_kind = {} if by_kind is None else by_kind
-    if layers is None:
-        layers = stage_layers(m, stage, pp, par.vp, par.first_pipeline_num_layers, par.last_pipeline_num_layers,
-                              s.pipeline_schedule)
-    kinds = _layer_kinds(m) if kinds is None else kinds
     units = []
     for layer in layers:
         moe = kinds[layer][0]
@@ -369,23 +364,26 @@ def _check(s: Scenario) -> None:
 def _layout_parts(s: Scenario) -> tuple[tuple[_Params, float, int], ...]:
     """``_stage_layout_part`` of every pipeline stage, by stage: one cache look-up (one hash of the
     scenario) per layout rather than per stage, shared by its ZeRO stages (``s`` has zero_stage 0)."""
-    memo: dict = {}  # what every stage of the layout shares: per-kind parameters and activations
-    return tuple(_stage_layout_part(s, stage, memo) for stage in range(s.parallelism.pp))
+    # What every stage of the layout shares: each layer's kind, the selective-recompute policy, and
+    # the per-kind parameters and activation bytes as the stages compute them (the same numbers).
+    layer_kinds = _layer_kinds(s.model)
+    policy = resolve(s).selective_recompute if s.training.recompute == "selective" else "attention_core"
+    params_by_kind: dict = {}
+    bytes_by_kind: dict = {}
+    return tuple(_stage_layout_part(s, stage, layer_kinds, policy, params_by_kind, bytes_by_kind)
+                 for stage in range(s.parallelism.pp))
 
 
-def _stage_layout_part(s: Scenario, stage: int, memo: dict | None = None) -> tuple[_Params, float, int]:
+def _stage_layout_part(s: Scenario, stage: int, layer_kinds: tuple, policy: str, params_by_kind: dict,
+                       bytes_by_kind: dict) -> tuple[_Params, float, int]:
     """(parameters, activation bytes, chunk activations in flight) of ``stage``: the part of
-    ``stage_memory`` the ZeRO stage does not change (``s`` has zero_stage 0). ``memo`` carries the
-    per-layer-kind values from one stage of the same layout to the next (the same numbers)."""
-    memo = {} if memo is None else memo
+    ``stage_memory`` the ZeRO stage does not change (``s`` has zero_stage 0), with what
+    ``_layout_parts`` shares across the layout's stages."""
     par, tr, m = s.parallelism, s.training, s.model
     tp, pp, vp = par.tp, par.pp, par.vp
-    if "layer_kinds" not in memo:
-        memo["layer_kinds"] = _layer_kinds(m)
-    layer_kinds = memo["layer_kinds"]
     layers = stage_layers(m, stage, pp, vp, par.first_pipeline_num_layers, par.last_pipeline_num_layers,
                           s.pipeline_schedule)
-    params = _stage_params(s, stage, memo.setdefault("params", {}), layers, layer_kinds)
+    params = _stage_params(s, stage, layers, layer_kinds, params_by_kind)
     # DualPipe keeps a second model copy: every rank also holds the mirrored stage, whose layers
     # ``stage_layers`` already counts (2x states in total).
     place = placement(s.pipeline_schedule, pp, vp)
@@ -393,22 +391,18 @@ def _stage_layout_part(s: Scenario, stage: int, memo: dict | None = None) -> tup
     seq, b, sp, rc = tr.seq_length / par.cp, tr.micro_batch_size, par.sequence_parallel, tr.recompute
     kernels = {"flash_attention": tr.attention != "unfused", "dropout": tr.attention == "unfused", "etp": par.expert_tp}
     # layer_activation_bytes depends on the layer only through its kind (MoE or not; the
-    # attention window kept in the key too): the same values, computed once per kind, summed in
-    # the same order.
-    kinds: dict[tuple, tuple[float, float]] = memo.setdefault("kinds", {})
-    if "policy" not in memo:
-        memo["policy"] = resolve(s).selective_recompute if rc == "selective" else "attention_core"
-    policy = memo["policy"]
+    # attention window kept in the key too): the same values, computed once per kind
+    # (``bytes_by_kind``: kind -> saved, working set), summed in the same order.
     per_mb, working_set = [], []
     for layer in layers:
         kind = layer_kinds[layer]
-        if kind not in kinds:
+        if kind not in bytes_by_kind:
             a = layer_activation_bytes(m, layer, seq, b, tp, sp, rc, **kernels)
             if rc == "selective" and policy != "attention_core" and not kind[0]:
                 a = saved_op_activation_bytes(m, seq, b, tp, sp, policy) or a
-            kinds[kind] = (a, layer_activation_bytes(m, layer, seq, b, tp, sp, "none", **kernels) - a)
-        per_mb.append(kinds[kind][0])
-        working_set.append(kinds[kind][1])
+            bytes_by_kind[kind] = (a, layer_activation_bytes(m, layer, seq, b, tp, sp, "none", **kernels) - a)
+        per_mb.append(bytes_by_kind[kind][0])
+        working_set.append(bytes_by_kind[kind][1])
     in_flight = microbatches_in_flight(s.pipeline_schedule, stage, pp, s.num_microbatches, vp)
     activations = sum(per_mb) / place.chunks * in_flight
     activations += max(working_set, default=0.0)
