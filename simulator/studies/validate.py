@@ -215,13 +215,19 @@ STATED_ATTENTION = ("fa2", "sdpa", "fa3", "cudnn", "cudnn91", "flex")
 ATTN_IMPL = {"flash": "flash", "torch": "unfused"}
 
 
+def _attn_impl(case: dict) -> str:
+    """The case's ``framework_options.attn_impl``: its first word, lower case ("" when absent;
+    a note may follow it, e.g. "triton (submit_benchmarks default at the time)")."""
+    words = str((case.get("framework_options") or {}).get("attn_impl") or "").split()
+    return words[0].lower() if words else ""
+
+
 def _attention_of(case: dict) -> str:
     """The scenario's ``training.attention`` for a case (module docstring, ``ATTN_IMPL``)."""
-    opts = case.get("framework_options") or {}
-    stated = str(opts.get("attention") or "").lower()
+    stated = str((case.get("framework_options") or {}).get("attention") or "").lower()
     if stated in STATED_ATTENTION:
         return stated
-    impl = str(opts.get("attn_impl") or "").split()[0].lower() if opts.get("attn_impl") else ""
+    impl = _attn_impl(case)
     if impl in ATTN_IMPL:
         return ATTN_IMPL[impl]
     return "unfused" if (source_year(case) or 9999) < 2023 else "flash"
@@ -229,11 +235,11 @@ def _attention_of(case: dict) -> str:
 
 def attention_note(case: dict) -> str | None:
     """What the validation assumed of a stated attention kernel it has no curve for, else None."""
-    impl = str((case.get("framework_options") or {}).get("attn_impl") or "").split()
-    if not impl or impl[0].lower() in ATTN_IMPL:
+    impl = _attn_impl(case)
+    if not impl or impl in ATTN_IMPL:
         return None
-    what = "llm-foundry's Triton FlashAttention, " if impl[0].lower() == "triton" else ""
-    return (f"attn_impl {impl[0]} ({what}no measured curve) priced as the framework's fused kernel: "
+    what = "llm-foundry's Triton FlashAttention, " if impl == "triton" else ""
+    return (f"attn_impl {impl} ({what}no measured curve) priced as the framework's fused kernel: "
             f"fast by as much as that kernel is slower")
 
 
