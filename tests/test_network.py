@@ -25,6 +25,24 @@ def run_transfers(capacity, specs):
     return [finish[i] for i in range(len(specs))], net
 
 
+def run_template_plan(capacity, plan, **network_options):
+    """plan: (start_s, (links, mult), size_bytes, latency_s) per transfer, over ``transfer_links``.
+    Returns the finish times in finishing order and the network."""
+    env = simpy.Environment()
+    net = Network(env, capacity, **network_options)
+    done = []
+
+    def go(at, tpl, size, lat):
+        yield env.timeout(at)
+        yield net.transfer_links(tpl[0], tpl[1], size, lat)
+        done.append(env.now)
+
+    for item in plan:
+        env.process(go(*item))
+    env.run()
+    return done, net
+
+
 def test_one_transfer_alone_takes_size_over_bandwidth_plus_latency():
     times, _ = run_transfers([100.0], [(0, [[0]], 1000, 0.5)])
     assert times == [pytest.approx(10.5, rel=1e-12)]
@@ -135,18 +153,7 @@ def test_link_classes_give_exactly_the_rates_of_links_one_by_one(seed):
              float(rng.choice([0.0, 0.5]))) for _ in range(40)]
 
     def run(classes):
-        env = simpy.Environment()
-        net = Network(env, capacity, classes=classes)
-        done = []
-
-        def go(at, tpl, size, lat):
-            yield env.timeout(at)
-            yield net.transfer_links(tpl[0], tpl[1], size, lat)
-            done.append(env.now)
-
-        for item in plan:
-            env.process(go(*item))
-        env.run()
+        done, net = run_template_plan(capacity, plan, classes=classes)
         return done, net.stats.bytes_carried.tolist(), len(net._cap)
 
     fine, fine_bytes, _ = run(False)
@@ -174,18 +181,7 @@ def test_small_templates_kept_as_lists_run_bit_for_bit_like_the_array_path(seed,
 
     def run(small):
         monkeypatch.setattr(network, "SMALL_TEMPLATE", small)
-        env = simpy.Environment()
-        net = Network(env, capacity)
-        done = []
-
-        def go(at, tpl, size, lat):
-            yield env.timeout(at)
-            yield net.transfer_links(tpl[0], tpl[1], size, lat)
-            done.append(env.now)
-
-        for item in plan:
-            env.process(go(*item))
-        env.run()
+        done, net = run_template_plan(capacity, plan)
         lists = sum(1 for tpl in net._templates.values() if tpl.small is not None)
         return (done, net.stats.bytes_carried.tolist(), net.stats.rate_updates, net._owner.tolist(),
                 net._users.tolist()), lists
