@@ -309,6 +309,36 @@ def test_resume_simulates_nothing_twice_and_emit_reproduces_the_step(tmp_path, m
     assert simulate(s).step_time_s == first["best"]["step_time_s"]
 
 
+@pytest.mark.parametrize("submitted, collected, twins, workers, upto", [
+    (5, 0, {}, 1, 5),  # one worker: every result is in before a decision
+    (5, 0, {}, 2, 4),  # two: the last simulation runs on while the planner decides
+    (5, 0, {4: 3}, 2, 3),  # the last submission shares its twin's run: the one before still counts
+    (5, 0, {3: 0, 4: 1}, 3, 1),  # two twins at the end, two simulations out
+    (5, 4, {}, 3, 4),  # never below what is already collected
+    (3, 0, {1: 0, 2: 0}, 2, 0),  # only twins after the one simulation out
+])
+def test_decision_point_leaves_workers_minus_one_simulations_out(submitted, collected, twins, workers, upto):
+    assert planner.decision_point(submitted, collected, twins, workers) == upto
+
+
+def test_two_workers_plan_alike_every_time_and_as_one_worker_at_the_top(tmp_path):
+    """Decisions depend on the submission order only: two runs with two workers give the same JSON
+    (ZeRO twins in the space, so some submissions share a simulation), a rerun on the first one's
+    log simulates nothing new, and the exact top 3 is one worker's."""
+    space = ["tp=1,2", "pp=1,2", "micro_batch_size=1", "recompute=none,full", "zero_stage=1,2"]
+    first = plan("scenarios/tiny.yaml", space=space, out=tmp_path, workers=2, progress=None, tolerance=0)
+    assert first["candidates"]["shared_with_zero_twin"] > 0
+    second = plan("scenarios/tiny.yaml", space=space, workers=2, progress=None, tolerance=0)
+    assert json.dumps(second, sort_keys=True) == json.dumps(first, sort_keys=True)
+    lines = len((tmp_path / "plan.jsonl").read_text().splitlines())
+    again = plan("scenarios/tiny.yaml", space=space, out=tmp_path, workers=2, progress=None, tolerance=0)
+    assert json.dumps(again, sort_keys=True) == json.dumps(first, sort_keys=True)
+    assert len((tmp_path / "plan.jsonl").read_text().splitlines()) == lines
+    one = plan("scenarios/tiny.yaml", space=space, workers=1, progress=None, tolerance=0)
+    assert [(e["layout"], e["step_time_s"]) for e in one["ranked"][:3]] == \
+        [(e["layout"], e["step_time_s"]) for e in first["ranked"][:3]]
+
+
 def test_json_keys_are_the_issue_contract():
     result = plan("scenarios/tiny.yaml", space=["tp=2", "pp=1,2", "micro_batch_size=1", "recompute=none",
                                                 "zero_stage=0,1"], workers=1, progress=None)

@@ -437,7 +437,7 @@ def plan(scenario: str | Path | Scenario | dict, *, sets: Sequence[str] = (), sp
         heap: list = []
         nxt = 0
         while True:
-            collect(max(0, len(order) - workers + 1))
+            collect(decision_point(len(order), len(results), twin_of, workers))
             while nxt < len(waiting) and (not heap or waiting[nxt].cheap_s <= heap[0][0]):
                 cand = waiting[nxt]
                 nxt += 1
@@ -473,6 +473,22 @@ def plan(scenario: str | Path | Scenario | dict, *, sets: Sequence[str] = (), sp
 
         plot_pareto(result, str(folder / PARETO_PLOT))
     return result
+
+
+def decision_point(submitted: int, collected: int, twins, workers: int) -> int:
+    """How many submissions' results the next decision waits for: all but the last ``workers - 1``
+    simulations still out, so ``workers`` run while the planner decides and submits. A submission
+    that shares its ZeRO twin's simulation (index in ``twins``) runs nothing and does not count.
+    The answer depends on the submission order alone, not on which results happen to be in (or
+    logged by an interrupted run), so the plan decides alike on every run."""
+    upto, out = submitted, 0
+    while upto > collected:
+        if upto - 1 not in twins:
+            if out == workers - 1:
+                break
+            out += 1
+        upto -= 1
+    return upto
 
 
 def _zero_twin(layout: Layout) -> Layout | None:
