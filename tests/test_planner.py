@@ -428,7 +428,7 @@ def test_cheap_bound_never_exceeds_the_exact_bound_and_memory_peak_is_the_report
     space = [a for a in space if not a.startswith(("pp=", "vp=", "zero_stage="))] + [
         "pp=1,2,4", "vp=1,2", "zero_stage=0,1,2,3"]
     bounds = planner._Bounds(s)
-    checked = 0
+    checked = floored = 0
     for layout in enumerate_layouts(s, parse_space(space, s)).valid:
         cs = candidate_scenario(s, layout)
         mem = memory_report(cs)
@@ -436,7 +436,13 @@ def test_cheap_bound_never_exceeds_the_exact_bound_and_memory_peak_is_the_report
         cheap = bounds.cheap(layout)
         assert cheap is not None and cheap <= bounds.exact(layout)
         checked += 1
+        if layout.zero_stage == 3:  # the FSDP link floor, when it is what the cheap bound is
+            m = cs.num_microbatches
+            floor = bounds._fsdp_floor(layout, m, build_workload(cs, bounds.gpu).layer_dense_params)
+            floored += floor * (1 - planner.CHEAP_MARGIN) == cheap
     assert checked > 20
+    if key == "llama8b-16gpu":
+        assert floored > 0  # the ZeRO-3 floor is exercised (on 16 GPUs its groups span two nodes)
 
 
 def test_zero1_and_zero2_simulate_alike_and_the_planner_shares_their_simulation():

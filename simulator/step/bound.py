@@ -258,7 +258,6 @@ def fsdp_link_busy(s: Scenario, w: Workload, group_time: GroupTime) -> dict[int,
     micro-batch two parameter all-gathers and one gradient reduce-scatter (module docstring)."""
     from simulator.step.plan import Plan
     from simulator.step.schedules import placement
-    from simulator.workload.workload import GRAD_BYTES, PARAM_BYTES
 
     par = s.parallelism
     plan = Plan.build(par.tp, par.pp, s.dp, par.cp, par.ep, par.expert_tp, par.dp_replicate)
@@ -269,19 +268,28 @@ def fsdp_link_busy(s: Scenario, w: Workload, group_time: GroupTime) -> dict[int,
         group = plan.dp_cp_group(int(plan.grid[stage, 0, 0, 0]))
         if len(group) < 2:
             continue
-        layers: dict[float, int] = {}  # parameters per rank -> layers of the stage with that many
-        for c in range(place.chunks):
-            for layer in w.layers(place.vstage(stage, c)):
-                params = w.layer_dense_params[layer]
-                if params > 0:
-                    layers[params] = layers.get(params, 0) + 1
-        busy = 0.0
-        for params, n in layers.items():  # per layer and micro-batch: two all-gathers, one reduce-scatter
-            busy = busy + 2 * m * n * group_time("all_gather", group, params * PARAM_BYTES)[1]
-            busy = busy + m * n * group_time("reduce_scatter", group, params * GRAD_BYTES)[1]
-        if not isinstance(busy, float):
-            out[stage] = float(busy.max())
+        params = [w.layer_dense_params[layer] for c in range(place.chunks) for layer in w.layers(place.vstage(stage, c))]
+        busy = stage_fsdp_busy(group, params, m, group_time)
+        if busy is not None:
+            out[stage] = busy
     return out
+
+
+def stage_fsdp_busy(group: tuple, params: list[float], m: int, group_time: GroupTime) -> float | None:
+    """Seconds the busiest link of ``group`` carries one stage's FSDP bytes: for each of its layers
+    (``params``, dense parameters per GPU, in the stage's order) and each of ``m`` micro-batches,
+    two parameter all-gathers and one gradient reduce-scatter; None if no layer has parameters."""
+    from simulator.workload.workload import GRAD_BYTES, PARAM_BYTES
+
+    layers: dict[float, int] = {}  # parameters per rank -> layers of the stage with that many
+    for x in params:
+        if x > 0:
+            layers[x] = layers.get(x, 0) + 1
+    busy = 0.0
+    for x, n in layers.items():  # per layer and micro-batch: two all-gathers, one reduce-scatter
+        busy = busy + 2 * m * n * group_time("all_gather", group, x * PARAM_BYTES)[1]
+        busy = busy + m * n * group_time("reduce_scatter", group, x * GRAD_BYTES)[1]
+    return None if isinstance(busy, float) else float(busy.max())
 
 
 def fsdp_link_bound(w: Workload, busy: dict[int, float]) -> float:
