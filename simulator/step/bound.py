@@ -58,6 +58,12 @@ least the blocking TP collectives' time ``T`` (the compute stream waits on them,
 plus the fill ``H`` before the stage's first forward (item 1), so
 ``E >= C + (k / SMs) L + (1 - k / SMs) (T + H)`` (``fsdp_contention_bound``).
 
+Without ZeRO-3 the stage's gradient reductions and ZeRO-1/2 parameter all-gathers run one after
+another on a stream of their own, which the optimizer step waits for; walking the schedule at
+least compute bounds when each reduction can be enqueued, and the stream's end plus the optimizer
+step bounds the step (``dp_stream_bound``: layouts with a large DP x CP group and many parameters
+per GPU, whose reductions queue up in the pipeline's drain).
+
 Hence ``step >= max_s [sum_{j<s} F(j) + W_s + max(O_s, sum_{j<s} B(j) + O_0)]`` for every
 schedule (each one's last backward on a stage is followed by the backwards of the virtual stages
 before it, down to the first). The schedule's placement (``schedules.Placement``) says which
@@ -273,6 +279,62 @@ def fsdp_link_busy(s: Scenario, w: Workload, group_time: GroupTime) -> dict[int,
         if busy is not None:
             out[stage] = busy
     return out
+
+
+def dp_stream_bound(s: Scenario, w: Workload, blocking: dict[bool, tuple[float, float]] | None,
+                    group_time: GroupTime) -> float:
+    """Seconds no stage can beat for its data-parallel stream, without ZeRO-3 (and with one copy of
+    the weights, ``parallelism.dp_replicate`` 1); 0 for schedules that split the backward.
+
+    The stage's gradient buckets are reduced (all-reduce, with ZeRO-1/2 reduce-scatter) and with
+    ZeRO-1/2 its parameters all-gathered on one stream of their own, one collective after another
+    in the order the program enqueues them (``engine.StepEngine.dp_stream``): every all-gather at
+    the step's start, then each bucket's reduction during the step that ends its chunk's last
+    backward (``program._Builder.layer_grads_ready``), and the optimizer step waits for all of them.
+    Walk the stage's schedule with each step at its least compute (``stage_compute``, from the
+    pipeline's fill ``sum_{j<vs} F(j)`` on): a step starts no earlier than that walk says, so a
+    reduction is enqueued no earlier than its step's start there; each collective takes at least its
+    time alone on the idle cluster and starts after the one before it ends. The stream's end, then
+    the optimizer step, bound the step (this is the single machine with release dates,
+    ``max_k (r_k + sum_{j >= k} p_j)``). Expert buckets over their own group are left out. The
+    planner adds it only to the layouts it would otherwise simulate (``planner._Bounds.refined``):
+    it walks every schedule step of every stage."""
+    from simulator.step.plan import Plan
+    from simulator.step.schedules import SCHEDULES, placement
+    from simulator.workload.workload import GRAD_BYTES, PARAM_BYTES
+
+    par = s.parallelism
+    if par.zero_stage == 3 or par.dp_replicate != 1:
+        return 0.0
+    plan = Plan.build(par.tp, par.pp, s.dp, par.cp, par.ep, par.expert_tp, par.dp_replicate)
+    place = placement(s.pipeline_schedule, par.pp, par.vp)
+    fwd, bwd = stage_compute(w, blocking)
+    reduce = "all_reduce" if par.zero_stage == 0 else "reduce_scatter"
+    best = 0.0
+    for stage in range(par.pp):
+        group = plan.dp_cp_group(int(plan.grid[stage, 0, 0, 0]))
+        if len(group) < 2:
+            continue
+        steps = SCHEDULES[s.pipeline_schedule](stage, par.pp, s.num_microbatches, par.vp)
+        if any(st.kind == "W" or getattr(st, "split", False) for st in steps):
+            return 0.0
+        last = {st.chunk: i for i, st in enumerate(steps) if st.kind == "B"}
+        held = [place.vstage(stage, c) for c in range(place.chunks)]
+        stream = 0.0
+        if par.zero_stage in (1, 2):
+            stream = sum(group_time("all_gather", group, b.dense_params * PARAM_BYTES)[0]
+                         for vs in held for b in w.buckets[vs] if b.dense_params > 0)
+        t = min(sum(fwd[:vs]) for vs in held)
+        for i, st in enumerate(steps):
+            vs = place.vstage(stage, st.chunk)
+            start = t
+            t += fwd[vs] if st.kind == "F" else bwd[vs]
+            if st.kind == "B" and last[st.chunk] == i:
+                for b in w.buckets[vs]:
+                    if b.dense_params > 0:
+                        stream = max(stream, start) + group_time(reduce, group, b.dense_params * GRAD_BYTES)[0]
+        best = max(best, max(t, stream) + w.optimizer[stage].time_s)
+    return best * (1 - ROUNDING_MARGIN)
 
 
 def stage_fsdp_busy(group: tuple, params: list[float], m: int, group_time: GroupTime) -> float | None:
