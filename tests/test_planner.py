@@ -490,22 +490,24 @@ def test_layer_counts_without_equal_ends_take_megatrons_unequal_split():
 @pytest.mark.parametrize("zero", [0, 1, 2])
 @pytest.mark.parametrize("pp, vp, schedule", [(1, 1, "1f1b"), (2, 1, "1f1b"), (2, 2, "interleaved")])
 @pytest.mark.parametrize("network_gbps", [400, 25])
-def test_dp_stream_bound_stays_below_the_step_and_binds_on_a_slow_network(zero, pp, vp, schedule, network_gbps):
-    """``bound.dp_stream_bound`` (the data-parallel stream's collectives one after another, each
-    enqueued no earlier than the schedule walk at least compute allows) never exceeds the simulated
-    step; on a 25 Gb/s network, where the reductions dominate, it is above every other term of the
-    bound and more than half the step."""
-    from simulator.step.bound import blocking_tp_s, dp_stream_bound
+def test_schedule_walk_bound_stays_below_the_step_and_binds_on_a_slow_network(zero, pp, vp, schedule, network_gbps):
+    """``bound.schedule_walk_bound`` (each rank's schedule at least compute, pipeline transfers
+    between stages, and the data-parallel stream's collectives one after another, each enqueued no
+    earlier than the walk allows) never exceeds the simulated step; on a 25 Gb/s network, where the
+    reductions dominate, it is above every other term of the bound and more than half the step."""
+    from simulator.step.bound import blocking_tp_s, schedule_walk_bound, step_compute
 
     s = load_scenario("scenarios/tiny.yaml", [
         "cluster.num_nodes=4", "training.global_batch_size=32", f"parallelism.dp={16 // pp}",
         f"parallelism.zero_stage={zero}", f"parallelism.pp={pp}", f"parallelism.vp={vp}", f"schedule={schedule}",
         f"cluster.network_bandwidth_Gbps={network_gbps}"])
-    bounds = planner._Bounds(s)
-    w = build_workload(s, bounds.gpu)
-    stream = dp_stream_bound(s, w, blocking_tp_s(s, w, bounds.collective_time), bounds.group_time)
+    b = planner._Bounds(s)
+    w = build_workload(s, b.gpu)
+    blocking = blocking_tp_s(s, w, b.collective_time)
+    fwd, bwd = step_compute(s, w, blocking, b.collective_time, b.group_time, b.gpu.num_sms)
+    walk = schedule_walk_bound(s, w, fwd, bwd, b.group_time)
     step = simulate(s).step_time_s
-    assert 0 < stream <= step
+    exact = step_lower_bound(s, w, b.collective_time, b.group_time, b.gpu.num_sms)
+    assert 0 < walk <= step
     if network_gbps == 25:
-        assert stream > step_lower_bound(s, w, bounds.collective_time, bounds.group_time, bounds.gpu.num_sms)
-        assert stream > 0.5 * step
+        assert walk > exact and walk > 0.5 * step

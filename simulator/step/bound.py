@@ -61,8 +61,9 @@ plus the fill ``H`` before the stage's first forward (item 1), so
 Without ZeRO-3 the stage's gradient reductions and ZeRO-1/2 parameter all-gathers run one after
 another on a stream of their own, which the optimizer step waits for; walking the schedule at
 least compute bounds when each reduction can be enqueued, and the stream's end plus the optimizer
-step bounds the step (``dp_stream_bound``: layouts with a large DP x CP group and many parameters
-per GPU, whose reductions queue up in the pipeline's drain).
+step bounds the step. Both walks, the schedule's steps across stages with the pipeline transfers and that stream,
+are ``schedule_walk_bound``'s (layouts with a large DP x CP group and many parameters per GPU,
+whose reductions queue up in the pipeline's drain).
 
 Hence ``step >= max_s [sum_{j<s} F(j) + W_s + max(O_s, sum_{j<s} B(j) + O_0)]`` for every
 schedule (each one's last backward on a stage is followed by the backwards of the virtual stages
@@ -281,59 +282,103 @@ def fsdp_link_busy(s: Scenario, w: Workload, group_time: GroupTime) -> dict[int,
     return out
 
 
-def dp_stream_bound(s: Scenario, w: Workload, blocking: dict[bool, tuple[float, float]] | None,
-                    group_time: GroupTime) -> float:
-    """Seconds no stage can beat for its data-parallel stream, without ZeRO-3 (and with one copy of
-    the weights, ``parallelism.dp_replicate`` 1); 0 for schedules that split the backward.
+def schedule_walk_bound(s: Scenario, w: Workload, fwd: list[float], bwd: list[float],
+                        group_time: GroupTime) -> float:
+    """Seconds the step cannot beat by the pipeline schedule's own dependencies and the
+    data-parallel stream, with one model copy and an unsplit backward (else 0).
 
-    The stage's gradient buckets are reduced (all-reduce, with ZeRO-1/2 reduce-scatter) and with
-    ZeRO-1/2 its parameters all-gathered on one stream of their own, one collective after another
-    in the order the program enqueues them (``engine.StepEngine.dp_stream``): every all-gather at
-    the step's start, then each bucket's reduction during the step that ends its chunk's last
-    backward (``program._Builder.layer_grads_ready``), and the optimizer step waits for all of them.
-    Walk the stage's schedule with each step at its least compute (``stage_compute``, from the
-    pipeline's fill ``sum_{j<vs} F(j)`` on): a step starts no earlier than that walk says, so a
-    reduction is enqueued no earlier than its step's start there; each collective takes at least its
-    time alone on the idle cluster and starts after the one before it ends. The stream's end, then
-    the optimizer step, bound the step (this is the single machine with release dates,
-    ``max_k (r_k + sum_{j >= k} p_j)``). Expert buckets over their own group are left out. The
-    planner adds it only to the layouts it would otherwise simulate (``planner._Bounds.refined``):
-    it walks every schedule step of every stage."""
+    Every rank runs its schedule's steps in order on its compute stream, each at least its compute
+    (``fwd``/``bwd`` per virtual stage: ``F(vs)``, ``B(vs)``); a forward on virtual stage ``vs > 0``
+    starts only after the same micro-batch's forward on ``vs - 1`` and the activations' transfer
+    (``program._Builder``: Send after the step, Recv before the next), a backward on ``vs < last``
+    after the backward on ``vs + 1`` and the gradients' transfer. A transfer takes at least one
+    rank pair's send alone on the idle cluster (the engine's folded send moves every pair of the
+    stage and the receiver waits for all). So the longest path through these steps, walked stage by
+    stage, bounds when each step can start and end.
+
+    Without ZeRO-3 (and with ``parallelism.dp_replicate`` 1) the stage's gradient buckets are
+    reduced (all-reduce, ZeRO-1/2 reduce-scatter) and with ZeRO-1/2 its parameters all-gathered on a
+    stream of their own, one collective after another in the order the program enqueues them
+    (``engine.StepEngine.dp_stream``): every all-gather at the step's start, each bucket's reduction
+    during the step that ends its chunk's last backward (``program._Builder.layer_grads_ready``),
+    no earlier than that step's start in the walk; each takes at least its time alone on the idle
+    cluster (the single machine with release dates, ``max_k (r_k + sum_{j >= k} p_j)``). The
+    optimizer step waits for the stream and the compute: the stage's end bounds the step.
+
+    Expert buckets over their own group are left out. It walks every step of every stage, so the
+    planner adds it only to the layouts it would otherwise simulate (``planner._Bounds.refined``)."""
     from simulator.step.plan import Plan
     from simulator.step.schedules import SCHEDULES, placement
     from simulator.workload.workload import GRAD_BYTES, PARAM_BYTES
 
     par = s.parallelism
-    if par.zero_stage == 3 or par.dp_replicate != 1:
+    place = placement(s.pipeline_schedule, par.pp, par.vp)
+    if place.copies != 1:
+        return 0.0
+    p, nvs, m = par.pp, place.virtual_stages, s.num_microbatches
+    steps = [SCHEDULES[s.pipeline_schedule](stage, p, m, par.vp) for stage in range(p)]
+    if any(st.kind == "W" or getattr(st, "split", False) for stage in steps for st in stage):
         return 0.0
     plan = Plan.build(par.tp, par.pp, s.dp, par.cp, par.ep, par.expert_tp, par.dp_replicate)
-    place = placement(s.pipeline_schedule, par.pp, par.vp)
-    fwd, bwd = stage_compute(w, blocking)
+    first = [int(plan.grid[stage, 0, 0, 0]) for stage in range(p)]
+
+    def hop(a: int, b: int) -> float:  # one pair's transfer from stage a to stage b
+        if a == b or w.pp_bytes <= 0:
+            return 0.0
+        return group_time("send_recv", ((first[a], first[b]),), w.pp_bytes)[0]
+
+    stage_of = [place.locate(vs)[0] for vs in range(nvs)]
+    hop_f = [0.0] + [hop(stage_of[vs - 1], stage_of[vs]) for vs in range(1, nvs)]  # into vs, forward
+    hop_b = [hop(stage_of[vs + 1], stage_of[vs]) for vs in range(nvs - 1)] + [0.0]  # into vs, backward
+    ends: dict[tuple, float] = {}
+    clock, nxt = [0.0] * p, [0] * p
+    starts: list[list[float]] = [[] for _ in range(p)]
+    remaining = sum(len(x) for x in steps)
+    while remaining:
+        moved = False
+        for stage in range(p):
+            mine = steps[stage]
+            while nxt[stage] < len(mine):
+                st = mine[nxt[stage]]
+                vs = place.vstage(stage, st.chunk)
+                if st.kind == "F":
+                    dep = ends.get(("F", st.microbatch, vs - 1)) if vs > 0 else 0.0
+                    ready = None if dep is None else dep + hop_f[vs]
+                else:
+                    dep = ends.get(("B", st.microbatch, vs + 1)) if vs < nvs - 1 else 0.0
+                    ready = None if dep is None else dep + hop_b[vs]
+                if ready is None:
+                    break
+                start = max(clock[stage], ready)
+                clock[stage] = start + (fwd[vs] if st.kind == "F" else bwd[vs])
+                ends[st.kind, st.microbatch, vs] = clock[stage]
+                starts[stage].append(start)
+                nxt[stage] += 1
+                remaining -= 1
+                moved = True
+        if not moved:
+            return 0.0  # no schedule deadlocks; a walk that cannot move bounds nothing
+    stream_on = par.zero_stage != 3 and par.dp_replicate == 1
     reduce = "all_reduce" if par.zero_stage == 0 else "reduce_scatter"
     best = 0.0
-    for stage in range(par.pp):
-        group = plan.dp_cp_group(int(plan.grid[stage, 0, 0, 0]))
-        if len(group) < 2:
-            continue
-        steps = SCHEDULES[s.pipeline_schedule](stage, par.pp, s.num_microbatches, par.vp)
-        if any(st.kind == "W" or getattr(st, "split", False) for st in steps):
-            return 0.0
-        last = {st.chunk: i for i, st in enumerate(steps) if st.kind == "B"}
-        held = [place.vstage(stage, c) for c in range(place.chunks)]
-        stream = 0.0
-        if par.zero_stage in (1, 2):
-            stream = sum(group_time("all_gather", group, b.dense_params * PARAM_BYTES)[0]
-                         for vs in held for b in w.buckets[vs] if b.dense_params > 0)
-        t = min(sum(fwd[:vs]) for vs in held)
-        for i, st in enumerate(steps):
-            vs = place.vstage(stage, st.chunk)
-            start = t
-            t += fwd[vs] if st.kind == "F" else bwd[vs]
-            if st.kind == "B" and last[st.chunk] == i:
-                for b in w.buckets[vs]:
-                    if b.dense_params > 0:
-                        stream = max(stream, start) + group_time(reduce, group, b.dense_params * GRAD_BYTES)[0]
-        best = max(best, max(t, stream) + w.optimizer[stage].time_s)
+    for stage in range(p):
+        end = clock[stage]
+        group = plan.dp_cp_group(first[stage])
+        if stream_on and len(group) > 1:
+            held = [place.vstage(stage, c) for c in range(place.chunks)]
+            stream = 0.0
+            if par.zero_stage in (1, 2):
+                stream = sum(group_time("all_gather", group, b.dense_params * PARAM_BYTES)[0]
+                             for vs in held for b in w.buckets[vs] if b.dense_params > 0)
+            last = {st.chunk: i for i, st in enumerate(steps[stage]) if st.kind == "B"}
+            for i, st in enumerate(steps[stage]):
+                if st.kind == "B" and last[st.chunk] == i:
+                    for b in w.buckets[place.vstage(stage, st.chunk)]:
+                        if b.dense_params > 0:
+                            stream = max(stream, starts[stage][i]) + group_time(reduce, group,
+                                                                                 b.dense_params * GRAD_BYTES)[0]
+            end = max(end, stream)
+        best = max(best, end + w.optimizer[stage].time_s)
     return best * (1 - ROUNDING_MARGIN)
 
 
@@ -400,6 +445,25 @@ def weight_grad_s(w: Workload) -> list[float]:
             for vs in range(len(w.vstages))]
 
 
+def step_compute(s: Scenario, w: Workload, blocking: dict[bool, tuple[float, float]],
+                 collective_time: CollectiveTime | None, group_time: GroupTime | None,
+                 num_sms: int | None) -> tuple[list[float], list[float]]:
+    """(F(vs), B(vs)) as the bound uses them: with per-micro-batch ZeRO-3 gathers each step's
+    ``fsdp_chain``, otherwise compute and blocking TP (``stage_compute``) with the backward's
+    ``overlap_contention_s``. (ZeRO-3 gathered once per step under a pipeline, torch pipelining's
+    ``Software.fsdp_pipeline_unsharded``, has no per-micro-batch gathers to charge.)"""
+    from simulator.workload.frameworks import fsdp_gathered_once
+
+    if group_time is not None and s.parallelism.zero_stage == 3 and not fsdp_gathered_once(s, w.software):
+        return fsdp_stage_compute(s, w, blocking, group_time)
+    fwd, bwd = stage_compute(w, blocking)
+    extra = overlap_contention_s(s, w, collective_time, num_sms)
+    if extra[False] or extra[True]:
+        moe_layer = s.model.is_moe_layer
+        bwd = [b + sum(extra[moe_layer(x)] for x in w.layers(vs)) for vs, b in enumerate(bwd)]
+    return fwd, bwd
+
+
 def step_lower_bound(s: Scenario, w: Workload, collective_time: CollectiveTime | None = None,
                      group_time: GroupTime | None = None, num_sms: int | None = None) -> float:
     """Seconds the simulated step of ``s`` (default ``SimOptions``) cannot beat (module docstring);
@@ -413,17 +477,8 @@ def step_lower_bound(s: Scenario, w: Workload, collective_time: CollectiveTime |
     p, m = par.pp, s.num_microbatches
     place = placement(s.pipeline_schedule, p, par.vp)
     blocking = blocking_tp_s(s, w, collective_time)
-    # ZeRO-3 gathered once per step under a pipeline (torch pipelining, Software.fsdp_pipeline_unsharded):
-    # no per-micro-batch gathers to charge, so only compute bounds the step
     per_microbatch_fsdp = par.zero_stage == 3 and not fsdp_gathered_once(s, w.software)
-    if group_time is not None and per_microbatch_fsdp:
-        fwd, bwd = fsdp_stage_compute(s, w, blocking, group_time)
-    else:
-        fwd, bwd = stage_compute(w, blocking)
-        extra = overlap_contention_s(s, w, collective_time, num_sms)
-        if extra[False] or extra[True]:
-            moe_layer = s.model.is_moe_layer
-            bwd = [b + sum(extra[moe_layer(x)] for x in w.layers(vs)) for vs, b in enumerate(bwd)]
+    fwd, bwd = step_compute(s, w, blocking, collective_time, group_time, num_sms)
     drain = bwd  # the part of B(j) a later B must wait for
     if split_backward(s):
         drain = [max(0.0, b - wgrad) for b, wgrad in zip(bwd, weight_grad_s(w))]

@@ -140,14 +140,16 @@ class _Bounds:
                                 self.gpu.num_sms)
 
     def refined(self, layout: Layout, exact: float) -> float:
-        """``exact`` (the layout's exact bound) or ``bound.dp_stream_bound``, whichever is larger: a
-        walk of every stage's schedule, computed only for the layouts the plan would simulate."""
-        from simulator.step.bound import blocking_tp_s, dp_stream_bound
+        """``exact`` (the layout's exact bound) or ``bound.schedule_walk_bound``, whichever is larger:
+        a walk of every step of every stage, computed only for the layouts the plan would simulate."""
+        from simulator.step.bound import blocking_tp_s, schedule_walk_bound, step_compute
         from simulator.workload.workload import build_workload
 
         cs = candidate_scenario(self.s, layout)
         w = build_workload(cs, self.gpu)
-        return max(exact, dp_stream_bound(cs, w, blocking_tp_s(cs, w, self.collective_time), self.group_time))
+        blocking = blocking_tp_s(cs, w, self.collective_time)
+        fwd, bwd = step_compute(cs, w, blocking, self.collective_time, self.group_time, self.gpu.num_sms)
+        return max(exact, schedule_walk_bound(cs, w, fwd, bwd, self.group_time))
 
     def cheap(self, layout: Layout) -> float | None:
         """The cheap bound, or None when it does not apply (DualPipe's two model copies)."""
@@ -489,7 +491,7 @@ def plan(scenario: str | Path | Scenario | dict, *, sets: Sequence[str] = (), sp
                          key=lambda c: (c.cheap_s, layout_order(c.layout)))
         heap: list = []
         nxt = 0
-        refined: set[Layout] = set()  # layouts whose bound includes ``bound.dp_stream_bound``
+        refined: set[Layout] = set()  # layouts whose bound includes ``bound.schedule_walk_bound``
         while True:
             collect(decision_point(len(order), len(results), twin_of, workers))
             while nxt < len(waiting) and (not heap or waiting[nxt].cheap_s <= heap[0][0]):
@@ -508,8 +510,8 @@ def plan(scenario: str | Path | Scenario | dict, *, sets: Sequence[str] = (), sp
                 pruned_bound.append(replace(cand, bound_s=exact))
                 continue
             if cand.layout not in refined:
-                # About to be simulated: the data-parallel stream's bound, too costly to compute
-                # for every layout, may lift it past others (back into the heap) or prune it.
+                # About to be simulated: the walk of its schedule and data-parallel stream, too
+                # costly for every layout, may lift it past others (back into the heap) or prune it.
                 refined.add(cand.layout)
                 full = bounds.refined(cand.layout, exact)
                 if full > exact:
