@@ -308,15 +308,16 @@ def schedule_walk_bound(s: Scenario, w: Workload, fwd: list[float], bwd: list[fl
     Expert buckets over their own group are left out. It walks every step of every stage, so the
     planner adds it only to the layouts it would otherwise simulate (``planner._Bounds.refined``)."""
     from simulator.step.plan import Plan
-    from simulator.step.schedules import SCHEDULES, placement
+    from simulator.step.program import grad_reduce_op, schedule_steps
+    from simulator.step.schedules import placement
     from simulator.workload.workload import GRAD_BYTES, PARAM_BYTES
 
     par = s.parallelism
     place = placement(s.pipeline_schedule, par.pp, par.vp)
     if place.copies != 1:
         return 0.0
-    p, nvs, m = par.pp, place.virtual_stages, s.num_microbatches
-    steps = [SCHEDULES[s.pipeline_schedule](stage, p, m, par.vp) for stage in range(p)]
+    p, nvs = par.pp, place.virtual_stages
+    steps = [schedule_steps(s, stage) for stage in range(p)]
     if any(st.kind == "W" or getattr(st, "split", False) for stage in steps for st in stage):
         return 0.0
     plan = Plan.build(par.tp, par.pp, s.dp, par.cp, par.ep, par.expert_tp, par.dp_replicate)
@@ -359,12 +360,12 @@ def schedule_walk_bound(s: Scenario, w: Workload, fwd: list[float], bwd: list[fl
         if not moved:
             return 0.0  # no schedule deadlocks; a walk that cannot move bounds nothing
     stream_on = par.zero_stage != 3 and par.dp_replicate == 1
-    reduce = "all_reduce" if par.zero_stage == 0 else "reduce_scatter"
+    reduce = grad_reduce_op(par.zero_stage)
     best = 0.0
     for stage in range(p):
         end = clock[stage]
-        group = plan.dp_cp_group(first[stage])
-        if stream_on and len(group) > 1:
+        group = plan.dp_cp_group(first[stage]) if stream_on else ()
+        if len(group) > 1:
             held = [place.vstage(stage, c) for c in range(place.chunks)]
             stream = 0.0
             if par.zero_stage in (1, 2):

@@ -137,6 +137,12 @@ def schedule_steps(s: Scenario, stage: int) -> tuple[Step, ...]:
     return SCHEDULES[s.pipeline_schedule](stage, par.pp, s.num_microbatches, par.vp)
 
 
+def grad_reduce_op(zero: int) -> str:
+    """The collective that reduces a data-parallel gradient bucket: all-reduce without ZeRO, else
+    reduce-scatter (ZeRO-1/2 keep 1/dp of the gradients; ZeRO-3 reduce-scatters per layer)."""
+    return "all_reduce" if zero == 0 else "reduce_scatter"
+
+
 def stage_placement(s: Scenario) -> Placement:
     """Where the scenario's schedule puts each model chunk (``schedules.Placement``)."""
     return placement(s.pipeline_schedule, s.parallelism.pp, s.parallelism.vp)
@@ -399,7 +405,7 @@ class _Builder:
     # data parallelism -------------------------------------------------------------------------
 
     def grad_ops(self, bucket, zero):
-        op = "all_reduce" if zero == 0 else "reduce_scatter"
+        op = grad_reduce_op(zero)
         out = []
         if bucket.dense_params:
             out.append(("dpcp", op, bucket.dense_params * GRAD_BYTES))

@@ -38,6 +38,7 @@ simulation (appended, fsynced; a rerun skips what is logged, a line cut short is
 from __future__ import annotations
 
 import heapq
+import itertools
 import json
 import math
 import os
@@ -131,22 +132,25 @@ class _Bounds:
         self._busy: dict[tuple, float] = {}
         self._gathered_once: bool | None = None  # ZeRO-3 layers kept gathered under a pipeline
 
-    def exact(self, layout: Layout) -> float:
-        from simulator.step.bound import step_lower_bound
+    def _workload(self, layout: Layout):
+        """(the layout's scenario, its workload on this scenario's GPU)."""
         from simulator.workload.workload import build_workload
 
         cs = candidate_scenario(self.s, layout)
-        return step_lower_bound(cs, build_workload(cs, self.gpu), self.collective_time, self.group_time,
-                                self.gpu.num_sms)
+        return cs, build_workload(cs, self.gpu)
+
+    def exact(self, layout: Layout) -> float:
+        from simulator.step.bound import step_lower_bound
+
+        cs, w = self._workload(layout)
+        return step_lower_bound(cs, w, self.collective_time, self.group_time, self.gpu.num_sms)
 
     def refined(self, layout: Layout, exact: float) -> float:
         """``exact`` (the layout's exact bound) or ``bound.schedule_walk_bound``, whichever is larger:
         a walk of every step of every stage, computed only for the layouts the plan would simulate."""
         from simulator.step.bound import blocking_tp_s, schedule_walk_bound, step_compute
-        from simulator.workload.workload import build_workload
 
-        cs = candidate_scenario(self.s, layout)
-        w = build_workload(cs, self.gpu)
+        cs, w = self._workload(layout)
         blocking = blocking_tp_s(cs, w, self.collective_time)
         fwd, bwd = step_compute(cs, w, blocking, self.collective_time, self.group_time, self.gpu.num_sms)
         return max(exact, schedule_walk_bound(cs, w, fwd, bwd, self.group_time))
@@ -155,15 +159,13 @@ class _Bounds:
         """The cheap bound, or None when it does not apply (DualPipe's two model copies)."""
         from simulator.step.bound import blocking_tp_s
         from simulator.step.schedules import placement
-        from simulator.workload.workload import build_workload
 
         if placement(layout.schedule, layout.pp, layout.vp).copies != 1:
             return None
         key = (layout.tp, layout.cp, layout.sequence_parallel, layout.ep, layout.etp, layout.micro_batch_size,
                layout.recompute)
         if key not in self._per_key:
-            cs = candidate_scenario(self.s, layout)
-            w = build_workload(cs, self.gpu)
+            cs, w = self._workload(layout)
             blocking = blocking_tp_s(cs, w, self.collective_time)
             moe_layer = cs.model.is_moe_layer
             total = sum(w.layer_costs[x].fwd_time_s + w.layer_costs[x].bwd_time_s + sum(blocking[moe_layer(x)])
@@ -182,10 +184,9 @@ class _Bounds:
         (``fsdp_gathered_once``). The group and each layer's parameters per GPU (tp, ep and etp
         only) come from caches, the sum over links is memoised by group, layers and micro-batches."""
         from simulator.step.bound import stage_fsdp_busy
-        from simulator.step.plan import Plan
+        from simulator.step.plan import Plan, vstage_layers
         from simulator.step.schedules import placement
         from simulator.workload.frameworks import fsdp_gathered_once
-        from simulator.step.plan import vstage_layers
 
         if layout.pp > 1 and self._gathered_once is None:
             self._gathered_once = fsdp_gathered_once(candidate_scenario(self.s, layout))
@@ -492,6 +493,7 @@ def plan(scenario: str | Path | Scenario | dict, *, sets: Sequence[str] = (), sp
         heap: list = []
         nxt = 0
         refined: set[Layout] = set()  # layouts whose bound includes ``bound.schedule_walk_bound``
+        pushes = itertools.count()  # heap entries' last key (value and layout order already differ)
         while True:
             collect(decision_point(len(order), len(results), twin_of, workers))
             while nxt < len(waiting) and (not heap or waiting[nxt].cheap_s <= heap[0][0]):
@@ -502,7 +504,7 @@ def plan(scenario: str | Path | Scenario | dict, *, sets: Sequence[str] = (), sp
                     continue
                 exact = cand.bound_s if cand.bound_s is not None else bounds.exact(cand.layout)
                 exact_of[cand.layout] = exact
-                heapq.heappush(heap, (exact, layout_order(cand.layout), len(exact_of), cand))
+                heapq.heappush(heap, (exact, layout_order(cand.layout), next(pushes), cand))
             if not heap:
                 break
             exact, _, _, cand = heapq.heappop(heap)
@@ -516,7 +518,7 @@ def plan(scenario: str | Path | Scenario | dict, *, sets: Sequence[str] = (), sp
                 full = bounds.refined(cand.layout, exact)
                 if full > exact:
                     exact_of[cand.layout] = full
-                    heapq.heappush(heap, (full, layout_order(cand.layout), len(exact_of) + len(refined), cand))
+                    heapq.heappush(heap, (full, layout_order(cand.layout), next(pushes), cand))
                     continue
             submit(cand.layout)
         collect(len(order))
