@@ -284,6 +284,11 @@ class _Runner:
 
             self.pool = ProcessPoolExecutor(workers)
 
+    @property
+    def parallel(self) -> bool:
+        """Whether a submission runs beside this process (a pool or Ray) rather than inline."""
+        return self.pool is not None or self.ray is not None
+
     def map_local(self, fn, items: list) -> list:
         if self.pool is None or len(items) < 2:
             return [fn(x) for x in items]
@@ -401,6 +406,21 @@ def plan(scenario: str | Path | Scenario | dict, *, sets: Sequence[str] = (), sp
     folder = Path(out) if out is not None else None
     lock = log = None
     try:
+        base = scenario_hash(raw)
+        done: dict[str, dict] = {}
+        if folder is not None:
+            folder.mkdir(parents=True, exist_ok=True)
+            lock = _Lock(folder)
+            remove_stale(folder)
+            done, damaged = read_log(folder / LOG)
+            if damaged:
+                atomic_write_text(folder / LOG, "".join(json.dumps(r, sort_keys=True) + "\n" for r in done.values()))
+            log = open(folder / LOG, "a")
+        # Submission 0, the given layout as written, is simulated whatever the bounds say: with
+        # workers, it goes out first, so one runs it while this process screens memory and bounds.
+        given_early = runner.parallel and point_id(base, {"given": True}) not in done
+        if given_early:
+            runner.submit(0, Task(raw, base_dir, name, ()))
         chunks = [enum.valid[i::4 * workers] for i in range(4 * workers)]
         screened_chunks = runner.map_local(_screen, [(s, c, max_memory_fraction) for c in chunks])
         by_layout = {}
@@ -421,17 +441,6 @@ def plan(scenario: str | Path | Scenario | dict, *, sets: Sequence[str] = (), sp
             raise ConfigError("memory", f"no layout fits in {max_memory_fraction * capacity:.1f} GiB",
                               f"the smallest, {smallest.layout.label()}, needs {smallest.peak_gib:.1f} GiB per GPU, "
                               f"{smallest.peak_gib - max_memory_fraction * capacity:.1f} GiB too many")
-
-        base = scenario_hash(raw)
-        done: dict[str, dict] = {}
-        if folder is not None:
-            folder.mkdir(parents=True, exist_ok=True)
-            lock = _Lock(folder)
-            remove_stale(folder)
-            done, damaged = read_log(folder / LOG)
-            if damaged:
-                atomic_write_text(folder / LOG, "".join(json.dumps(r, sort_keys=True) + "\n" for r in done.values()))
-            log = open(folder / LOG, "a")
 
         # Submission 0 is the given layout as written; it ranks with the candidates when it is one
         # of them (the same scenario), and is otherwise only scored.
@@ -477,7 +486,7 @@ def plan(scenario: str | Path | Scenario | dict, *, sets: Sequence[str] = (), sp
                     twin_of[i] = submitted[twin]
                     return
                 submitted[layout] = i
-            if task_id(i) not in done:
+            if task_id(i) not in done and not (i == 0 and given_early):
                 runner.submit(i, Task(raw, base_dir, name, () if i == 0 else layout.overrides()))
 
         submit(given)
