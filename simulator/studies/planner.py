@@ -418,7 +418,8 @@ def plan(scenario: str | Path | Scenario | dict, *, sets: Sequence[str] = (), sp
             log = open(folder / LOG, "a")
         # Submission 0, the given layout as written, is simulated whatever the bounds say: with
         # workers, it goes out first, so one runs it while this process screens memory and bounds.
-        given_early = runner.parallel and point_id(base, {"given": True}) not in done
+        given_id = point_id(base, {"given": True})
+        given_early = runner.parallel and given_id not in done
         if given_early:
             runner.submit(0, Task(raw, base_dir, name, ()))
         chunks = [enum.valid[i::4 * workers] for i in range(4 * workers)]
@@ -455,7 +456,7 @@ def plan(scenario: str | Path | Scenario | dict, *, sets: Sequence[str] = (), sp
         twin_of: dict[int, int] = {}  # submission -> the earlier one whose simulation it shares
 
         def task_id(index: int) -> str:
-            return point_id(base, {"given": True} if index == 0 else order[index].key())
+            return given_id if index == 0 else point_id(base, order[index].key())
 
         def collect(upto: int) -> None:
             while len(results) < upto:
