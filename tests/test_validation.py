@@ -175,6 +175,26 @@ def test_a_file_without_measurements_still_prints_its_predictions(tmp_path):
     assert case["id"] in table and "no case has a measured" in table
 
 
+def test_an_excluded_case_is_printed_but_left_out_of_the_summary(tmp_path):
+    from simulator.studies.validate import format_table
+
+    kept, dropped = _case(gbs=64), _case(gbs=64)
+    kept["id"], dropped["id"] = "kept", "dropped"
+    kept["measured"] = {"step_time_s": 10.0}
+    dropped["measured"] = {"step_time_s": 20.0}  # same layout, twice the step: one error is 2x the other + 1
+    dropped["excluded_from_score"] = "the publisher's regression report"
+    path = tmp_path / "runs.yaml"
+    path.write_text(yaml.safe_dump({"cases": [kept, dropped]}))
+    result = validate_file(str(path), workers=1)
+    s, rows = result["summary"], {r["id"]: r for r in result["rows"]}
+    assert s["scored"] == 1 and s["excluded"] == 1
+    assert s["mape"] == pytest.approx(abs(rows["kept"]["error"]))
+    both = (rows["kept"]["error"] + rows["dropped"]["error"]) / 2
+    assert s["signed_mean_with_excluded"] == pytest.approx(both) and s["signed_mean"] != pytest.approx(both)
+    table = format_table(result)
+    assert "(excluded)" in table and "excluded dropped: the publisher's regression report" in table
+
+
 def test_out_of_sample_megatron_bridge_fp8_runs_within_10pct_on_h100():
     """NVIDIA's published Megatron-Bridge FP8 Llama runs (FSDP, TP/PP/VP, CP; 8 to 1,024 H100),
     added after the constants were fitted and never used to fit them (tests/data)."""

@@ -96,6 +96,11 @@ only, so predictions are the same with them removed. Documented defaults for unk
   CUTLASS grouped kernel is opt-in (NVTE_USE_CUTLASS_GROUPED_GEMM) and BF16-only. Other
   frameworks and GPUs keep the one grouped kernel (not checked against their sources here).
 
+A case with ``excluded_from_score: <reason>`` is simulated and printed (marked "excluded") but
+left out of the summary's MAPE and signed mean, which are also given with it
+(``mape_with_excluded``, ``signed_mean_with_excluded``). A data file states when it uses this (its
+``selection:``); moe-runs.yaml uses it only for a number its publisher filed as a regression.
+
 Predicted TFLOP/s per GPU are the measured ones scaled by measured / predicted step time, i.e.
 the source's own FLOP convention (model or hardware FLOPs) applied to the predicted step.
 """
@@ -538,6 +543,8 @@ def predict(case: dict) -> dict:
     row = {"id": case["id"], "groups": groups_of(case, d)}
     if notes:
         row["assumed"] = notes
+    if case.get("excluded_from_score"):
+        row["excluded"] = str(case["excluded_from_score"])
     try:
         s = scenario_from_dict(d)
         validate_plan(s)
@@ -582,10 +589,14 @@ def validate_file(path: str, workers: int = 2, progress=None) -> dict:
             rows.append(predict(case))
             if progress is not None:
                 progress.advance(str(rows[-1]["id"]), total=len(cases))
-    scored = [r for r in rows if isinstance(r.get("error"), float)]
+    predicted = [r for r in rows if isinstance(r.get("error"), float)]
+    scored = [r for r in predicted if not r.get("excluded")]
     summary = {"cases": len(rows), "scored": len(scored),
                "mape": _mape(scored),
                "signed_mean": sum(r["error"] for r in scored) / len(scored) if scored else None,
+               "excluded": len(predicted) - len(scored),
+               "mape_with_excluded": _mape(predicted),
+               "signed_mean_with_excluded": sum(r["error"] for r in predicted) / len(predicted) if predicted else None,
                "within_20pct": sum(abs(r["error"]) <= 0.20 for r in scored) / max(1, len(scored)),
                "worst": max((abs(r["error"]) for r in scored), default=None),
                "by_group": {}}
@@ -615,7 +626,8 @@ def format_table(result: dict) -> str:
         pt = r["predicted"].get("tflops_per_gpu")
         mark = marks.get(r["measured"].get("basis"), " ")
         lines.append(f"{r['id']:<{w}} {r['measured']['step_time_s']:>9.2f}{mark} {pred} "
-                     f"{r['error']:>+8.1%} {mt if mt else '':>8} {f'{pt:.1f}' if pt else '':>8}")
+                     f"{r['error']:>+8.1%} {mt if mt else '':>8} {f'{pt:.1f}' if pt else '':>8}"
+                     + ("  (excluded)" if r.get("excluded") else ""))
     for r in result["rows"]:
         for note in r.get("assumed", ()):
             lines.append(f"  assumed for {r['id']}: {note}")
@@ -626,6 +638,12 @@ def format_table(result: dict) -> str:
         return "\n".join(lines)
     lines.append(f"MAPE {s['mape']:.1%} over {s['scored']} cases; within 20%: {s['within_20pct']:.0%}; "
                  f"worst {s['worst']:.1%}; signed mean {s['signed_mean']:+.1%}")
+    if s.get("excluded"):
+        lines.append(f"  with the {s['excluded']} excluded case(s): MAPE {s['mape_with_excluded']:.1%}, "
+                     f"signed mean {s['signed_mean_with_excluded']:+.1%}")
+        for r in result["rows"]:
+            if r.get("excluded") and isinstance(r.get("error"), float):
+                lines.append(f"  excluded {r['id']}: {r['excluded']}")
     if any(r.get("measured", {}).get("basis") in marks for r in result["rows"]):
         lines.append("  measured step marked t: from tokens/s per GPU; f: from TFLOP/s or MFU with stepsim's "
                      "model FLOPs (the source's FLOP convention may differ)")
