@@ -372,6 +372,16 @@ class _Front:
         return not pareto or any(st <= reach for k, st in self.fastest.items() if k <= b)
 
 
+
+def _no_fit(s, valid: list, by_layout: dict, max_memory_fraction: float) -> None:
+    """Raise the one-line error of a plan in which no valid layout fits: the smallest-memory
+    layout and by how much it exceeds the allowed memory."""
+    smallest = min(valid, key=lambda x: (by_layout[x][0], layout_order(x)))
+    peak, capacity = by_layout[smallest][0], _capacity_gib(s)
+    raise ConfigError("memory", f"no layout fits in {max_memory_fraction * capacity:.1f} GiB",
+                      f"the smallest, {smallest.label()}, needs {peak:.1f} GiB per GPU, "
+                      f"{peak - max_memory_fraction * capacity:.1f} GiB too many")
+
 def plan(scenario: str | Path | Scenario | dict, *, sets: Sequence[str] = (), space: Sequence[str] = (),
          top: int = 5, objective: str = "step_time", max_memory_fraction: float = 1.0, pareto: bool = True,
          tolerance: float = DEFAULT_TOLERANCE, out: str | Path | None = None, workers: int | None = None, executor: str = "process",
@@ -416,18 +426,20 @@ def plan(scenario: str | Path | Scenario | dict, *, sets: Sequence[str] = (), sp
             if damaged:
                 atomic_write_text(folder / LOG, "".join(json.dumps(r, sort_keys=True) + "\n" for r in done.values()))
             log = open(folder / LOG, "a")
-        # Submission 0, the given layout as written, is simulated whatever the bounds say: with
-        # workers, it goes out first, so one runs it while this process screens memory and bounds.
-        given_id = point_id(base, {"given": True})
-        given_early = runner.parallel and given_id not in done
-        if given_early:
-            runner.submit(0, Task(raw, base_dir, name, ()))
         chunks = [enum.valid[i::4 * workers] for i in range(4 * workers)]
         screened_chunks = runner.map_local(_screen, [(s, c, max_memory_fraction) for c in chunks])
         by_layout = {}
         for chunk, results in zip(chunks, screened_chunks):
             for layout, (peak, fits) in zip(chunk, results):
                 by_layout[layout] = (peak, fits)
+        if not any(fits for _, fits in by_layout.values()):
+            _no_fit(s, enum.valid, by_layout, max_memory_fraction)
+        # Submission 0, the given layout as written, is simulated whatever the bounds say: with
+        # workers, it goes out once something fits, so one runs it while this process bounds.
+        given_id = point_id(base, {"given": True})
+        given_early = runner.parallel and given_id not in done
+        if given_early:
+            runner.submit(0, Task(raw, base_dir, name, ()))
         bounds = _Bounds(s)
         screened = []
         for x in enum.valid:
@@ -436,12 +448,6 @@ def plan(scenario: str | Path | Scenario | dict, *, sets: Sequence[str] = (), sp
             exact = bounds.exact(x) if fits and cheap is None else None
             screened.append(Screened(x, peak, fits, exact, exact if cheap is None else cheap))
         fitting = [c for c in screened if c.fits]
-        if not fitting:
-            smallest = min(screened, key=lambda c: (c.peak_gib, layout_order(c.layout)))
-            capacity = _capacity_gib(s)
-            raise ConfigError("memory", f"no layout fits in {max_memory_fraction * capacity:.1f} GiB",
-                              f"the smallest, {smallest.layout.label()}, needs {smallest.peak_gib:.1f} GiB per GPU, "
-                              f"{smallest.peak_gib - max_memory_fraction * capacity:.1f} GiB too many")
 
         # Submission 0 is the given layout as written; it ranks with the candidates when it is one
         # of them (the same scenario), and is otherwise only scored.
