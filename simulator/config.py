@@ -123,6 +123,11 @@ class TrainingConfig:
     # Adam's first and second moments: fp32, or bf16 (Megatron-core --use-precision-aware-optimizer
     # --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16; DeepSeek-V3); the master weights stay fp32
     optimizer_state_dtype: str = "fp32"
+    # Times the step runs the pipeline schedule, each pass over num_microbatches / pipeline_passes
+    # micro-batches with its own fill, drain and gradient reduction: a framework whose gradient
+    # accumulation loop calls the pipeline schedule once per accumulation step (NeMo AutoModel's
+    # train_ft.py, torch.distributed.pipelining's schedule.step). 1: one schedule (Megatron).
+    pipeline_passes: int = 1
 
 
 @dataclass(frozen=True)
@@ -288,3 +293,8 @@ class Scenario:
     def num_microbatches(self) -> int:
         """Micro-batches per pipeline per step: global batch / (micro-batch x DP)."""
         return self.training.global_batch_size // (self.training.micro_batch_size * self.dp)
+
+    @property
+    def microbatches_per_pass(self) -> int:
+        """Micro-batches each run of the pipeline schedule takes (``training.pipeline_passes``)."""
+        return self.num_microbatches // self.training.pipeline_passes

@@ -243,6 +243,7 @@ _CHECKS: dict[str, dict[str, Checker]] = {
         "attention": partial(_choice, choices=ATTENTION_BACKENDS),
         "fp8_attention": _boolean,
         "optimizer_state_dtype": partial(_choice, choices=OPTIMIZER_STATE_DTYPES),
+        "pipeline_passes": _upto(limits.MICROBATCHES),
     },
     "parallelism": {
         "tp": _upto(limits.NUM_GPUS),
@@ -858,7 +859,11 @@ def validate_plan(s: Scenario) -> list[str]:
         raise ConfigError("training.global_batch_size", t.global_batch_size,
                           f"gives {s.num_microbatches:,} micro-batches per pipeline; {limits.MICROBATCHES.describe()}: "
                           "raise micro_batch_size or dp")
-    check_schedule_args(s.pipeline_schedule, p.pp, s.num_microbatches, p.vp)
+    if s.num_microbatches % t.pipeline_passes:
+        raise ConfigError("training.pipeline_passes", t.pipeline_passes,
+                          f"must divide the {s.num_microbatches} micro-batches per pipeline (each pass runs "
+                          "the schedule over an equal share)")
+    check_schedule_args(s.pipeline_schedule, p.pp, s.microbatches_per_pass, p.vp)
 
     nvlink = c.nvlink_bandwidth_GBps or spec.nvlink_bandwidth_GBps
     network = c.network_bandwidth_Gbps or spec.network_bandwidth_Gbps

@@ -75,7 +75,7 @@ class Layout(Record):
 class StepReport(Record):
     """What ``stepsim run --json`` prints (before the memory section is added)."""
 
-    OPTIONAL = ("faults", "sim_wall_s")
+    OPTIONAL = ("faults", "sim_wall_s", "pipeline_passes")
     name: str
     step_time_s: float
     tokens_per_step: int
@@ -98,6 +98,7 @@ class StepReport(Record):
     model_params: dict
     faults: dict | None = None
     sim_wall_s: float | None = None
+    pipeline_passes: int | None = None  # training.pipeline_passes, when the schedule runs more than once
 
 
 def stage_breakdown(result: SimResult) -> list[dict]:
@@ -190,6 +191,7 @@ def step_record(result: SimResult, wall_s: float | None = None) -> StepReport:
         model_params=model_params(s.model),
         faults=faults,
         sim_wall_s=wall_s,
+        pipeline_passes=s.training.pipeline_passes if s.training.pipeline_passes > 1 else None,
     )
 
 
@@ -200,7 +202,8 @@ def format_summary(report: dict) -> str:
     lines = [
         f"{report['name']}: {report['num_gpus']} GPUs, TP{lay['tp']} PP{lay['pp']} DP{lay['dp']} CP{lay['cp']} "
         f"EP{lay['ep']} VP{lay['vp']}, ZeRO-{lay['zero_stage']}, {lay['schedule']}, "
-        f"{report['num_microbatches']} micro-batches per pipeline",
+        f"{report['num_microbatches']} micro-batches per pipeline"
+        + (f" in {report['pipeline_passes']} passes" if report.get("pipeline_passes") else ""),
         f"  step time          {report['step_time_s']:.4f} s",
         f"  throughput         {report['tokens_per_s']:,.0f} tokens/s ({report['tokens_per_s_per_gpu']:,.1f} per GPU)",
         f"  model TFLOP/s/GPU  {report['model_tflops_per_gpu']:.1f}   MFU {report['mfu']:.1%}   HFU {report['hfu']:.1%}"

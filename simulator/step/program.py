@@ -27,7 +27,7 @@ What the ops express, and where each choice comes from:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from simulator.config import Scenario
 from simulator.step.schedules import SCHEDULES, Placement, Step, placement
@@ -133,8 +133,16 @@ Op = Compute | Launch | Enqueue | Wait | Send | Recv | StepBegin | StepEnd | Hos
 
 
 def schedule_steps(s: Scenario, stage: int) -> tuple[Step, ...]:
+    """The rank's steps for the whole step: the schedule over ``microbatches_per_pass``
+    micro-batches, once per ``training.pipeline_passes`` (pass k numbers its micro-batches from
+    k x microbatches_per_pass), one pass after another."""
     par = s.parallelism
-    return SCHEDULES[s.pipeline_schedule](stage, par.pp, s.num_microbatches, par.vp)
+    per_pass = s.microbatches_per_pass
+    one = SCHEDULES[s.pipeline_schedule](stage, par.pp, per_pass, par.vp)
+    if s.training.pipeline_passes == 1:
+        return one
+    return tuple(replace(st, microbatch=st.microbatch + k * per_pass)
+                 for k in range(s.training.pipeline_passes) for st in one)
 
 
 def grad_reduce_op(zero: int) -> str:
@@ -440,14 +448,17 @@ class _Builder:
         s, w, stage = self.s, self.w, self.stage
         par = s.parallelism
         place = stage_placement(s)
-        nvs, m = place.virtual_stages, s.num_microbatches
+        nvs, m = place.virtual_stages, s.microbatches_per_pass
         zero = par.zero_stage
         sw = self.sw
         steps = schedule_steps(s, stage)
-        last_grad = {}  # chunk -> index of the step that finishes its weight gradients
+        # (pass, chunk) -> index of the step that finishes the chunk's weight gradients in that
+        # pass: each pass of the schedule ends with its own gradient reduction (torch pipelining
+        # runs FSDP's post-backward at every schedule step's last backward)
+        last_grad = {}
         for i, st in enumerate(steps):
             if st.kind == "W" or (st.kind == "B" and not getattr(st, "split", False)):
-                last_grad[st.chunk] = i
+                last_grad[st.microbatch // m, st.chunk] = i
         pending: list[int] = []  # handles the rank waits for before its optimizer step
         deferred: list[tuple] = []  # gradient collectives held until the backward ends
 
@@ -497,9 +508,11 @@ class _Builder:
             vs = place.vstage(stage, st.chunk)
             layers = w.layers(vs)
             mb, chunk = st.microbatch, st.chunk
-            copy = place.copy_of(mb, m)
+            if i and mb // m != steps[i - 1].microbatch // m:
+                gathered.clear()  # a new pass: the last one resharded what it had gathered
+            copy = place.copy_of(mb % m, m)
             at = dict(microbatch=mb, chunk=chunk)
-            final = last_grad[chunk] == i
+            final = last_grad[mb // m, chunk] == i
             grads_of = bucket_of[vs]
             if st.kind == "F":
                 if vs > 0:

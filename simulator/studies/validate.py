@@ -64,7 +64,9 @@ only, so predictions are the same with them removed. Documented defaults for unk
   ``activation_checkpointing`` (none, selective, full) sets recompute in place of the
   parallelism block's recompute text; ``pp_schedule`` and ``context_parallel_rotate`` as below.
   ``fp8_dot_product_attention`` sets ``training.fp8_attention`` when the run's precision is FP8;
-  ``optimizer_state_dtype`` (fp32, bf16) sets ``training.optimizer_state_dtype``.
+  ``optimizer_state_dtype`` (fp32, bf16) sets ``training.optimizer_state_dtype``;
+  ``pipeline_passes`` sets ``training.pipeline_passes`` (a gradient-accumulation loop that calls
+  the pipeline schedule once per accumulation step: NeMo AutoModel's GA column with PP > 1).
   Other keys (pp_p2p, fsdp_*, cutedsl_fused_grouped_mlp, ...) describe the run but are not modelled and are ignored.
 - GPU names: a catalog entry or alias, or a family match (``simulator.physical.hardware``); the
   96 GB H100 of Meta's Grand Teton hosts is its own entry (2.4 TB/s HBM2e); PCIe, NVL and 94 GB
@@ -267,12 +269,13 @@ def _fp8_attention(case: dict) -> bool:
     return bool(opts.get("fp8_dot_product_attention")) and precision_of(case) in QUANTIZED_PRECISIONS
 
 
-def _optimizer_states(case: dict) -> dict:
-    """``framework_options.optimizer_state_dtype`` (bf16: Megatron-core's precision-aware optimizer
-    with bf16 Adam moments, as the DeepSeek-V3 report and NVIDIA's GB200 guide ran) for the
-    scenario's ``training`` section; absent, fp32 moments."""
-    dtype = (case.get("framework_options") or {}).get("optimizer_state_dtype")
-    return {} if dtype is None else {"optimizer_state_dtype": dtype}
+def _training_options(case: dict) -> dict:
+    """The scenario's ``training`` keys a case states in ``framework_options``:
+    ``optimizer_state_dtype`` (bf16: Megatron-core's precision-aware optimizer with bf16 Adam
+    moments, as the DeepSeek-V3 report and NVIDIA's GB200 guide ran; absent, fp32 moments) and
+    ``pipeline_passes`` (absent, one run of the pipeline schedule per step)."""
+    opts = case.get("framework_options") or {}
+    return {key: opts[key] for key in ("optimizer_state_dtype", "pipeline_passes") if opts.get(key) is not None}
 
 
 def _framework_keys(case: dict) -> dict:
@@ -455,7 +458,7 @@ def case_to_scenario_dict(case: dict, notes: list[str] | None = None) -> dict:
                      "recompute": recompute,
                      "attention": _attention_of(case),
                      **({"fp8_attention": True} if _fp8_attention(case) else {}),
-                     **_optimizer_states(case)},
+                     **_training_options(case)},
         "parallelism": parallelism,
         "schedule": split_schedule or ("interleaved" if vp > 1 else "1f1b"),
         **_framework_keys(case),

@@ -357,7 +357,7 @@ def _check(s: Scenario) -> None:
         if (par.tp * s.dp * par.cp) % (par.ep * par.expert_tp):
             raise ConfigError("parallelism.ep", par.ep,
                               f"ep x etp must divide tp x dp x cp = {par.tp * s.dp * par.cp}")
-    check_schedule_args(s.pipeline_schedule, par.pp, s.num_microbatches, par.vp)
+    check_schedule_args(s.pipeline_schedule, par.pp, s.microbatches_per_pass, par.vp)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -403,15 +403,16 @@ def _stage_layout_part(s: Scenario, stage: int, layer_kinds: tuple, policy: str,
             bytes_by_kind[kind] = (a, layer_activation_bytes(m, layer, seq, b, tp, sp, "none", **kernels) - a)
         per_mb.append(bytes_by_kind[kind][0])
         working_set.append(bytes_by_kind[kind][1])
-    in_flight = microbatches_in_flight(s.pipeline_schedule, stage, pp, s.num_microbatches, vp)
+    # in flight within one pass of the schedule (passes run one after another)
+    in_flight = microbatches_in_flight(s.pipeline_schedule, stage, pp, s.microbatches_per_pass, vp)
     activations = sum(per_mb) / place.chunks * in_flight
     activations += max(working_set, default=0.0)
     rep = 1 / tp if sp else 1.0
     embeds, heads = _ends(s, stage)
     if embeds:
-        activations += MASK_BYTES * seq * b * m.hidden_size * rep * min(in_flight, s.num_microbatches)
+        activations += MASK_BYTES * seq * b * m.hidden_size * rep * min(in_flight, s.microbatches_per_pass)
     if heads:
-        head_in_flight = s.num_microbatches if s.pipeline_schedule == "gpipe" else 1
+        head_in_flight = s.microbatches_per_pass if s.pipeline_schedule == "gpipe" else 1
         head = 2 * ACT_BYTES * seq * b * m.hidden_size * rep + LOGIT_BYTES * seq * b * m.vocab_size / tp
         activations += head * head_in_flight * heads
 
