@@ -40,6 +40,12 @@ class ModelConfig:
     scoring_func: str = "softmax"  # router: softmax (Mixtral, Qwen) or sigmoid (DeepSeek-V3)
     norm_topk_prob: bool = False  # renormalise the top-k router weights (one more pass over them)
     mlp_gated: bool | None = None  # gated MLP (3 matrices) whatever hidden_act says (Grok-1: gated GELU)
+    swiglu_limit: float | None = None  # GLU inputs clamped to this (GPT-OSS: 7.0, HF swiglu_limit)
+    expert_bias: bool = False  # routed experts' linear layers carry biases (GPT-OSS; HF model_type gpt_oss)
+    # YaRN's attention factor on cos/sin, as Megatron-core derives it from rope_scaling
+    # (_yarn_get_concentration_factor): 0.1 ln(factor) + 1 without mscale / mscale_all_dim (GPT-OSS:
+    # 1.347), their ratio with them (DeepSeek-V3: 1.0); 1.0 without YaRN
+    rope_mscale: float = 1.0
 
     @property
     def head_dim(self) -> int:
@@ -211,6 +217,10 @@ class FrameworkOptions:
     # hybrid sharding: cross-copy gradient all-reduces combined up to this many bytes per GPU
     # (XLA's --xla_gpu_all_reduce_combine_threshold_bytes when layers are not scanned)
     replica_combine_bytes: float | None = None
+    # Megatron-core use_transformer_engine_op_fuser (Megatron-Bridge cutedsl_fused_grouped_mlp): the
+    # experts' fc1, activation and fc2 run as one Transformer Engine fused op, biases and the GLU
+    # clamp inside it (moe/experts.py _make_fused_ops, Megatron-core 0.18)
+    te_op_fuser: bool | None = None
 
 
 @dataclass(frozen=True)

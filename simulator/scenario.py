@@ -142,6 +142,13 @@ def _optional_flag(field: str, value: object) -> bool | None:
     return None if value is None else _boolean(field, value)
 
 
+def _number_at_least(field: str, value: object, minimum: float) -> float:
+    number = _optional_number(field, value, minimum=minimum, inclusive=True)
+    if number is None:
+        raise ConfigError(field, value, f"must be a number >= {minimum:g}")
+    return number
+
+
 def _names(field: str, value: object, valid: tuple[str, ...]) -> tuple[str, ...] | None:
     """A non-empty list of names from ``valid``, duplicates dropped; None stays None."""
     if value is None:
@@ -219,6 +226,9 @@ _CHECKS: dict[str, dict[str, Checker]] = {
         "scoring_func": partial(_choice, choices=("softmax", "sigmoid")),
         "norm_topk_prob": _boolean,
         "mlp_gated": _optional_flag,
+        "swiglu_limit": partial(_optional_number, minimum=0, inclusive=False),
+        "expert_bias": _boolean,
+        "rope_mscale": partial(_number_at_least, minimum=1.0),
     },
     "cluster": {
         "topology": _text,
@@ -274,6 +284,7 @@ _CHECKS: dict[str, dict[str, Checker]] = {
         "cuda_graph_scope": _graph_scope,
         "fp8_recipe": partial(_optional_choice, choices=FP8_RECIPES),
         "replica_combine_bytes": partial(_optional_number, minimum=0, inclusive=True),
+        "te_op_fuser": _optional_boolean,
     },
     "moe": {
         "imbalance": _imbalance,
@@ -541,7 +552,10 @@ def _hf_dict_fields(hf: dict) -> dict:
       every layer when there is no ``layer_types`` and ``use_sliding_window`` is not false
       (Mistral 7B); Qwen3 and Mixtral give ``sliding_window: null`` or ``use_sliding_window: false``;
     - Grok-1's feed-forward is gated (three matrices around a GELU, xai-org/grok-1 model.py
-      ``DenseBlock``: linear, linear_v, linear_1), which ``hidden_act: gelu`` alone does not say.
+      ``DenseBlock``: linear, linear_v, linear_1), which ``hidden_act: gelu`` alone does not say;
+    - GPT-OSS's experts carry biases (HF ``GptOssExperts`` gate_up_proj_bias, down_proj_bias; the
+      config has no field for it): ``expert_bias``;
+    - ``rope_scaling`` of type yarn gives ``rope_mscale`` (``yarn_mscale``).
     """
     if isinstance(hf.get("text_config"), dict):
         hf = {**{k: v for k, v in hf.items() if k != "text_config"}, **hf["text_config"]}
@@ -557,6 +571,11 @@ def _hf_dict_fields(hf: dict) -> dict:
             hf["layer_types"] = ["sliding_attention"] * hf["num_hidden_layers"]
     if str(hf.get("model_type", "")).lower() == "grok-1":
         hf.setdefault("mlp_gated", True)
+    if str(hf.get("model_type", "")).lower() == "gpt_oss":
+        hf.setdefault("expert_bias", True)
+    mscale = yarn_mscale(hf.get("rope_scaling"))
+    if mscale != 1.0:
+        hf.setdefault("rope_mscale", mscale)
     out = {}
     # Canonical names first, so an alias never shadows a field the file also gives by its own name.
     for key in sorted(hf, key=lambda k: k in MODEL_ALIASES):
@@ -564,6 +583,27 @@ def _hf_dict_fields(hf: dict) -> dict:
         if canonical in _CHECKS["model"] and hf[key] is not None and canonical not in out:
             out[canonical] = hf[key]
     return out
+
+
+def yarn_mscale(rope_scaling: object) -> float:
+    """YaRN's attention factor on cos/sin as Megatron-core computes it (yarn_rotary_pos_embedding.py
+    ``_yarn_get_mscale``, ``_yarn_get_concentration_factor``): g(f, m) = 0.1 m ln f + 1 (1 for
+    f <= 1); g(f, mscale) / g(f, mscale_all_dim) when the config gives both, else g(f, 1).
+    1.0 for any other rope_scaling or none."""
+    if not isinstance(rope_scaling, dict):
+        return 1.0
+    kind = str(rope_scaling.get("rope_type") or rope_scaling.get("type") or "").lower()
+    factor = rope_scaling.get("factor")
+    if kind != "yarn" or not isinstance(factor, (int, float)) or isinstance(factor, bool) or factor <= 1:
+        return 1.0
+
+    def g(m: float) -> float:
+        return 0.1 * m * math.log(factor) + 1.0
+
+    m, m_all = rope_scaling.get("mscale"), rope_scaling.get("mscale_all_dim")
+    if isinstance(m, (int, float)) and isinstance(m_all, (int, float)) and g(m_all) > 0:
+        return g(m) / g(m_all)
+    return g(1.0)
 
 
 class _DuplicateJSONKey(ValueError):

@@ -67,7 +67,9 @@ only, so predictions are the same with them removed. Documented defaults for unk
   ``optimizer_state_dtype`` (fp32, bf16) sets ``training.optimizer_state_dtype``;
   ``pipeline_passes`` sets ``training.pipeline_passes`` (a gradient-accumulation loop that calls
   the pipeline schedule once per accumulation step: NeMo AutoModel's GA column with PP > 1).
-  Other keys (pp_p2p, fsdp_*, cutedsl_fused_grouped_mlp, ...) describe the run but are not modelled and are ignored.
+  ``cutedsl_fused_grouped_mlp`` (Megatron-Bridge) or ``use_transformer_engine_op_fuser`` sets
+  ``framework_options.te_op_fuser``. Other keys (pp_p2p, fsdp_*, ...) describe the run but are not
+  modelled and are ignored.
 - GPU names: a catalog entry or alias, or a family match (``simulator.physical.hardware``); the
   96 GB H100 of Meta's Grand Teton hosts is its own entry (2.4 TB/s HBM2e); PCIe, NVL and 94 GB
   parts are an error, never mapped to the SXM part.
@@ -122,6 +124,23 @@ from simulator.studies.workers import process_pool
 from simulator.scenario import scenario_from_dict, validate_plan
 
 
+def _moe_shape(model: dict) -> dict:
+    """The case's expert width, shared experts, leading dense layers and MLA ranks as ModelConfig
+    fields, so the parameter count the activation is fitted on is the model's (Kimi K2's 1.04T
+    needs its 2,048-wide experts and MLA to come out SwiGLU)."""
+    out: dict = {}
+    if model.get("experts"):
+        if model.get("moe_ffn_hidden"):
+            out["moe_intermediate_size"] = model["moe_ffn_hidden"]
+        out["num_shared_experts"] = model.get("shared_experts") or 0
+        out["first_k_dense_replace"] = model.get("first_k_dense") or 0
+    if model.get("mla"):
+        d = model.get("head_dim") or model["hidden"] // model["heads"]
+        out.update(q_lora_rank=model.get("q_lora_rank"), kv_lora_rank=model.get("kv_lora_rank"),
+                   qk_nope_head_dim=d, qk_rope_head_dim=model.get("qk_rope_head_dim") or 0, v_head_dim=d)
+    return out
+
+
 def _hidden_act(model: dict) -> str:
     target = (model.get("params_b") or 0) * 1e9
     if not target:
@@ -131,7 +150,8 @@ def _hidden_act(model: dict) -> str:
         cfg = ModelConfig(hidden_size=model["hidden"], num_hidden_layers=model["layers"],
                           num_attention_heads=model["heads"], num_key_value_heads=model.get("kv_heads") or model["heads"],
                           intermediate_size=model["ffn_hidden"], vocab_size=model["vocab"], hidden_act=act,
-                          num_experts=model.get("experts") or 0, num_experts_per_tok=model.get("topk") or 0)
+                          num_experts=model.get("experts") or 0, num_experts_per_tok=model.get("topk") or 0,
+                          **_moe_shape(model))
         err = abs(param_counts(cfg)["total"] - target)
         if err < best_err:
             best, best_err = act, err
@@ -260,7 +280,7 @@ def source_year(case: dict) -> int | None:
 
 
 OVERLAP_OPTIONS = ("tp_comm", "grad_reduce", "param_gather", "param_prefetch_depth", "async_tp", "cp_comm")
-FRAMEWORK_OPTIONS = ("compile", "cuda_graphs", "fp8_recipe", "replica_combine_bytes")
+FRAMEWORK_OPTIONS = ("compile", "cuda_graphs", "fp8_recipe", "replica_combine_bytes", "te_op_fuser")
 
 
 def _fp8_attention(case: dict) -> bool:
@@ -287,6 +307,8 @@ def _framework_keys(case: dict) -> dict:
     if "async_tp" in opts:
         overlap["async_tp"] = opts["async_tp"]
     options = {k: opts[k] for k in FRAMEWORK_OPTIONS if k in opts}
+    if opts.get("cutedsl_fused_grouped_mlp") or opts.get("use_transformer_engine_op_fuser"):
+        options["te_op_fuser"] = True  # Megatron-Bridge's name for Megatron-core's TE op-fuser experts
     graphs = options.get("cuda_graphs")
     if isinstance(graphs, str):  # tables describe the capture scope: a whole iteration, or some modules
         if "full" in graphs.lower():
@@ -309,6 +331,10 @@ def _case_model(m: dict) -> tuple[dict | str, list[str]]:
 
     hf_id = m.get("hf_id")
     if hf_id and hf_id in catalog_ids():
+        stated = m.get("mtp_layers")
+        if stated is not None and stated != scenario_from_dict({"model": hf_id}).model.num_nextn_predict_layers:
+            # the run's own MTP depth (DeepSeek-V3 "w/o MTP" rows) over the config's
+            return {"hf_id": hf_id, "num_nextn_predict_layers": stated}, []
         return hf_id, []
     model = {"hidden_size": m["hidden"], "num_hidden_layers": m["layers"], "num_attention_heads": m["heads"],
              "num_key_value_heads": m.get("kv_heads") or m["heads"], "intermediate_size": m["ffn_hidden"],

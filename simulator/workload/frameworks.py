@@ -42,7 +42,11 @@ SELECTIVE_POLICIES = ("attention_core", "every_second_matmul", "elementwise")
 ATTENTION_KERNELS = ("fa2", "sdpa", "fa3", "cudnn")
 CP_COMM_TYPES = ("p2p", "all_gather")
 CP_MERGES = ("te", "torch")
-SECTIONS = {"attention": ("kernel", "cp_comm_type", "kv_heads_expanded", "cp_merge"), "overlap": OVERLAP_KEYS, "fusion": FUSION_KEYS, "execution": EXECUTION_KEYS, "fp8": FP8_KEYS,
+# Whose transformer-layer code runs: Megatron-core's (megatron/core/transformer, its RoPE and
+# MoE experts, with their model-specific unfused paths, ``software.megatron_layer_extras``) or the
+# framework's own model code
+MODEL_CODES = ("megatron-core", "own")
+SECTIONS = {"model": ("code",), "attention": ("kernel", "cp_comm_type", "kv_heads_expanded", "cp_merge"), "overlap": OVERLAP_KEYS, "fusion": FUSION_KEYS, "execution": EXECUTION_KEYS, "fp8": FP8_KEYS,
             "optimizer": OPTIMIZER_KEYS, "recompute": ("selective",), "fsdp": ("pipeline_unsharded", "replica_combine_bytes")}
 
 
@@ -81,6 +85,8 @@ class Software:
     # hybrid sharding: the cross-copy gradient all-reduces combined into groups of up to this many
     # bytes per GPU, each launched when its last gradient exists (0: one all-reduce per FSDP unit)
     fsdp_replica_combine_bytes: float = 0.0
+    megatron_layers: bool = True  # the layers are Megatron-core's (profile model.code)
+    te_op_fuser: bool = False  # framework_options.te_op_fuser: the experts as one TE fused op
 
 
 def framework_names() -> tuple[str, ...]:
@@ -111,6 +117,8 @@ def load_profile(name: str) -> dict:
     for key, valid in (("kernel", ATTENTION_KERNELS), ("cp_comm_type", CP_COMM_TYPES), ("cp_merge", CP_MERGES)):
         if out["attention"][key] not in valid:
             raise ConfigError(f"{path.name}: attention.{key}", out["attention"][key], f"valid: {', '.join(valid)}")
+    if out["model"]["code"] not in MODEL_CODES:
+        raise ConfigError(f"{path.name}: model.code", out["model"]["code"], f"valid: {', '.join(MODEL_CODES)}")
     if out["fp8"]["recipe"] not in FP8_RECIPES:
         raise ConfigError(f"{path.name}: fp8.recipe", out["fp8"]["recipe"], f"valid: {', '.join(FP8_RECIPES)}")
     return out
@@ -157,6 +165,8 @@ def resolve(s) -> Software:
         cp_merge=prof["attention"]["cp_merge"],
         fsdp_pipeline_unsharded=bool(prof["fsdp"]["pipeline_unsharded"]),
         fsdp_replica_combine_bytes=float(_pick(opt.replica_combine_bytes, prof["fsdp"]["replica_combine_bytes"])),
+        megatron_layers=prof["model"]["code"] == "megatron-core",
+        te_op_fuser=bool(opt.te_op_fuser),
     )
 
 

@@ -40,6 +40,35 @@ as its own named :class:`Op` (so a ``megatron-core`` profile adds nothing):
   it fuses casts into producers with a single-pass recipe, and the weight when it caches FP8
   weights over micro-batches; the difference is an ``fp8_cast`` op in the forward and
   ``fp8_cast_bwd`` in the backward.
+- Megatron-core's model-specific unfused paths (profile ``model.code: megatron-core``; the reference
+  prices the fused kernels, so these are extra ops of their own; ``megatron_layer_extras``), each
+  read in Megatron-LM at d7288711 (Megatron-core 0.17.0rc0, the 26.04 NeMo container; the same code
+  at 0d8e0714 and d0b3b775, 25.11 and 26.06):
+  * RoPE with a YaRN attention factor other than 1 (``model.rope_mscale``, GPT-OSS 1.347):
+    rope_utils.py:279-284 falls back to the eager ``_apply_rotary_pos_emb_bshd`` (Megatron-LM PR
+    2038, "disable rope fusion when mscale is used"): per element of q and of k, forward t*cos
+    (r2 w2), neg of one half (r1 w1), cat of the halves (r2 w2), *sin (r2 w2), the sum (r4 w2) and
+    cat with the empty pass-through part (r2 w2), 24 bytes, 6 kernels plus 6 on cos/sin; backward
+    the mirrored muls, neg, the sum of the two input gradients and the cats, 24 bytes, 6 kernels.
+    (``MEGATRON_ROPE_UNFUSED``.)
+  * GLU clamp (``model.swiglu_limit``, GPT-OSS 7.0): fused_bias_geglu.py:424-432 clamps the two
+    halves of the fc1 output and concatenates them in eager ops before the fused activation:
+    per element of the fc1 output forward 8 bytes in 3 kernels (two clamps r1 w1 on their half,
+    the cat r2 w2), backward 10 (clamp gradients r4 w2 on their half, the cat of the two
+    gradients r2 w2) in 3; the forward again under ``moe_act`` recompute (``GLU_CLAMP``).
+  * Expert output biases (``model.expert_bias``): TEGroupedMLP builds fc2 with skip_bias_add
+    (experts.py:214) and ``_apply_bias`` (experts.py:251-266) adds each local expert's bias times
+    its routing probabilities in a Python loop, ``torch.cat([t + b * p ...])``: per element of
+    the fc2 output forward b*p (w2), the add (r4 w2) and the cat (r2 w2), 12 bytes in 2 kernels
+    per local expert and one cat; backward g*p and its row sum (dbias), g*b and its sum over the
+    hidden dim (dprob), the split's cat, 16 bytes in 4 kernels per expert and one
+    (``EXPERT_BIAS``).
+  With ``framework_options.te_op_fuser`` (Megatron-core's use_transformer_engine_op_fuser, 0.18)
+  the experts run as one fused op holding the clamp and the biases (experts.py _make_fused_ops at
+  d0b3b775): only the RoPE path remains.
+  Not priced: the blocking host-to-device copy ``torch.tensor(linear_offset, device=...)`` in the
+  same activation (fused_bias_geglu.py:434), a stream sync per MoE forward, and the attention
+  output bias left unfused (bias_dropout_fusion off with biases, well under 1% of a layer).
 - Host issue (``host_issue_s`` per kernel) is applied by the engine, which keeps each rank's host
   clock: see ``simulator.step.engine``; ``BlockCost.kernels`` counts the launches.
 - Selective recompute per framework (profile ``recompute.selective``, with ``training.recompute:
@@ -95,9 +124,16 @@ from simulator.workload.compute import (
     ACT_BYTES, BlockCost, LayerCost, Op, _Gemm, _attn_plan, _local_tokens, _mlp_plan, _roofline,
 )
 from simulator.workload.frameworks import Software
+from simulator.workload.moe import local_experts
 
 NORM_EXTRA = (32.0, 6)  # bytes per element, kernels: composite rms_norm over the fused kernel
 ROPE_UNFUSED = (20.0, 3)  # per element of q and of k
+# Megatron-core's eager paths (module docstring): (forward bytes, forward kernels, backward bytes,
+# backward kernels) per element of q and of k / of the fc1 output / of the fc2 output; the
+# expert-bias kernels are per local expert, plus one cat
+MEGATRON_ROPE_UNFUSED = (24.0, 12, 24.0, 6)
+GLU_CLAMP = (8.0, 3, 10.0, 3)
+EXPERT_BIAS = (12.0, 2, 16.0, 4)
 SWIGLU_EXTRA = (4.0, 1)  # per element of the activation output
 NORM_OPS = ("input_norm", "post_attn_norm", "final_norm")
 ACT_OPS = ("mlp_act", "expert_act", "shared_act")
@@ -180,9 +216,62 @@ def _add(block: BlockCost, extra: list[Op]) -> BlockCost:
     return BlockCost(block.ops + tuple(extra)) if extra else block
 
 
+def _insert(block: BlockCost, op: Op, before: str | None = None, after: str | None = None) -> BlockCost:
+    """``block`` with ``op`` placed before the first op named ``before`` or after the last op named
+    ``after`` (prefix match, so per-expert GEMMs count), or at its end when there is none."""
+    names = [o.name for o in block.ops]
+    if before is not None:
+        at = next((i for i, n in enumerate(names) if n.startswith(before)), len(names))
+    else:
+        at = max((i + 1 for i, n in enumerate(names) if n.startswith(after)), default=len(names))
+    return BlockCost(block.ops[:at] + (op,) + block.ops[at:])
+
+
+def megatron_layer_extras(cost: LayerCost, model: ModelConfig, training: TrainingConfig, par: ParallelConfig,
+                          gpu: GPUSpec, layer: int, sw: Software) -> LayerCost:
+    """``cost`` with Megatron-core's model-specific unfused paths (module docstring): eager RoPE
+    under a YaRN attention factor, the GLU clamp and the per-expert bias loop, each its own op."""
+    out = cost
+    if model.rope_mscale != 1.0 and sw.fused_rope:
+        tokens, _ = _local_tokens(training, par)
+        elems = _rope_bytes(model, tokens, par.tp) / ROPE_UNFUSED[0]
+        fb, fk, bb, bk = MEGATRON_ROPE_UNFUSED
+        fwd = _mem_op("rope_unfused", fb * elems, 2 * fk, gpu)
+        out = replace(out, attn_fwd=_insert(out.attn_fwd, fwd, before="attn_core"),
+                      attn_bwd=_insert(out.attn_bwd, _mem_op("rope_unfused_bwd", bb * elems, 2 * bk, gpu),
+                                       after="attn_core"))
+        if cost.attn_recompute is cost.attn_fwd:  # full recompute re-runs it; selective re-runs modules RoPE is not in
+            out = replace(out, attn_recompute=out.attn_fwd)
+    if not model.is_moe_layer(layer) or sw.te_op_fuser:  # the fused op holds the clamp and the biases
+        return out
+    ffe, etp = model.expert_intermediate_size, par.expert_tp
+    down = sum(op.flops for op in cost.mlp_fwd.ops if op.name.startswith("expert_down"))
+    rows = down / (2.0 * model.hidden_size * ffe / etp)  # routed copies the busiest rank's experts take
+    mlp_fwd, mlp_bwd, mlp_re = out.mlp_fwd, out.mlp_bwd, out.mlp_recompute
+    full = cost.mlp_recompute is cost.mlp_fwd
+    if model.swiglu_limit is not None and model.mlp_matrices == 3 and rows > 0:
+        elems = rows * 2 * ffe / etp
+        fb, fk, bb, bk = GLU_CLAMP
+        clamp = _mem_op("expert_act_clamp", fb * elems, fk, gpu)
+        mlp_fwd = _insert(mlp_fwd, clamp, before="expert_act")
+        mlp_bwd = _insert(mlp_bwd, _mem_op("expert_act_clamp_bwd", bb * elems, bk, gpu), after="expert_act_bwd")
+        if not full and any(op.name == "expert_act" for op in mlp_re.ops):  # moe_act recompute
+            mlp_re = _insert(mlp_re, clamp, before="expert_act")
+    if model.expert_bias and rows > 0:
+        elems, nloc = rows * model.hidden_size, local_experts(model, par)
+        fb, fk, bb, bk = EXPERT_BIAS
+        mlp_fwd = _insert(mlp_fwd, _mem_op("expert_down_bias", fb * elems, fk * nloc + 1, gpu), after="expert_down")
+        mlp_bwd = _insert(mlp_bwd, _mem_op("expert_down_bias_bwd", bb * elems, bk * nloc + 1, gpu),
+                          before="expert_down_dgrad")
+    return replace(out, mlp_fwd=mlp_fwd, mlp_bwd=mlp_bwd, mlp_recompute=mlp_fwd if full else mlp_re)
+
+
 def layer_with_software(cost: LayerCost, model: ModelConfig, training: TrainingConfig, par: ParallelConfig,
                         gpu: GPUSpec, layer: int, sw: Software) -> LayerCost:
-    """``cost`` with the profile's unfused elementwise ops and FP8 casts as their own ops."""
+    """``cost`` with the profile's unfused elementwise ops and FP8 casts as their own ops, and
+    Megatron-core's model-specific unfused paths when the profile runs its layers."""
+    if sw.megatron_layers:
+        cost = megatron_layer_extras(cost, model, training, par, gpu, layer, sw)
     tokens, tokens_norm = _local_tokens(training, par)
     attn_plan = _attn_plan(model, tokens, tokens_norm, par.tp)
     mlp_plan = _mlp_plan(model, layer, tokens, tokens_norm, par)
