@@ -143,10 +143,10 @@ def _optional_flag(field: str, value: object) -> bool | None:
 
 
 def _number_at_least(field: str, value: object, minimum: float) -> float:
-    number = _optional_number(field, value, minimum=minimum, inclusive=True)
-    if number is None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or value < minimum:
         raise ConfigError(field, value, f"must be a number >= {minimum:g}")
-    return number
+    return float(value)
 
 
 def _names(field: str, value: object, valid: tuple[str, ...]) -> tuple[str, ...] | None:
