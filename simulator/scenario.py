@@ -142,10 +142,10 @@ def _optional_flag(field: str, value: object) -> bool | None:
     return None if value is None else _boolean(field, value)
 
 
-def _number_at_least(field: str, value: object, minimum: float) -> float:
+def _number(field: str, value: object, low: float, high: float, what: str) -> float:
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if not ok or value < minimum:
-        raise ConfigError(field, value, f"must be a number >= {minimum:g}")
+    if not ok or not low <= value <= high:
+        raise ConfigError(field, value, what)
     return float(value)
 
 
@@ -228,7 +228,7 @@ _CHECKS: dict[str, dict[str, Checker]] = {
         "mlp_gated": _optional_flag,
         "swiglu_limit": partial(_optional_number, minimum=0, inclusive=False),
         "expert_bias": _boolean,
-        "rope_mscale": partial(_number_at_least, minimum=1.0),
+        "rope_mscale": partial(_number, low=1.0, high=math.inf, what="must be a number >= 1"),
     },
     "cluster": {
         "topology": _text,
@@ -636,13 +636,6 @@ def _cluster(raw: dict, base: Path) -> ClusterConfig:
                           f"{cluster.num_nodes:,} x {cluster.gpus_per_node} GPUs per node is {cluster.num_gpus:,}; "
                           f"a cluster holds {limits.NUM_GPUS.describe()}")
     return cluster
-
-
-def _number(field: str, value: object, low: float, high: float, what: str) -> float:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if not ok or not low <= value <= high:
-        raise ConfigError(field, value, what)
-    return float(value)
 
 
 def _entries(field: str, value: object, shape: str) -> list:

@@ -372,7 +372,6 @@ class _Front:
         return not pareto or any(st <= reach for k, st in self.fastest.items() if k <= b)
 
 
-
 def _no_fit(s, valid: list, by_layout: dict, max_memory_fraction: float) -> None:
     """Raise the one-line error of a plan in which no valid layout fits: the smallest-memory
     layout and by how much it exceeds the allowed memory."""
@@ -381,6 +380,7 @@ def _no_fit(s, valid: list, by_layout: dict, max_memory_fraction: float) -> None
     raise ConfigError("memory", f"no layout fits in {max_memory_fraction * capacity:.1f} GiB",
                       f"the smallest, {smallest.label()}, needs {peak:.1f} GiB per GPU, "
                       f"{peak - max_memory_fraction * capacity:.1f} GiB too many")
+
 
 def plan(scenario: str | Path | Scenario | dict, *, sets: Sequence[str] = (), space: Sequence[str] = (),
          top: int = 5, objective: str = "step_time", max_memory_fraction: float = 1.0, pareto: bool = True,

@@ -126,8 +126,9 @@ from simulator.scenario import scenario_from_dict, validate_plan
 
 def _moe_shape(model: dict) -> dict:
     """The case's expert width, shared experts, leading dense layers and MLA ranks as ModelConfig
-    fields, so the parameter count the activation is fitted on is the model's (Kimi K2's 1.04T
-    needs its 2,048-wide experts and MLA to come out SwiGLU)."""
+    fields: the scenario's model (``_case_model``) and the parameter count the activation is
+    fitted on (``_hidden_act``; Kimi K2's 1.04T needs its 2,048-wide experts and MLA to come out
+    SwiGLU)."""
     out: dict = {}
     if model.get("experts"):
         if model.get("moe_ffn_hidden"):
@@ -343,14 +344,8 @@ def _case_model(m: dict) -> tuple[dict | str, list[str]]:
         model["kv_channels"] = m["head_dim"]
     if m.get("experts"):
         model.update(num_experts=m["experts"], num_experts_per_tok=m.get("topk") or 1)
-        if m.get("moe_ffn_hidden"):
-            model["moe_intermediate_size"] = m["moe_ffn_hidden"]
-        model["num_shared_experts"] = m.get("shared_experts") or 0
-        model["first_k_dense_replace"] = m.get("first_k_dense") or 0
+    model.update(_moe_shape(m))
     if m.get("mla"):
-        d = m.get("head_dim") or m["hidden"] // m["heads"]
-        model.update(q_lora_rank=m.get("q_lora_rank"), kv_lora_rank=m.get("kv_lora_rank"),
-                     qk_nope_head_dim=d, qk_rope_head_dim=m.get("qk_rope_head_dim") or 0, v_head_dim=d)
         model.pop("kv_channels", None)
     if m.get("mtp_layers"):
         model["num_nextn_predict_layers"] = m["mtp_layers"]

@@ -205,10 +205,11 @@ def _with_cp_merge(block: BlockCost, name: str, nbytes: float, kernels: int, gpu
     return BlockCost(ops)
 
 
-def _rope_bytes(model: ModelConfig, tokens: float, tp: int) -> float:
+def _qk_elements(model: ModelConfig, tokens: float, tp: int) -> float:
+    """Elements of q and k one GPU rotates (RoPE) per micro-batch."""
     q = model.num_attention_heads * model.head_dim / tp
     k = max(model.num_key_value_heads, tp) * model.head_dim / tp
-    return ROPE_UNFUSED[0] * tokens * (q + k)
+    return tokens * (q + k)
 
 
 def _add(block: BlockCost, extra: list[Op]) -> BlockCost:
@@ -234,7 +235,7 @@ def megatron_layer_extras(cost: LayerCost, model: ModelConfig, training: Trainin
     out = cost
     if model.rope_mscale != 1.0 and sw.fused_rope:
         tokens, _ = _local_tokens(training, par)
-        elems = _rope_bytes(model, tokens, par.tp) / ROPE_UNFUSED[0]
+        elems = _qk_elements(model, tokens, par.tp)
         fb, fk, bb, bk = MEGATRON_ROPE_UNFUSED
         fwd = _mem_op("rope_unfused", fb * elems, 2 * fk, gpu)
         out = replace(out, attn_fwd=_insert(out.attn_fwd, fwd, before="attn_core"),
@@ -288,7 +289,7 @@ def layer_with_software(cost: LayerCost, model: ModelConfig, training: TrainingC
                 nbytes += SWIGLU_EXTRA[0] * op.bytes / (3 * ACT_BYTES)
                 kernels += SWIGLU_EXTRA[1]
         if name == "attn" and not sw.fused_rope:
-            nbytes += _rope_bytes(model, tokens, par.tp)
+            nbytes += ROPE_UNFUSED[0] * _qk_elements(model, tokens, par.tp)
             kernels += 2 * ROPE_UNFUSED[1]
         fwd_extra = [_mem_op("unfused_elementwise", nbytes, kernels, gpu)] if kernels else []
         bwd_extra = [_mem_op("unfused_elementwise_bwd", 2.0 * nbytes, 2 * kernels, gpu)] if kernels else []
