@@ -214,6 +214,37 @@ def test_validate_splits_61_layers_unevenly_and_ignores_vp_at_pp1():
     assert case_to_scenario_dict(one, notes)["parallelism"]["vp"] == 1 and any("vp 4 ignored" in n for n in notes)
 
 
+def test_validate_runs_a_stated_megatron_pipeline_layout():
+    """A Megatron-core layout string sets the first and last stages' layers; one stepsim cannot
+    run (unequal middle stages, wrong stage or layer count) is named and the default split used."""
+    from simulator.studies.validate import megatron_layout
+
+    assert megatron_layout("Et*4|(t*4|)*14tmL", 16) == (4, 4, 1, 61)
+    assert megatron_layout("Et|(tt|)*30mL", 32) == (1, 2, 0, 61)
+    assert megatron_layout("Et*8|(t*8|)*6t*5mL", 8) == (8, 8, 5, 61)
+    assert megatron_layout("Et*4|(t*4|)*14tmL", 8) is None  # 16 stages, not 8
+    assert megatron_layout("Ett|ttt|t|tL", 4) is None  # middle stages of 3 and 1 layers
+    case = {"id": "x", "model": {"hf_id": "deepseek-ai/DeepSeek-V3", "layers": 61, "hidden": 7168, "heads": 128,
+                                 "ffn_hidden": 18432, "vocab": 129280, "seq_len": 4096, "experts": 256, "topk": 8},
+            "hardware": {"gpu": "H100", "count": 1024},
+            "parallelism": {"tp": 1, "pp": 8, "dp": 128, "ep": 64, "gbs": 8192, "vp": 1,
+                            "pipeline_layout": "Et*8|(t*8|)*6t*5mL"},
+            "framework_options": {"moe_token_dispatcher": "flex (deepep)"}}
+    notes = []
+    par = case_to_scenario_dict(case, notes)["parallelism"]
+    assert (par["first_pipeline_num_layers"], par["last_pipeline_num_layers"]) == (8, 5)  # default: 7, 6
+    assert any("as the case's pipeline_layout" in n for n in notes)
+    notes = []
+    bad = dict(case, parallelism=dict(case["parallelism"], pipeline_layout="Et*8|(t*8|)*6t*4mL"))  # 60 layers
+    par = case_to_scenario_dict(bad, notes)["parallelism"]
+    assert (par["first_pipeline_num_layers"], par["last_pipeline_num_layers"]) == (7, 6)
+    assert any("not a first/equal-middle/last split" in n for n in notes)
+    notes = []
+    described = dict(case, parallelism=dict(case["parallelism"], pipeline_layout="DualPipe; split not stated"))
+    case_to_scenario_dict(described, notes)
+    assert not any("pipeline_layout" in n for n in notes)
+
+
 def test_whatif_has_an_moe_imbalance_row():
     from simulator.studies.whatif import whatif
 

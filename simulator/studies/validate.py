@@ -50,7 +50,11 @@ only, so predictions are the same with them removed. Documented defaults for unk
   no equal f exists (DeepSeek-V3's 61 layers on 16 stages), Megatron-core's separate
   ``decoder_first_pipeline_num_layers`` / ``decoder_last_pipeline_num_layers``: the other stages
   get the fewest layers m that leaves first + last <= 2m, the first stage the larger share
-  (the last also carries the head and MTP), printed as an assumption.
+  (the last also carries the head and MTP), printed as an assumption. A case's
+  ``parallelism.pipeline_layout`` written as a Megatron-core layout string (``Et*4|(t*4|)*14tmL``)
+  sets the first and last stages' layers instead when its middle stages are equal and its stage
+  and layer counts match (``megatron_layout``); any other layout string is named in a note and
+  the rule above applies. Descriptions (DualPipe, AutoModel's layers_per_stage) are not layouts.
 - framework: the case's ``framework:`` (a profile in ``frameworks/``: megatron-core, nemo,
   torchtitan, deepspeed, composer, maxtext, automodel), ``megatron-core`` when the case does not say (the
   stack of the calibration runs). An unknown name makes that case an error row naming the valid ones.
@@ -181,6 +185,53 @@ def _ends(layers: int, n: int) -> int | None:
         if 2 * f <= layers and (layers - 2 * f) % (n - 2) == 0:
             return f
     return None
+
+
+def megatron_layout(text: str, stages: int) -> tuple[int, int, int, int] | None:
+    """(first, middle, last, total) decoder layers of a Megatron-core ``pipeline_model_parallel_layout`` string
+    (``E`` embedding, ``t`` a decoder layer, ``m`` the MTP block, ``L`` the loss, ``|`` between
+    virtual stages, ``X*n`` and ``(X)*n`` repetitions; megatron/core/transformer/pipeline_parallel_layer_layout.py)
+    when it has ``stages`` stages whose middle ones all hold the same number of layers, the form
+    stepsim's first/last split can run (embedding on the first stage, MTP and loss on the last);
+    None for any other string."""
+    s = text.replace(" ", "")
+    if not re.fullmatch(r"[EtmL|()*0-9]+", s):
+        return None
+    for _ in range(8):  # expand repetitions, innermost first
+        new = re.sub(r"\(([^()]*)\)\*(\d+)", lambda g: g.group(1) * int(g.group(2)), s)
+        new = re.sub(r"([EtmL])\*(\d+)", lambda g: g.group(1) * int(g.group(2)), new)
+        if new == s:
+            break
+        s = new
+    if re.search(r"[()*0-9]", s):
+        return None
+    parts = s.rstrip("|").split("|")
+    if len(parts) != stages or stages < 3 or not parts[0].startswith("E") or not parts[-1].endswith("L"):
+        return None
+    if any(ch in part for part in parts[1:-1] for ch in "EmL") or "m" in parts[0] or "E" in parts[-1]:
+        return None
+    middle = {part.count("t") for part in parts[1:-1]}
+    if len(middle) != 1:
+        return None
+    first, last, each = parts[0].count("t"), parts[-1].count("t"), middle.pop()
+    return first, each, last, first + last + each * (stages - 2)
+
+
+def _stated_layout(text, layers: int, stages: int, notes: list[str]) -> tuple[int, int] | None:
+    """(first, last) from the case's ``parallelism.pipeline_layout`` when it is a Megatron-core
+    layout string stepsim's first/last split can run, with a note either way; None otherwise (no
+    layout, or a description such as "DualPipe" or AutoModel's layers_per_stage)."""
+    layout = str(text or "").replace(" ", "")
+    if not re.fullmatch(r"[EtmL|()*0-9]+", layout):
+        return None
+    stated = megatron_layout(layout, stages)
+    if stated is None or stated[3] != layers:
+        notes.append(f"pipeline_layout {layout} is not a first/equal-middle/last split of {layers} layers "
+                     f"on {stages} stages: stepsim's split instead")
+        return None
+    notes.append(f"{layers} layers on {stages} virtual stages as the case's pipeline_layout: "
+                 f"first {stated[0]}, last {stated[2]}, {stated[1]} on each other")
+    return stated[0], stated[2]
 
 
 BUBBLE_BOUND = 0.15
@@ -435,7 +486,10 @@ def case_to_scenario_dict(case: dict, notes: list[str] | None = None) -> dict:
         notes.append(f"vp {vp} ignored at pp 1")
         vp = 1
     first, last = pipeline_ends(m["layers"], pp * vp)
-    if first != last:  # the unequal split (equal ends need no note)
+    stated = _stated_layout(par.get("pipeline_layout"), m["layers"], pp * vp, notes)
+    if stated is not None:
+        first, last = stated
+    elif first != last:  # the unequal split (equal ends need no note)
         notes.append(f"{m['layers']} layers on {pp * vp} virtual stages: first {first}, last {last}, "
                      f"{(m['layers'] - first - last) // (pp * vp - 2)} on each other")
     parallelism = {"tp": par["tp"], "pp": pp, "dp": dp, "cp": cp,
