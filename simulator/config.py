@@ -221,6 +221,9 @@ class FrameworkOptions:
     # experts' fc1, activation and fc2 run as one Transformer Engine fused op, biases and the GLU
     # clamp inside it (moe/experts.py _make_fused_ops, Megatron-core 0.18)
     te_op_fuser: bool | None = None
+    # the language-model loss implementation (simulator.workload.frameworks.CROSS_ENTROPY_IMPLS);
+    # None: the profile's (fusion.cross_entropy, or fusion.cross_entropy_compiled with compile)
+    cross_entropy: str | None = None
 
 
 @dataclass(frozen=True)

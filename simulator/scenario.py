@@ -41,7 +41,7 @@ from simulator.step.schedules import SCHEDULES, check_schedule_args
 from simulator.physical.faults import effective_spec, node_links
 from simulator.physical.topology import LINK_CLASSES, load_topology
 from simulator.workload.attention import ATTENTION_BACKENDS
-from simulator.workload.frameworks import FP8_RECIPES, framework_names
+from simulator.workload.frameworks import CROSS_ENTROPY_IMPLS, FP8_RECIPES, framework_names
 
 HIDDEN_ACTS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "silu", "swiglu")
 PRECISIONS = ("bf16", "fp16", "fp8", "mxfp8", "nvfp4")  # GEMM precision; attention 16-bit unless training.fp8_attention
@@ -285,6 +285,7 @@ _CHECKS: dict[str, dict[str, Checker]] = {
         "fp8_recipe": partial(_optional_choice, choices=FP8_RECIPES),
         "replica_combine_bytes": partial(_optional_number, minimum=0, inclusive=True),
         "te_op_fuser": _optional_boolean,
+        "cross_entropy": partial(_optional_choice, choices=CROSS_ENTROPY_IMPLS),
     },
     "moe": {
         "imbalance": _imbalance,

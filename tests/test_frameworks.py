@@ -235,10 +235,12 @@ def test_megatron_core_reproduces_todays_tiny_report():
     scenarios/tiny.yaml as before framework profiles existed, with the measured attention curves
     of simulator.workload.attention (0.00708287188943954 s at 2fa9630 with the old single
     efficiency; tiny's 1k-token causal attention is 0.6% slower on the FA3 curve; 0.007128107584182506
-    s before communication kernels' SMs were priced and the Hopper sustained fraction refitted)."""
+    s before communication kernels' SMs were priced and the Hopper sustained fraction refitted;
+    0.007110474883389537 s before the loss was priced as Megatron-core's unfused cross-entropy, 38 / 14
+    bytes per logit instead of 12 / 24)."""
     plain = step_report(simulate(load_scenario("scenarios/tiny.yaml")))
     explicit = step_report(simulate(load_scenario("scenarios/tiny.yaml", ["framework=megatron-core"])))
-    assert plain["step_time_s"] == explicit["step_time_s"] == 0.007110474883389537
+    assert plain["step_time_s"] == explicit["step_time_s"] == 0.007573734584882077
 
 
 def test_validate_reads_framework_and_options():
@@ -276,3 +278,48 @@ def test_torchtitan_selective_recompute_reruns_every_second_matmul():
     assert sac.attn_recompute.flops == pytest.approx(expected)
     assert "attn_core" not in [op.name for op in sac.attn_recompute.ops]
     assert base.attn_recompute.flops == flops["attn_core"]  # the reference: attention core only
+
+
+def _loss_ops(s):
+    from simulator.workload.workload import build_workload
+
+    fwd, bwd = build_workload(s, H100).head
+    return (next(op for op in fwd.ops if op.name == "cross_entropy"),
+            next(op for op in bwd.ops if op.name == "cross_entropy_bwd"))
+
+
+@pytest.mark.parametrize("framework,compile_,impl,fwd_b,fwd_k,bwd_b,bwd_k", [
+    ("megatron-core", None, "megatron", 38, 6, 14, 2),  # .float, max, sub_, exp, sum, div_ / mul_, cast
+    ("nemo", None, "megatron-fused", 22, 3, 18, 2),  # Inductor: cast+max, sub+exp+sum, div / copy, mul+casts
+    ("torchtitan", False, "torch", 22, 2, 26, 3),  # cast, 3-pass log_softmax / zero, 2-pass bwd, cast
+    ("torchtitan", True, "torch-compiled", 4, 1, 4, 1),
+    ("automodel", True, "torch", 22, 2, 26, 3),  # AutoModel does not compile its loss
+    ("composer", None, "triton", 2, 1, 4, 1),  # flash-attn's online-softmax Triton kernel
+    ("maxtext", None, "xla", 10, 3, 6, 1),
+])
+def test_the_loss_moves_its_implementations_bytes_per_logit(framework, compile_, impl, fwd_b, fwd_k, bwd_b, bwd_k):
+    """Bytes and kernels per logit of the T x V / tp logits, counted in each implementation's
+    source (software.CROSS_ENTROPY); tp 2 halves the logits a rank holds."""
+    s = scen(framework, options=FrameworkOptions(compile=compile_), tp=2, dp=4)
+    assert resolve(s).cross_entropy == impl
+    fwd, bwd = _loss_ops(s)
+    logits = TRAIN.seq_length * TRAIN.micro_batch_size * LLAMA.vocab_size / 2
+    assert fwd.bytes == pytest.approx(fwd_b * logits) and fwd.kernels == fwd_k
+    assert bwd.bytes == pytest.approx(bwd_b * logits) and bwd.kernels == bwd_k
+    assert fwd.time_s == pytest.approx(fwd.bytes / (H100.hbm_bandwidth_Bps * H100.memory_efficiency)
+                                       + fwd_k * H100.launch_overhead_s, rel=1e-9)
+
+
+def test_framework_options_cross_entropy_overrides_the_profile_and_sets_what_the_last_stage_keeps():
+    from simulator.workload.memory import stage_memory
+
+    unfused, te = scen(tp=2, dp=4), scen(options=FrameworkOptions(cross_entropy="te"), tp=2, dp=4)
+    assert _loss_ops(te)[0].bytes == pytest.approx(6 * 1024 * 16000)
+    # TE writes the gradient into the bf16 logits (2 bytes kept per logit), Megatron keeps fp32 softmax (4)
+    diff = stage_memory(unfused, 0).activations - stage_memory(te, 0).activations
+    assert diff == pytest.approx(2 * 1024 * 16000)
+    d = scenario_to_dict(te)
+    d["framework_options"]["cross_entropy"] = "fused"
+    with pytest.raises(ConfigError) as err:
+        scenario_from_dict(d)
+    assert "\n" not in str(err.value) and "framework_options.cross_entropy" in str(err.value) and "megatron-fused" in str(err.value)

@@ -136,3 +136,49 @@ def test_validate_reads_the_op_fuser_and_a_stated_mtp_depth():
     # Kimi K2 (not in the catalog under its Base id): fitted on 1.04T parameters with its 2,048-wide
     # experts and MLA, the activation comes out SwiGLU, as its config says
     assert case_to_scenario_dict(cases["mbridge-2606-gb300-kimi-k2-mxfp8-256"])["model"]["hidden_act"] == "silu"
+
+
+def test_the_glu_offset_copy_is_a_second_host_sync_priced_by_the_issue_after_it():
+    """Megatron-core's clamped GLU copies linear_offset host-to-device with a blocking copy (a stream
+    sync): the GPU then idles for the round trip and for whatever of the issue of the layer's
+    remaining ops (activation, fc2, bias loop, reorder, unpermute, combine: moe.glu_after_ops) its
+    GPU time does not cover. On a host 100x slower than x86 every op after the copy is exposed."""
+    from simulator.workload import moe
+
+    par = ParallelConfig(ep=4, dp=8)
+    slow = dataclasses.replace(H100, host_overhead=100.0)
+    one = layer_cost(SMALL, TRAIN, par, slow, 0)
+    two = layer_cost(SMALL, TRAIN, par, slow, 0, glu_sync=True)
+    names = [op.name for op in two.mlp_fwd.ops]
+    assert names.index("moe_glu_sync") + 1 == names.index("expert_act")
+    nloc, h = 4, moe.HOST_OP_S * 100.0
+    late = (moe.GLU_ACT_OPS + moe.grouped_linear_host_ops(nloc, "bf16") + moe.UNPERMUTE_OPS
+            + moe.EXPERT_BIAS_OPS + moe.EXPERT_BIAS_PER_EXPERT_OPS * nloc + moe.COLLECTIVE_OPS + moe.UNSORT_CHUNKS_OPS
+            + 1)  # the residual add after the layer
+    i = names.index("moe_glu_sync")
+    gpu_after = sum(op.time_s for op in two.mlp_fwd.ops[i + 1:])
+    glu = named(two.mlp_fwd, "moe_glu_sync")[0]
+    assert glu.time_s >= moe.HOST_SYNC_S + late * h - gpu_after - 1e-12
+    # a second sync only loses run-ahead: the two cost at least the one, plus a round trip
+    assert two.mlp_fwd.host_wait_s >= one.mlp_fwd.host_wait_s + moe.HOST_SYNC_S - 1e-12
+    assert two.mlp_fwd.time_s - two.mlp_fwd.host_wait_s == pytest.approx(one.mlp_fwd.time_s - one.mlp_fwd.host_wait_s)
+
+
+def test_only_megatron_cores_clamped_glu_syncs_and_moe_act_recompute_syncs_again():
+    from simulator.workload.workload import glu_sync
+
+    def sw(framework, **opts):
+        return resolve(Scenario(name="t", model=SMALL, training=TRAIN, parallelism=ParallelConfig(ep=4, dp=8),
+                                framework=framework, framework_options=FrameworkOptions(**opts)))
+
+    assert glu_sync(SMALL, sw("megatron-core")) and glu_sync(SMALL, sw("nemo"))
+    assert not glu_sync(SMALL, sw("automodel")) and not glu_sync(SMALL, sw("megatron-core", te_op_fuser=True))
+    assert not glu_sync(dataclasses.replace(SMALL, swiglu_limit=None), sw("megatron-core"))
+    t = dataclasses.replace(TRAIN, recompute="selective", recompute_modules=("moe_act",))
+    par = ParallelConfig(ep=4, dp=8)
+    s = Scenario(name="t", model=SMALL, training=t, parallelism=par, framework="megatron-core")
+    cost = layer_with_software(layer_cost(SMALL, t, par, H100, 0, glu_sync=True), SMALL, t, par, H100, 0, resolve(s))
+    assert [op.name for op in cost.mlp_recompute.ops] == ["expert_act_clamp", "moe_glu_sync", "expert_act"]
+    from simulator.workload.moe import HOST_OP_S, HOST_SYNC_S
+
+    assert named(cost.mlp_recompute, "moe_glu_sync")[0].time_s == pytest.approx(HOST_SYNC_S + HOST_OP_S)

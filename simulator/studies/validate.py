@@ -59,7 +59,7 @@ only, so predictions are the same with them removed. Documented defaults for unk
   torchtitan, deepspeed, composer, maxtext, automodel), ``megatron-core`` when the case does not say (the
   stack of the calibration runs). An unknown name makes that case an error row naming the valid ones.
 - framework_options (each absent key takes the profile's default): ``compile``, ``cuda_graphs``,
-  ``fp8_recipe`` (delayed, tensorwise, rowwise, blockwise, mxfp8) and ``replica_combine_bytes``
+  ``fp8_recipe`` (delayed, tensorwise, rowwise, blockwise, mxfp8), ``cross_entropy`` and ``replica_combine_bytes``
   (hybrid sharding's combined cross-copy all-reduces) go to the scenario's
   ``framework_options`` (a ``cuda_graphs`` scope written out: "full iteration" is true, a list of
   captured modules in parentheses becomes ``cuda_graph_scope``, those of Megatron-core's modules it
@@ -72,7 +72,9 @@ only, so predictions are the same with them removed. Documented defaults for unk
   ``pipeline_passes`` sets ``training.pipeline_passes`` (a gradient-accumulation loop that calls
   the pipeline schedule once per accumulation step: NeMo AutoModel's GA column with PP > 1).
   ``cutedsl_fused_grouped_mlp`` (Megatron-Bridge) or ``use_transformer_engine_op_fuser`` sets
-  ``framework_options.te_op_fuser``. Other keys (pp_p2p, fsdp_*, ...) describe the run but are not
+  ``framework_options.te_op_fuser``. ``cross_entropy`` (megatron, megatron-fused, te, torch,
+  torch-compiled, triton, xla) is the run's loss implementation (absent: the profile's; the rows
+  state what their recipe at its release tag set). Other keys (pp_p2p, fsdp_*, ...) describe the run but are not
   modelled and are ignored.
 - GPU names: a catalog entry or alias, or a family match (``simulator.physical.hardware``); the
   96 GB H100 of Meta's Grand Teton hosts is its own entry (2.4 TB/s HBM2e); PCIe, NVL and 94 GB
@@ -332,7 +334,7 @@ def source_year(case: dict) -> int | None:
 
 
 OVERLAP_OPTIONS = ("tp_comm", "grad_reduce", "param_gather", "param_prefetch_depth", "async_tp", "cp_comm")
-FRAMEWORK_OPTIONS = ("compile", "cuda_graphs", "fp8_recipe", "replica_combine_bytes", "te_op_fuser")
+FRAMEWORK_OPTIONS = ("compile", "cuda_graphs", "fp8_recipe", "replica_combine_bytes", "te_op_fuser", "cross_entropy")
 
 
 def _fp8_attention(case: dict) -> bool:

@@ -43,8 +43,8 @@ FA_BWD_FLOP_RATIO = 2.5
 FA_BWD_EFFICIENCY = 63 / 73
 RECOMPUTE_MODES = ("none", "selective", "full")
 # Ops whose time is the GPU waiting on the host, not running kernels: the dropless MoE layer's
-# token-count sync (``moe.price_host_sync``).
-HOST_WAIT_OPS = ("moe_host_sync",)
+# token-count sync and Megatron-core's GLU-clamp offset copy (``moe.price_host_sync``).
+HOST_WAIT_OPS = ("moe_host_sync", "moe_glu_sync")
 
 
 @dataclass(frozen=True)
@@ -472,6 +472,7 @@ def _local_tokens(training: TrainingConfig, par: ParallelConfig) -> tuple[float,
 def layer_cost(
     model: ModelConfig, training: TrainingConfig, par: ParallelConfig, gpu: GPUSpec, layer: int,
     moe: MoEConfig | None = None, graphed: bool = False, graph_scope: tuple[str, ...] = (),
+    glu_sync: bool = False,
 ) -> LayerCost:
     """Forward, backward and recompute cost of transformer layer ``layer`` on one GPU.
 
@@ -481,7 +482,8 @@ def layer_cost(
     checkpoint instead (``recompute_blocks``). ``graphed``: the whole iteration is one CUDA graph,
     which cannot hold a device-to-host sync, so an MoE layer has none (``moe.price_host_sync``);
     ``graph_scope``: the modules replayed from CUDA graphs otherwise, whose host ops before the sync
-    cost one launch.
+    cost one launch. ``glu_sync``: the experts' activation starts with a blocking host-to-device
+    copy (Megatron-core's clamped GLU, ``moe.GLU_SYNC_OPS``), a second sync in the layer.
     """
     if training.recompute not in RECOMPUTE_MODES:
         raise ConfigError("training.recompute", training.recompute, f"valid: {', '.join(RECOMPUTE_MODES)}")
@@ -493,8 +495,10 @@ def layer_cost(
     attn_fwd = _run(attn, model, training, par, gpu, backward=False)
     mlp_fwd = _run(mlp, model, training, par, gpu, backward=False)
     if model.is_moe_layer(layer) and not graphed:
-        from simulator.workload.moe import price_host_sync
+        from simulator.workload.moe import price_host_sync, with_glu_sync
 
+        if glu_sync:
+            mlp_fwd = with_glu_sync(mlp_fwd)
         mlp_fwd = price_host_sync(attn_fwd, mlp_fwd, model, par, moe or MoEConfig(), training.precision,
                                   gpu.host_overhead, graph_scope)
     if training.recompute == "full":
@@ -502,6 +506,10 @@ def layer_cost(
     elif training.recompute == "selective":
         attn_re, mlp_re = recompute_blocks(attn_fwd, mlp_fwd, training.recompute_modules or ("core_attn",),
                                            model.is_moe_layer(layer))
+        if glu_sync:
+            from simulator.workload.moe import recompute_glu_sync
+
+            mlp_re = recompute_glu_sync(mlp_re, gpu.host_overhead)
     else:
         attn_re, mlp_re = BlockCost(), BlockCost()
     return LayerCost(
@@ -526,7 +534,7 @@ RECOMPUTE_MODULE_OPS = {
     "core_attn": ("attn_core", "attn_core_cp", "attn_cp_merge") + UNFUSED_ATTENTION_OPS,
     "layernorm": ("input_norm", "post_attn_norm"),
     "mla_up_proj": ("q_up_proj", "kv_up_proj"),
-    "moe_act": ("expert_act",),
+    "moe_act": ("moe_glu_sync", "expert_act"),
     "shared_experts": ("shared_up", "shared_act", "shared_down"),
     "mlp": (),
 }
@@ -615,25 +623,45 @@ def embedding_cost(
     return fwd, bwd
 
 
-def head_cost(
-    model: ModelConfig, training: TrainingConfig, par: ParallelConfig, gpu: GPUSpec
-) -> tuple[BlockCost, BlockCost]:
-    """Final norm, LM head GEMM (T x h) @ (h x V / tp) and vocab-parallel cross-entropy.
+# Megatron-core's vocab_parallel_cross_entropy, unfused (megatron/core/tensor_parallel/cross_entropy.py,
+# identical at Megatron-LM 1e057005 and d7288711), per logit of the T x V / tp bf16 logits: forward
+# .float() r2 w4, max r4, in-place subtract r4 w4, exp r4 w4, sum r4, div_ r4 w4 = 38 bytes in 6
+# kernels; backward mul_ by the per-token gradient r4 w4 and autograd's cast of the fp32 gradient to
+# the bf16 input (engine validate_outputs) r4 w2 = 14 bytes in 2 kernels; the fp32 softmax (4 bytes)
+# is kept for the backward. (forward bytes, forward kernels, backward bytes, backward kernels, kept
+# bytes); the other implementations are in software.CROSS_ENTROPY.
+MEGATRON_CROSS_ENTROPY = (38.0, 6, 14.0, 2, 4.0)
 
-    Cross-entropy is memory-bound over the T x V / tp logits: read 16-bit logits, write and
-    re-read fp32 softmax statistics, about 12 bytes per logit forward (Megatron
-    vocab_parallel_cross_entropy casts logits to fp32); backward 2x.
+
+def mem_chain(name: str, nbytes: float, kernels: int, gpu: GPUSpec) -> Op:
+    """A chain of ``kernels`` memory-bound kernels moving ``nbytes``: roofline plus one launch gap each."""
+    time = _roofline(0.0, nbytes, gpu, 1.0) + (kernels - 1) * gpu.launch_overhead_s
+    return Op(name, 0.0, nbytes, time, kernels)
+
+
+def head_cost(
+    model: ModelConfig, training: TrainingConfig, par: ParallelConfig, gpu: GPUSpec,
+    loss: tuple[float, int, float, int, float] = MEGATRON_CROSS_ENTROPY,
+) -> tuple[BlockCost, BlockCost]:
+    """Final norm, LM head GEMM (T x h) @ (h x V / tp) and the vocab-parallel cross-entropy.
+
+    The cross-entropy is memory-bound over the T x V / tp logits, ``loss`` bytes and kernels per
+    logit forward and backward (``MEGATRON_CROSS_ENTROPY`` by default; a framework's implementation
+    from ``software.CROSS_ENTROPY``), as ``cross_entropy`` / ``cross_entropy_bwd`` ops.
     """
     tokens, tokens_norm = _local_tokens(training, par)
     h, vocab = model.hidden_size, model.vocab_size / par.tp
     plan = [
         _Mem("final_norm", 2 * ACT_BYTES * tokens_norm * h),
         _Gemm("lm_head", tokens, vocab, h),
-        _Mem("cross_entropy", 12.0 * tokens * vocab),
     ]
+    fwd_bytes, fwd_kernels, bwd_bytes, bwd_kernels, _kept = loss
+    logits = tokens * vocab
+    fwd = _run(plan, model, training, par, gpu, backward=False)
+    bwd = _run(plan, model, training, par, gpu, backward=True)
     return (
-        _run(plan, model, training, par, gpu, backward=False),
-        _run(plan, model, training, par, gpu, backward=True),
+        BlockCost(fwd.ops + (mem_chain("cross_entropy", fwd_bytes * logits, fwd_kernels, gpu),)),
+        BlockCost((mem_chain("cross_entropy_bwd", bwd_bytes * logits, bwd_kernels, gpu),) + bwd.ops),
     )
 
 

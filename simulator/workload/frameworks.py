@@ -24,7 +24,7 @@ from simulator.errors import ConfigError
 FRAMEWORKS_DIR = Path(__file__).resolve().parents[2] / "frameworks"
 FP8_RECIPES = ("delayed", "tensorwise", "rowwise", "blockwise", "mxfp8")
 OVERLAP_KEYS = ("tp_comm", "grad_reduce", "param_gather", "param_prefetch_depth", "async_tp", "cp_comm")
-FUSION_KEYS = ("norm", "rope", "activation")
+FUSION_KEYS = ("norm", "rope", "activation", "cross_entropy", "cross_entropy_compiled")
 EXECUTION_KEYS = ("compile", "cuda_graphs", "host_issue_us", "compiled_host_issue_us")
 # Megatron-core --cuda-graph-scope (megatron/core/transformer/enums.py CudaGraphModule, d98e8a6;
 # the DeepSeek-V3 GB200 guide, Sec. 2.3): the attention block, the dense MLP, the MoE router (and
@@ -40,6 +40,11 @@ FP8_KEYS = ("recipe", "casts_fused_into_producers", "weight_cast_once_per_step")
 OPTIMIZER_KEYS = ("adam_bytes_per_param", "clip_bytes_per_param", "zero_grad_bytes_per_param")
 SELECTIVE_POLICIES = ("attention_core", "every_second_matmul", "elementwise")
 ATTENTION_KERNELS = ("fa2", "sdpa", "fa3", "cudnn")
+# The language-model loss as the framework computes it (costs in software.CROSS_ENTROPY): Megatron-core's
+# vocab_parallel_cross_entropy unfused or with cross_entropy_loss_fusion (impl native), Transformer
+# Engine's parallel_cross_entropy (impl te), PyTorch's F.cross_entropy on fp32 logits eager or under
+# torch.compile, flash-attn's Triton CrossEntropyLoss, XLA's fusion of MaxText's custom-VJP loss
+CROSS_ENTROPY_IMPLS = ("megatron", "megatron-fused", "te", "torch", "torch-compiled", "triton", "xla")
 CP_COMM_TYPES = ("p2p", "all_gather")
 CP_MERGES = ("te", "torch")
 # Whose transformer-layer code runs: Megatron-core's (megatron/core/transformer, its RoPE and
@@ -87,6 +92,7 @@ class Software:
     fsdp_replica_combine_bytes: float = 0.0
     megatron_layers: bool = True  # the layers are Megatron-core's (profile model.code)
     te_op_fuser: bool = False  # framework_options.te_op_fuser: the experts as one TE fused op
+    cross_entropy: str = "megatron"  # the loss implementation (CROSS_ENTROPY_IMPLS)
 
 
 def framework_names() -> tuple[str, ...]:
@@ -119,6 +125,9 @@ def load_profile(name: str) -> dict:
             raise ConfigError(f"{path.name}: attention.{key}", out["attention"][key], f"valid: {', '.join(valid)}")
     if out["model"]["code"] not in MODEL_CODES:
         raise ConfigError(f"{path.name}: model.code", out["model"]["code"], f"valid: {', '.join(MODEL_CODES)}")
+    for key in ("cross_entropy", "cross_entropy_compiled"):
+        if out["fusion"][key] not in CROSS_ENTROPY_IMPLS:
+            raise ConfigError(f"{path.name}: fusion.{key}", out["fusion"][key], f"valid: {', '.join(CROSS_ENTROPY_IMPLS)}")
     if out["fp8"]["recipe"] not in FP8_RECIPES:
         raise ConfigError(f"{path.name}: fp8.recipe", out["fp8"]["recipe"], f"valid: {', '.join(FP8_RECIPES)}")
     return out
@@ -167,6 +176,7 @@ def resolve(s) -> Software:
         fsdp_replica_combine_bytes=float(_pick(opt.replica_combine_bytes, prof["fsdp"]["replica_combine_bytes"])),
         megatron_layers=prof["model"]["code"] == "megatron-core",
         te_op_fuser=bool(opt.te_op_fuser),
+        cross_entropy=str(_pick(opt.cross_entropy, fu["cross_entropy_compiled"] if compile_ else fu["cross_entropy"])),
     )
 
 

@@ -22,8 +22,10 @@ dropout masks: with flash attention (no stored score matrix) and dropout 0, as m
 train, it overestimates activations without selective recompute. CP divides the sequence:
 every term uses s / cp. Activations on a stage = per-layer bytes x layers per chunk x chunk
 activations in flight (``microbatches_in_flight``), plus the embedding dropout mask on the
-first stage, the LM-head input and fp32 logits (4 s b V / t, Megatron's vocab-parallel cross
-entropy keeps fp32 softmax) on the last, plus the recompute working set: the tensors of one
+first stage, the LM-head input and what the loss keeps of the logits on the last (4 s b V / t
+for Megatron's vocab-parallel cross entropy, which keeps the fp32 softmax; 2 for the
+implementations that keep the bf16 logits or write the gradient into them,
+``software.CROSS_ENTROPY``), plus the recompute working set: the tensors of one
 layer and one micro-batch that recompute re-materialises during its backward.
 """
 
@@ -39,6 +41,7 @@ from simulator.step.plan import vstage_layers
 from simulator.step.schedules import check_schedule_args, placement, schedule_peak_in_flight
 from simulator.units import GiB
 from simulator.workload.frameworks import fsdp_gathered_once, resolve
+from simulator.workload.software import CROSS_ENTROPY
 
 RECOMPUTE_MODES = ("none", "selective", "full")
 ZERO_STAGES = (0, 1, 2, 3)
@@ -46,7 +49,6 @@ COMPONENTS = ("weights", "gradients", "optimizer", "activations", "other")
 
 ACT_BYTES = 2
 MASK_BYTES = 1
-LOGIT_BYTES = 4
 ROUTER_PROB_BYTES = 4  # Megatron-core computes router logits and probabilities in fp32
 
 # Megatron-core DistributedDataParallelConfig.bucket_size default: max(40e6, 1e6 * dp) params.
@@ -413,7 +415,8 @@ def _stage_layout_part(s: Scenario, stage: int, layer_kinds: tuple, policy: str,
         activations += MASK_BYTES * seq * b * m.hidden_size * rep * min(in_flight, s.microbatches_per_pass)
     if heads:
         head_in_flight = s.microbatches_per_pass if s.pipeline_schedule == "gpipe" else 1
-        head = 2 * ACT_BYTES * seq * b * m.hidden_size * rep + LOGIT_BYTES * seq * b * m.vocab_size / tp
+        kept = CROSS_ENTROPY[resolve(s).cross_entropy][4]
+        head = 2 * ACT_BYTES * seq * b * m.hidden_size * rep + kept * seq * b * m.vocab_size / tp
         activations += head * head_in_flight * heads
 
     return params, activations, in_flight

@@ -172,6 +172,17 @@ GROUPED_LINEAR_FP8_PER_EXPERT_OPS = 3
 SHARED_EXPERT_OPS = 2 * 4 + 2
 SHARED_EXPERT_QUANT_OPS = 2 * 2
 SHARED_ADD_OPS = 1
+# Megatron-core's clamped GLU (GPT-OSS, model.swiglu_limit; megatron/core/fusions/fused_bias_geglu.py:424-434
+# at Megatron-LM d7288711): chunk, two clamps, cat and view, then torch.tensor(linear_offset,
+# device=...) (a CPU tensor and its copy) before the fused activation; the copy from pageable host
+# memory is blocking (PyTorch copy_kernel_cuda -> at::cuda::memcpy_and_sync: cudaMemcpyAsync then
+# cudaStreamSynchronize), a second stream sync in every MoE forward. After it: the activation's
+# autograd Function (apply, compiled kernel, view), fc2 and, with expert biases, the per-expert
+# bias loop (experts.py:251-266: two splits, a mul and an add per local expert, cat, view, cast).
+GLU_PRE_SYNC_OPS = 1 + 2 + 1 + 1 + 2
+GLU_ACT_OPS = 3
+EXPERT_BIAS_OPS = 5
+EXPERT_BIAS_PER_EXPERT_OPS = 2
 # Concurrent compute streams Transformer Engine's multi_stream_cublas_gemm spreads per-expert GEMMs
 # over (transformer_engine/common/util/multi_stream.cpp get_num_compute_streams: 4).
 TE_GEMM_STREAMS = 4
@@ -429,6 +440,39 @@ def split_moe_block(block):
     return BlockCost(block.ops[:a]), BlockCost(block.ops[a:b]), BlockCost(block.ops[b:])
 
 
+def glu_after_ops(model: ModelConfig, par: ParallelConfig, moe: MoEConfig, precision: str) -> int:
+    """Host ops of an MoE layer forward after Megatron-core's GLU offset copy (constants above):
+    the activation, fc2, the expert-bias loop, the reorder back, the unpermutation and the combine."""
+    nloc = local_experts(model, par)
+    ops = GLU_ACT_OPS + grouped_linear_host_ops(nloc, precision) + UNPERMUTE_OPS
+    if model.expert_bias:
+        ops += EXPERT_BIAS_OPS + EXPERT_BIAS_PER_EXPERT_OPS * nloc
+    if moe.token_dispatcher == "flex":
+        return ops + FLEX_COMBINE_OPS
+    return ops + COLLECTIVE_OPS + (UNSORT_CHUNKS_OPS if nloc > 1 else 0) + (COLLECTIVE_OPS + 2 if par.expert_tp > 1 else 0)
+
+
+def with_glu_sync(mlp_fwd):
+    """``mlp_fwd`` with a zero-time ``moe_glu_sync`` placeholder before the experts' activation,
+    priced by ``price_host_sync``."""
+    from simulator.workload.compute import BlockCost, Op
+
+    names = [op.name for op in mlp_fwd.ops]
+    if "expert_act" not in names:
+        return mlp_fwd
+    i = names.index("expert_act")
+    return BlockCost(mlp_fwd.ops[:i] + (Op("moe_glu_sync", 0.0, 0.0, 0.0),) + mlp_fwd.ops[i:])
+
+
+def recompute_glu_sync(block, host_overhead: float = 1.0):
+    """The GLU sync as ``moe_act`` recompute meets it inside the backward: the round trip and one
+    op's issue before the GPU has work again (the backward GEMMs after it outlast their issue)."""
+    from simulator.workload.compute import BlockCost, Op
+
+    return BlockCost(tuple(Op(op.name, 0.0, 0.0, HOST_SYNC_S + HOST_OP_S * host_overhead)
+                           if op.name == "moe_glu_sync" else op for op in block.ops))
+
+
 def price_host_sync(attn_fwd, mlp_fwd, model: ModelConfig, par: ParallelConfig, moe: MoEConfig, precision: str,
                     host_overhead: float = 1.0, graph_scope: tuple[str, ...] = ()):
     """``mlp_fwd`` with its zero-time ``moe_host_sync`` placeholder priced by ``host_sync_time``
@@ -456,6 +500,20 @@ def price_host_sync(attn_fwd, mlp_fwd, model: ModelConfig, par: ParallelConfig, 
     attn_ops = 1 if "attn" in graph_scope else len(attn_fwd.ops)
     ops_before = attn_ops + sum(1 for op in mlp_fwd.ops[:i] if not is_moe(op.name)) + moe_before
     ops_after = sum(1 for op in after if not is_moe(op.name)) + moe_after
-    t = host_sync_time(attn_fwd.time_s + sum(op.time_s for op in before), sum(op.time_s for op in after),
-                       ops_before, ops_after, HOST_OP_S * host_overhead)
-    return BlockCost(mlp_fwd.ops[:i] + (Op("moe_host_sync", 0.0, 0.0, t),) + mlp_fwd.ops[i + 1:])
+    host_op = HOST_OP_S * host_overhead
+    gpu_before = attn_fwd.time_s + sum(op.time_s for op in before)
+    glu = [k for k, op in enumerate(after) if op.name == "moe_glu_sync"]
+    if not glu:
+        t = host_sync_time(gpu_before, sum(op.time_s for op in after), ops_before, ops_after, host_op)
+        return BlockCost(mlp_fwd.ops[:i] + (Op("moe_host_sync", 0.0, 0.0, t),) + mlp_fwd.ops[i + 1:])
+    # a second sync splits the run after the first: the GPU waits for the host's issue of the ops up
+    # to the copy (any head start is lost at the sync), then of the rest, whose spare GPU time is
+    # the head start for the next layer's ops before the token-count sync
+    late_ops = glu_after_ops(model, par, moe, precision) + sum(1 for op in after[glu[0]:] if not is_moe(op.name)) - 1
+    early_ops = ops_after - 1 + GLU_PRE_SYNC_OPS + GLU_ACT_OPS - late_ops + (
+        EXPERT_BIAS_OPS + EXPERT_BIAS_PER_EXPERT_OPS * local_experts(model, par) if model.expert_bias else 0)
+    early_gpu = sum(op.time_s for op in after[:glu[0]])
+    t = HOST_SYNC_S + max(0.0, early_ops * host_op - early_gpu)
+    t_glu = host_sync_time(gpu_before, sum(op.time_s for op in after[glu[0] + 1:]), ops_before, late_ops, host_op)
+    ops = tuple(Op("moe_glu_sync", 0.0, 0.0, t_glu) if op.name == "moe_glu_sync" else op for op in mlp_fwd.ops)
+    return BlockCost(ops[:i] + (Op("moe_host_sync", 0.0, 0.0, t),) + ops[i + 1:])

@@ -17,9 +17,8 @@ as its own named :class:`Op` (so a ``megatron-core`` profile adds nothing):
     fused RoPE kernel is not priced by the reference, so the whole unfused cost is added.
   * SwiGLU as ``silu(gate) * up``: silu (r2 w2) and mul (r2 r2 w2), 10 bytes and 2 kernels against
     the fused 6 bytes and 1: 4 bytes and 1 kernel more per element of the activation output.
-    GeLU is one kernel either way (no extra). Residual adds, cross-entropy over the vocabulary
-    (PyTorch's fp32 log-softmax: about the 12 bytes per logit the reference charges) and dropout
-    (0 in these recipes) are already what the reference prices.
+    GeLU is one kernel either way (no extra). Residual adds and dropout (0 in these recipes) are
+    already what the reference prices.
 - FP8 casts, per GEMM and micro-batch, on the tensors a recipe quantises: the input X (m x k),
   the weight W (k x n) and, in the backward, the output gradient dY (m x n), each needed in two
   layouts (Hopper FP8 GEMMs take only the TN layout). Cost per 16-bit element (bytes, kernels):
@@ -110,6 +109,43 @@ as its own named :class:`Op` (so a ``megatron-core`` profile adds nothing):
   The op keeps the reference's name (``attn_cp_merge``, ``_bwd``) and place, after the calls on
   arriving keys. The fp32 dK/dV the backward rotates (2x the bf16 bytes, cp transfers) are not
   priced: the program sends 2x the forward's K/V bytes in the backward for every framework.
+- The language-model loss (profile ``fusion.cross_entropy``, ``fusion.cross_entropy_compiled``
+  under torch.compile, or ``framework_options.cross_entropy``), bytes and big (T x V / tp sized)
+  kernels per logit forward / backward and bytes per logit kept for the backward
+  (``CROSS_ENTROPY``; read in each implementation's source, the Inductor code generated for it):
+  * ``megatron``: Megatron-core's unfused vocab_parallel_cross_entropy, compute.py's reference
+    (``MEGATRON_CROSS_ENTROPY``): 38 in 6 / 14 in 2, kept 4. Megatron-DeepSpeed's older copy
+    (.float() outside the Function, out-of-place subtract) moves the same bytes.
+  * ``megatron-fused``: ``cross_entropy_loss_fusion`` with impl native
+    (megatron/core/fusions/fused_cross_entropy.py; ``jit_fuser`` is torch.compile from torch 2.2,
+    megatron/core/jit.py): the cast fused into the max (r2 w4), subtract + exp + sum in one
+    reduction (r4 w4), the div (r4 w4): 22 in 3; backward a full copy of the saved softmax (the
+    functionalised in-place index update, r4 w4) and one kernel writing the bf16 gradient and the
+    softmax back (r4 w2 w4): 18 in 2; kept 4.
+  * ``te``: Transformer Engine parallel_cross_entropy (impl te; TE 2.2 to 2.17,
+    transformer_engine/pytorch/triton/cross_entropy.py): an online-softmax pass (r2) and a pass
+    writing the gradient in place into the bf16 logits (r2 w2): 6 in 2; backward the in-place
+    multiply by Megatron's per-token gradient (r2 w2): 4 in 1; kept 2 (the logits' buffer). From
+    TE 2.18 (commit 01bbe3eea) the gradient is an fp32 buffer instead: 8 / 14, kept 4, not priced.
+  * ``torch``: ``F.cross_entropy(logits.float(), labels)`` eager (torchtitan
+    components/loss.py, NeMo AutoModel MaskedCrossEntropy): the cast (r2 w4) and log_softmax's
+    three passes over a row too long for the shared-memory kernel (cunn_SoftMaxForward: r12 w4):
+    22 in 2; backward nll_loss_backward's zero-fill (w4), log_softmax backward's two passes (r12 w4)
+    and the cast back (r4 w2): 26 in 3; kept 4 (the fp32 log-probabilities).
+  * ``torch-compiled``: the same under torch.compile (torchtitan compiles the loss with the
+    model): one reduction over the bf16 logits (two loops before Inductor's online softmax, torch
+    2.7: r4), backward one kernel recomputing the softmax and writing the bf16 gradient (r2 w2): 4
+    in 1 / 4 in 1; kept 2 (the logits).
+  * ``triton``: flash-attn's CrossEntropyLoss (llm-foundry's default ``fused_crossentropy``,
+    flash_attn/ops/triton/cross_entropy.py): one online pass (r2), backward one kernel writing the
+    bf16 gradient (r2 w2): 2 in 1 / 4 in 1; kept 2.
+  * ``xla``: MaxText's custom-VJP cross_entropy_with_logits on fp32-cast logits
+    (utils/max_utils.py, layers/decoders.py ``cast_logits_to_fp32``), fused by XLA: the max (r2),
+    the exp written for the backward with its sum (r2 w4) and the loss reduction (r2): 10 in 3;
+    backward one fusion reading the saved exp and writing the bf16 gradient (r4 w2): 6 in 1; kept
+    4. An estimate from the VJP's residuals and XLA's reduction fusion (no GPU HLO read).
+  The rows are nominal HBM traffic: a row re-read inside one kernel may hit L2 when the rows in
+  flight fit in it (V / tp below ~32K fp32), which would make the multi-pass kernels cheaper.
 - Optimizer passes per framework (profile ``optimizer`` section): ``grad_norm`` (clipping), ``adam``
   and ``zero_grad`` as memory-bound kernels, bytes per parameter from the profile's source.
 """
@@ -121,11 +157,23 @@ from dataclasses import replace
 from simulator.config import ModelConfig, ParallelConfig, TrainingConfig
 from simulator.physical.hardware import GPUSpec
 from simulator.workload.compute import (
-    ACT_BYTES, BlockCost, LayerCost, Op, _Gemm, _attn_plan, _local_tokens, _mlp_plan, _roofline,
+    ACT_BYTES, MEGATRON_CROSS_ENTROPY, BlockCost, LayerCost, Op, _Gemm, _attn_plan, _local_tokens, _mlp_plan,
+    mem_chain,
 )
 from simulator.workload.frameworks import Software
 from simulator.workload.moe import local_experts
 
+# (forward bytes, forward kernels, backward bytes, backward kernels, bytes kept for the backward)
+# per logit, by implementation (module docstring)
+CROSS_ENTROPY = {
+    "megatron": MEGATRON_CROSS_ENTROPY,
+    "megatron-fused": (22.0, 3, 18.0, 2, 4.0),
+    "te": (6.0, 2, 4.0, 1, 2.0),
+    "torch": (22.0, 2, 26.0, 3, 4.0),
+    "torch-compiled": (4.0, 1, 4.0, 1, 2.0),
+    "triton": (2.0, 1, 4.0, 1, 2.0),
+    "xla": (10.0, 3, 6.0, 1, 4.0),
+}
 NORM_EXTRA = (32.0, 6)  # bytes per element, kernels: composite rms_norm over the fused kernel
 ROPE_UNFUSED = (20.0, 3)  # per element of q and of k
 # Megatron-core's eager paths (module docstring): (forward bytes, forward kernels, backward bytes,
@@ -153,12 +201,6 @@ def fp8_cast_cost(recipe: str, compiled: bool) -> tuple[float, int]:
     if recipe == "blockwise":
         return 4.0 + 2.0 / 128, 1
     return 4.0 + 2.0 / 32, 1  # mxfp8
-
-
-def _mem_op(name: str, nbytes: float, kernels: int, gpu: GPUSpec) -> Op:
-    """A chain of ``kernels`` memory-bound kernels moving ``nbytes``: roofline plus one launch gap each."""
-    time = _roofline(0.0, nbytes, gpu, 1.0) + (kernels - 1) * gpu.launch_overhead_s
-    return Op(name, 0.0, nbytes, time, kernels)
 
 
 def _gemms(plan) -> list[_Gemm]:
@@ -201,7 +243,7 @@ def cp_merge_bytes(q: float, kv: float, cp: int, compiled: bool) -> tuple[float,
 
 def _with_cp_merge(block: BlockCost, name: str, nbytes: float, kernels: int, gpu: GPUSpec) -> BlockCost:
     """``block`` with its op ``name`` (the reference merge) replaced by a merge of ``nbytes``."""
-    ops = tuple(_mem_op(name, nbytes, kernels, gpu) if op.name == name else op for op in block.ops)
+    ops = tuple(mem_chain(name, nbytes, kernels, gpu) if op.name == name else op for op in block.ops)
     return BlockCost(ops)
 
 
@@ -237,9 +279,9 @@ def megatron_layer_extras(cost: LayerCost, model: ModelConfig, training: Trainin
         tokens, _ = _local_tokens(training, par)
         elems = _qk_elements(model, tokens, par.tp)
         fb, fk, bb, bk = MEGATRON_ROPE_UNFUSED
-        fwd = _mem_op("rope_unfused", fb * elems, 2 * fk, gpu)
+        fwd = mem_chain("rope_unfused", fb * elems, 2 * fk, gpu)
         out = replace(out, attn_fwd=_insert(out.attn_fwd, fwd, before="attn_core"),
-                      attn_bwd=_insert(out.attn_bwd, _mem_op("rope_unfused_bwd", bb * elems, 2 * bk, gpu),
+                      attn_bwd=_insert(out.attn_bwd, mem_chain("rope_unfused_bwd", bb * elems, 2 * bk, gpu),
                                        after="attn_core"))
         if cost.attn_recompute is cost.attn_fwd:  # full recompute re-runs it; selective re-runs modules RoPE is not in
             out = replace(out, attn_recompute=out.attn_fwd)
@@ -253,16 +295,18 @@ def megatron_layer_extras(cost: LayerCost, model: ModelConfig, training: Trainin
     if model.swiglu_limit is not None and model.mlp_matrices == 3 and rows > 0:
         elems = rows * 2 * ffe / etp
         fb, fk, bb, bk = GLU_CLAMP
-        clamp = _mem_op("expert_act_clamp", fb * elems, fk, gpu)
-        mlp_fwd = _insert(mlp_fwd, clamp, before="expert_act")
-        mlp_bwd = _insert(mlp_bwd, _mem_op("expert_act_clamp_bwd", bb * elems, bk, gpu), after="expert_act_bwd")
+        clamp = mem_chain("expert_act_clamp", fb * elems, fk, gpu)
+        at = "moe_glu_sync" if any(op.name == "moe_glu_sync" for op in mlp_fwd.ops) else "expert_act"
+        mlp_fwd = _insert(mlp_fwd, clamp, before=at)  # the clamps run before the offset copy syncs
+        mlp_bwd = _insert(mlp_bwd, mem_chain("expert_act_clamp_bwd", bb * elems, bk, gpu), after="expert_act_bwd")
         if not full and any(op.name == "expert_act" for op in mlp_re.ops):  # moe_act recompute
-            mlp_re = _insert(mlp_re, clamp, before="expert_act")
+            mlp_re = _insert(mlp_re, clamp, before="moe_glu_sync" if any(op.name == "moe_glu_sync" for op in mlp_re.ops)
+                             else "expert_act")
     if model.expert_bias and rows > 0:
         elems, nloc = rows * model.hidden_size, local_experts(model, par)
         fb, fk, bb, bk = EXPERT_BIAS
-        mlp_fwd = _insert(mlp_fwd, _mem_op("expert_down_bias", fb * elems, fk * nloc + 1, gpu), after="expert_down")
-        mlp_bwd = _insert(mlp_bwd, _mem_op("expert_down_bias_bwd", bb * elems, bk * nloc + 1, gpu),
+        mlp_fwd = _insert(mlp_fwd, mem_chain("expert_down_bias", fb * elems, fk * nloc + 1, gpu), after="expert_down")
+        mlp_bwd = _insert(mlp_bwd, mem_chain("expert_down_bias_bwd", bb * elems, bk * nloc + 1, gpu),
                           before="expert_down_dgrad")
     return replace(out, mlp_fwd=mlp_fwd, mlp_bwd=mlp_bwd, mlp_recompute=mlp_fwd if full else mlp_re)
 
@@ -291,14 +335,14 @@ def layer_with_software(cost: LayerCost, model: ModelConfig, training: TrainingC
         if name == "attn" and not sw.fused_rope:
             nbytes += ROPE_UNFUSED[0] * _qk_elements(model, tokens, par.tp)
             kernels += 2 * ROPE_UNFUSED[1]
-        fwd_extra = [_mem_op("unfused_elementwise", nbytes, kernels, gpu)] if kernels else []
-        bwd_extra = [_mem_op("unfused_elementwise_bwd", 2.0 * nbytes, 2 * kernels, gpu)] if kernels else []
+        fwd_extra = [mem_chain("unfused_elementwise", nbytes, kernels, gpu)] if kernels else []
+        bwd_extra = [mem_chain("unfused_elementwise_bwd", 2.0 * nbytes, 2 * kernels, gpu)] if kernels else []
         if training.precision == "fp8":
             fb, fk, bb, bk = fp8_extra(_gemms(plan), sw)
             if fk or fb:
-                fwd_extra.append(_mem_op("fp8_cast", fb, max(1, fk), gpu))
+                fwd_extra.append(mem_chain("fp8_cast", fb, max(1, fk), gpu))
             if bk or bb:
-                bwd_extra.append(_mem_op("fp8_cast_bwd", bb, max(1, bk), gpu))
+                bwd_extra.append(mem_chain("fp8_cast_bwd", bb, max(1, bk), gpu))
         blocks[name] = (_add(fwd, fwd_extra), _add(bwd, bwd_extra))
     attn_fwd, attn_bwd = blocks["attn"]
     if par.cp > 1 and sw.cp_merge == "torch" and any(op.name == "attn_cp_merge" for op in attn_fwd.ops):
@@ -349,8 +393,8 @@ def head_with_software(head: tuple[BlockCost, BlockCost], gpu: GPUSpec, sw: Soft
     if sw.fused_norm:
         return head
     elems = sum(op.bytes for op in fwd.ops if op.name == "final_norm") / (2 * ACT_BYTES)
-    return (_add(fwd, [_mem_op("unfused_elementwise", NORM_EXTRA[0] * elems, NORM_EXTRA[1], gpu)]),
-            _add(bwd, [_mem_op("unfused_elementwise_bwd", 2 * NORM_EXTRA[0] * elems, 2 * NORM_EXTRA[1], gpu)]))
+    return (_add(fwd, [mem_chain("unfused_elementwise", NORM_EXTRA[0] * elems, NORM_EXTRA[1], gpu)]),
+            _add(bwd, [mem_chain("unfused_elementwise_bwd", 2 * NORM_EXTRA[0] * elems, 2 * NORM_EXTRA[1], gpu)]))
 
 
 # bf16 Adam moments (training.optimizer_state_dtype): the fused Adam reads and writes m and v once
@@ -369,4 +413,4 @@ def optimizer_block(num_params_local: float, num_params_buffer: float, gpu: GPUS
         ("adam", adam, num_params_local),
         ("zero_grad", sw.zero_grad_bytes_per_param, num_params_buffer),
     ]
-    return BlockCost(tuple(_mem_op(name, per * n, 1, gpu) for name, per, n in ops if per > 0))
+    return BlockCost(tuple(mem_chain(name, per * n, 1, gpu) for name, per, n in ops if per > 0))

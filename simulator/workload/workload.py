@@ -29,15 +29,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from simulator.workload.compute import (BlockCost, LayerCost, embedding_cost, head_cost, joined, layer_cost,
-                                        optimizer_cost, param_counts)
+from simulator.workload.compute import (MEGATRON_CROSS_ENTROPY, BlockCost, LayerCost, embedding_cost, head_cost,
+                                        joined, layer_cost, optimizer_cost, param_counts)
 from simulator.workload import moe as moe_model
 from simulator.config import Scenario, TrainingConfig
 from simulator.physical.hardware import GPUSpec
 from simulator.step.plan import vstage_layers
 from simulator.step.schedules import placement
 from simulator.workload.frameworks import Software, resolve
-from simulator.workload.software import head_with_software, layer_with_software, optimizer_block
+from simulator.workload.software import CROSS_ENTROPY, head_with_software, layer_with_software, optimizer_block
 
 GRAD_BYTES = 4  # Megatron-LM keeps and reduces fp32 main gradients in bf16 training
 PARAM_BYTES = 2
@@ -96,7 +96,7 @@ def build_workload(s: Scenario, gpu: GPUSpec) -> Workload:
         moe = m.is_moe_layer(layer)
         kind = (moe, m.attention_window(layer))
         if kind not in costs:
-            cost = layer_cost(m, t, par, gpu, layer, s.moe, sw.cuda_graphs, sw.graph_scope)
+            cost = layer_cost(m, t, par, gpu, layer, s.moe, sw.cuda_graphs, sw.graph_scope, glu_sync(m, sw))
             costs[kind] = layer_with_software(cost, m, t, par, gpu, layer, sw)
         layer_costs[layer] = costs[kind]
         if moe:
@@ -153,26 +153,34 @@ def build_workload(s: Scenario, gpu: GPUSpec) -> Workload:
     return Workload(
         scenario=s, vstages=vstages, layer_costs=layer_costs,
         embedding=embedding_cost(m, t, par, gpu),
-        head=head_with_software(_head_with_mtp(s, t, gpu, sw.cuda_graphs, sw.graph_scope), gpu, sw),
+        head=head_with_software(_head_with_mtp(s, t, gpu, sw.cuda_graphs, sw.graph_scope,
+                                               CROSS_ENTROPY[sw.cross_entropy]), gpu, sw),
         optimizer=optimizer, buckets=buckets, layer_dense_params=dense_params,
         layer_expert_params=expert_params, tp_bytes=act, pp_bytes=act / par.tp, cp_bytes=kv,
         ep_bytes=ep_bytes, ep_payload_bytes=payload, software=sw)
 
 
+def glu_sync(model, sw) -> bool:
+    """Whether the MoE layers sync on Megatron-core's GLU offset copy (``moe.GLU_PRE_SYNC_OPS``):
+    a clamped GLU in Megatron-core's expert code, not folded into the TE op-fuser experts."""
+    return model.swiglu_limit is not None and model.mlp_matrices == 3 and sw.megatron_layers and not sw.te_op_fuser
+
+
 def _head_with_mtp(s: Scenario, t: TrainingConfig, gpu: GPUSpec, graphed: bool = False,
-                   graph_scope: tuple[str, ...] = ()) -> tuple[BlockCost, BlockCost]:
+                   graph_scope: tuple[str, ...] = (), loss=MEGATRON_CROSS_ENTROPY) -> tuple[BlockCost, BlockCost]:
     """LM head and loss, followed by the MTP modules (see the module docstring); ``t`` is the
-    training section with the framework's attention kernel resolved."""
+    training section with the framework's attention kernel resolved, ``loss`` the framework's
+    cross-entropy (``software.CROSS_ENTROPY``)."""
     from simulator.workload.compute import ACT_BYTES, Op, _gemm, _gemm_bwd, _mem
 
     m, par = s.model, s.parallelism
-    fwd, bwd = head_cost(m, t, par, gpu)
+    fwd, bwd = head_cost(m, t, par, gpu, loss)
     if not m.num_nextn_predict_layers:
         return fwd, bwd
     tokens = t.micro_batch_size * t.seq_length / par.cp
     h = m.hidden_size
     last = m.num_hidden_layers - 1
-    layer = layer_cost(m, t, par, gpu, last, s.moe, graphed, graph_scope)
+    layer = layer_cost(m, t, par, gpu, last, s.moe, graphed, graph_scope, glu_sync(m, resolve(s)))
     for _ in range(m.num_nextn_predict_layers):
         norms = 2 * 2 * ACT_BYTES * tokens * h
         proj_f = BlockCost((_mem("mtp_norms", norms, gpu), _gemm("mtp_proj", tokens, h / par.tp, 2 * h, gpu, t.precision)))
@@ -183,7 +191,7 @@ def _head_with_mtp(s: Scenario, t: TrainingConfig, gpu: GPUSpec, graphed: bool =
         layer_b = BlockCost(tuple(Op(f"mtp_{op.name}", op.flops, op.bytes, op.time_s)
                                   for blk in (layer.mlp_recompute, layer.attn_recompute, layer.mlp_bwd, layer.attn_bwd)
                                   for op in blk.ops))
-        head_f, head_b = head_cost(m, t, par, gpu)
+        head_f, head_b = head_cost(m, t, par, gpu, loss)
         fwd = joined(joined(joined(fwd, proj_f), layer_f), head_f)
         bwd = joined(joined(joined(head_b, layer_b), proj_b), bwd)
     return fwd, bwd
