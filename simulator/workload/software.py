@@ -270,6 +270,12 @@ def _insert(block: BlockCost, op: Op, before: str | None = None, after: str | No
     return BlockCost(block.ops[:at] + (op,) + block.ops[at:])
 
 
+def _activation_start(block: BlockCost) -> str:
+    """The op the experts' GLU clamp runs before: the offset copy's sync when the block has it
+    (the clamps come first in fused_bias_geglu.py), else the activation."""
+    return "moe_glu_sync" if any(op.name == "moe_glu_sync" for op in block.ops) else "expert_act"
+
+
 def megatron_layer_extras(cost: LayerCost, model: ModelConfig, training: TrainingConfig, par: ParallelConfig,
                           gpu: GPUSpec, layer: int, sw: Software) -> LayerCost:
     """``cost`` with Megatron-core's model-specific unfused paths (module docstring): eager RoPE
@@ -296,12 +302,10 @@ def megatron_layer_extras(cost: LayerCost, model: ModelConfig, training: Trainin
         elems = rows * 2 * ffe / etp
         fb, fk, bb, bk = GLU_CLAMP
         clamp = mem_chain("expert_act_clamp", fb * elems, fk, gpu)
-        at = "moe_glu_sync" if any(op.name == "moe_glu_sync" for op in mlp_fwd.ops) else "expert_act"
-        mlp_fwd = _insert(mlp_fwd, clamp, before=at)  # the clamps run before the offset copy syncs
+        mlp_fwd = _insert(mlp_fwd, clamp, before=_activation_start(mlp_fwd))
         mlp_bwd = _insert(mlp_bwd, mem_chain("expert_act_clamp_bwd", bb * elems, bk, gpu), after="expert_act_bwd")
         if not full and any(op.name == "expert_act" for op in mlp_re.ops):  # moe_act recompute
-            mlp_re = _insert(mlp_re, clamp, before="moe_glu_sync" if any(op.name == "moe_glu_sync" for op in mlp_re.ops)
-                             else "expert_act")
+            mlp_re = _insert(mlp_re, clamp, before=_activation_start(mlp_re))
     if model.expert_bias and rows > 0:
         elems, nloc = rows * model.hidden_size, local_experts(model, par)
         fb, fk, bb, bk = EXPERT_BIAS
