@@ -141,7 +141,7 @@ def test_validate_reads_the_op_fuser_and_a_stated_mtp_depth():
 def test_the_glu_offset_copy_is_a_second_host_sync_priced_by_the_issue_after_it():
     """Megatron-core's clamped GLU copies linear_offset host-to-device with a blocking copy (a stream
     sync): the GPU then idles for the round trip and for whatever of the issue of the layer's
-    remaining ops (activation, fc2, bias loop, reorder, unpermute, combine: moe.glu_after_ops) its
+    remaining ops (activation, bias loop: moe.glu_path_ops; fc2, reorder, unpermute, combine: moe.glu_tail_ops) its
     GPU time does not cover. On a host 100x slower than x86 every op after the copy is exposed."""
     from simulator.workload import moe
 

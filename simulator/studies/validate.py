@@ -189,6 +189,10 @@ def _ends(layers: int, n: int) -> int | None:
     return None
 
 
+# The characters of a Megatron-core layout string (anything else is a description of the run)
+LAYOUT_TEXT = re.compile(r"[EtmL|()*0-9]+")
+
+
 def megatron_layout(text: str, stages: int) -> tuple[int, int, int, int] | None:
     """(first, middle, last, total) decoder layers of a Megatron-core ``pipeline_model_parallel_layout`` string
     (``E`` embedding, ``t`` a decoder layer, ``m`` the MTP block, ``L`` the loss, ``|`` between
@@ -197,7 +201,7 @@ def megatron_layout(text: str, stages: int) -> tuple[int, int, int, int] | None:
     stepsim's first/last split can run (embedding on the first stage, MTP and loss on the last);
     None for any other string."""
     s = text.replace(" ", "")
-    if not re.fullmatch(r"[EtmL|()*0-9]+", s):
+    if not LAYOUT_TEXT.fullmatch(s):
         return None
     for _ in range(8):  # expand repetitions, innermost first
         new = re.sub(r"\(([^()]*)\)\*(\d+)", lambda g: g.group(1) * int(g.group(2)), s)
@@ -224,7 +228,7 @@ def _stated_layout(text, layers: int, stages: int, notes: list[str]) -> tuple[in
     layout string stepsim's first/last split can run, with a note either way; None otherwise (no
     layout, or a description such as "DualPipe" or AutoModel's layers_per_stage)."""
     layout = str(text or "").replace(" ", "")
-    if not re.fullmatch(r"[EtmL|()*0-9]+", layout):
+    if not LAYOUT_TEXT.fullmatch(layout):
         return None
     stated = megatron_layout(layout, stages)
     if stated is None or stated[3] != layers:

@@ -483,7 +483,7 @@ def layer_cost(
     which cannot hold a device-to-host sync, so an MoE layer has none (``moe.price_host_sync``);
     ``graph_scope``: the modules replayed from CUDA graphs otherwise, whose host ops before the sync
     cost one launch. ``glu_sync``: the experts' activation starts with a blocking host-to-device
-    copy (Megatron-core's clamped GLU, ``moe.GLU_SYNC_OPS``), a second sync in the layer.
+    copy (Megatron-core's clamped GLU, ``moe.GLU_PRE_SYNC_OPS``), a second sync in the layer.
     """
     if training.recompute not in RECOMPUTE_MODES:
         raise ConfigError("training.recompute", training.recompute, f"valid: {', '.join(RECOMPUTE_MODES)}")

@@ -440,16 +440,21 @@ def split_moe_block(block):
     return BlockCost(block.ops[:a]), BlockCost(block.ops[a:b]), BlockCost(block.ops[b:])
 
 
-def glu_after_ops(model: ModelConfig, par: ParallelConfig, moe: MoEConfig, precision: str) -> int:
-    """Host ops of an MoE layer forward after Megatron-core's GLU offset copy (constants above):
-    the activation, fc2, the expert-bias loop, the reorder back, the unpermutation and the combine."""
+def glu_tail_ops(model: ModelConfig, par: ParallelConfig, moe: MoEConfig, precision: str) -> int:
+    """Host ops ``moe_host_ops`` counts after the token-count sync that Megatron-core issues after
+    its GLU offset copy: fc2, the reorder back, the unpermutation and the combine."""
     nloc = local_experts(model, par)
-    ops = GLU_ACT_OPS + grouped_linear_host_ops(nloc, precision) + UNPERMUTE_OPS
-    if model.expert_bias:
-        ops += EXPERT_BIAS_OPS + EXPERT_BIAS_PER_EXPERT_OPS * nloc
+    ops = grouped_linear_host_ops(nloc, precision) + UNPERMUTE_OPS
     if moe.token_dispatcher == "flex":
         return ops + FLEX_COMBINE_OPS
     return ops + COLLECTIVE_OPS + (UNSORT_CHUNKS_OPS if nloc > 1 else 0) + (COLLECTIVE_OPS + 2 if par.expert_tp > 1 else 0)
+
+
+def glu_path_ops(model: ModelConfig, par: ParallelConfig) -> tuple[int, int]:
+    """Host ops Megatron-core's clamped GLU adds to an MoE forward beyond ``moe_host_ops``, before
+    and after its offset copy: the clamps and the copy; the activation and the expert-bias loop."""
+    bias = EXPERT_BIAS_OPS + EXPERT_BIAS_PER_EXPERT_OPS * local_experts(model, par) if model.expert_bias else 0
+    return GLU_PRE_SYNC_OPS, GLU_ACT_OPS + bias
 
 
 def with_glu_sync(mlp_fwd):
@@ -509,9 +514,11 @@ def price_host_sync(attn_fwd, mlp_fwd, model: ModelConfig, par: ParallelConfig, 
     # a second sync splits the run after the first: the GPU waits for the host's issue of the ops up
     # to the copy (any head start is lost at the sync), then of the rest, whose spare GPU time is
     # the head start for the next layer's ops before the token-count sync
-    late_ops = glu_after_ops(model, par, moe, precision) + sum(1 for op in after[glu[0]:] if not is_moe(op.name)) - 1
-    early_ops = ops_after - 1 + GLU_PRE_SYNC_OPS + GLU_ACT_OPS - late_ops + (
-        EXPERT_BIAS_OPS + EXPERT_BIAS_PER_EXPERT_OPS * local_experts(model, par) if model.expert_bias else 0)
+    tail = glu_tail_ops(model, par, moe, precision)
+    pre, post = glu_path_ops(model, par)
+    plain_late = sum(1 for op in after[glu[0] + 1:] if not is_moe(op.name))
+    late_ops = tail + post + plain_late
+    early_ops = ops_after - 1 - plain_late - tail + pre  # ops_after counted the placeholder as one
     early_gpu = sum(op.time_s for op in after[:glu[0]])
     t = HOST_SYNC_S + max(0.0, early_ops * host_op - early_gpu)
     t_glu = host_sync_time(gpu_before, sum(op.time_s for op in after[glu[0] + 1:]), ops_before, late_ops, host_op)

@@ -29,8 +29,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from simulator.workload.compute import (MEGATRON_CROSS_ENTROPY, BlockCost, LayerCost, embedding_cost, head_cost,
-                                        joined, layer_cost, optimizer_cost, param_counts)
+from simulator.workload.compute import (BlockCost, LayerCost, embedding_cost, head_cost, joined, layer_cost,
+                                        optimizer_cost, param_counts)
 from simulator.workload import moe as moe_model
 from simulator.config import Scenario, TrainingConfig
 from simulator.physical.hardware import GPUSpec
@@ -153,8 +153,7 @@ def build_workload(s: Scenario, gpu: GPUSpec) -> Workload:
     return Workload(
         scenario=s, vstages=vstages, layer_costs=layer_costs,
         embedding=embedding_cost(m, t, par, gpu),
-        head=head_with_software(_head_with_mtp(s, t, gpu, sw.cuda_graphs, sw.graph_scope,
-                                               CROSS_ENTROPY[sw.cross_entropy]), gpu, sw),
+        head=head_with_software(_head_with_mtp(s, t, gpu, sw), gpu, sw),
         optimizer=optimizer, buckets=buckets, layer_dense_params=dense_params,
         layer_expert_params=expert_params, tp_bytes=act, pp_bytes=act / par.tp, cp_bytes=kv,
         ep_bytes=ep_bytes, ep_payload_bytes=payload, software=sw)
@@ -166,21 +165,21 @@ def glu_sync(model, sw) -> bool:
     return model.swiglu_limit is not None and model.mlp_matrices == 3 and sw.megatron_layers and not sw.te_op_fuser
 
 
-def _head_with_mtp(s: Scenario, t: TrainingConfig, gpu: GPUSpec, graphed: bool = False,
-                   graph_scope: tuple[str, ...] = (), loss=MEGATRON_CROSS_ENTROPY) -> tuple[BlockCost, BlockCost]:
-    """LM head and loss, followed by the MTP modules (see the module docstring); ``t`` is the
-    training section with the framework's attention kernel resolved, ``loss`` the framework's
-    cross-entropy (``software.CROSS_ENTROPY``)."""
+def _head_with_mtp(s: Scenario, t: TrainingConfig, gpu: GPUSpec, sw: Software) -> tuple[BlockCost, BlockCost]:
+    """LM head and the framework's loss (``software.CROSS_ENTROPY``), followed by the MTP modules
+    (see the module docstring); ``t`` is the training section with the framework's attention
+    kernel resolved."""
     from simulator.workload.compute import ACT_BYTES, Op, _gemm, _gemm_bwd, _mem
 
     m, par = s.model, s.parallelism
+    loss = CROSS_ENTROPY[sw.cross_entropy]
     fwd, bwd = head_cost(m, t, par, gpu, loss)
     if not m.num_nextn_predict_layers:
         return fwd, bwd
     tokens = t.micro_batch_size * t.seq_length / par.cp
     h = m.hidden_size
     last = m.num_hidden_layers - 1
-    layer = layer_cost(m, t, par, gpu, last, s.moe, graphed, graph_scope, glu_sync(m, resolve(s)))
+    layer = layer_cost(m, t, par, gpu, last, s.moe, sw.cuda_graphs, sw.graph_scope, glu_sync(m, sw))
     for _ in range(m.num_nextn_predict_layers):
         norms = 2 * 2 * ACT_BYTES * tokens * h
         proj_f = BlockCost((_mem("mtp_norms", norms, gpu), _gemm("mtp_proj", tokens, h / par.tp, 2 * h, gpu, t.precision)))
