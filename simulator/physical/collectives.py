@@ -47,6 +47,8 @@ Algorithms (what is modelled, and what is not):
 
 from __future__ import annotations
 
+import weakref
+
 from dataclasses import dataclass
 from typing import Generator, Sequence
 
@@ -115,6 +117,19 @@ class Spec:
 Phase = list[Spec]
 
 
+_CLUSTER_CACHES: "weakref.WeakKeyDictionary[Cluster, dict]" = weakref.WeakKeyDictionary()
+
+
+def cluster_cache(cluster: Cluster) -> dict:
+    """A dict that lives as long as ``cluster`` (clusters are cached per scenario, so every
+    simulation of a plan or sweep on one cluster shares it) for what depends on the cluster's
+    routes and bandwidths alone. A cluster with scaled bandwidths is another object."""
+    cache = _CLUSTER_CACHES.get(cluster)
+    if cache is None:
+        cache = _CLUSTER_CACHES[cluster] = {}
+    return cache
+
+
 class Collectives:
     """Runs collectives over GPU ids of one cluster, on one network, as simpy generators.
 
@@ -131,10 +146,14 @@ class Collectives:
         self.algorithm = algorithm
         self._prepared: dict = {}
         self._by_id: dict = {}
-        self._geometry: dict = {}
-        self._specs: dict = {}
-        self._edge_arrays: dict = {}  # id(edges tuple) -> (the tuple, src, dst), for rings
-        self._channel_rings: dict = {}  # sorted ranks -> their rings (``channel_rings``)
+        # what depends on the cluster alone, shared by every simulation on it (``cluster_cache``):
+        # a plan's or a sweep's layouts route the same rings again otherwise
+        shared = cluster_cache(cluster)
+        self._geometry: dict = shared.setdefault("ring_geometry", {})
+        self._specs: dict = shared.setdefault("ring_specs", {})
+        # id(edges tuple) -> (the tuple, src, dst), for rings; the tuples live in ``_geometry``
+        self._edge_arrays: dict = shared.setdefault("ring_edges", {})
+        self._channel_rings: dict = shared.setdefault("channel_rings", {})  # sorted ranks -> rings
 
     def ring_spec(self, op: str, ring: Sequence[int], per_step: float, steps: int) -> Spec:
         """``steps`` ring steps of ``per_step`` bytes per rank, as one coupled transfer, in the NCCL
