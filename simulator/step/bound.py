@@ -506,3 +506,191 @@ def step_lower_bound(s: Scenario, w: Workload, collective_time: CollectiveTime |
         if num_sms:
             best = max(best, fsdp_contention_bound(s, w, busy, num_sms, blocking, heads))
     return best * (1 - ROUNDING_MARGIN)
+
+
+# --- a bound during the simulation ------------------------------------------------------------
+
+class ProgressBound:
+    """A lower bound on the step of a simulation in progress, from where each rank's program is.
+
+    At a moment ``now`` between two events of the engine, each rank is at an op of its program
+    (``program.build_program``): a compute block started at ``t0`` (it ends no earlier than
+    ``t0`` plus its block's time, and not before ``now``: ``engine.gpu_time`` only slows a block
+    and the host only delays it), or waiting on a transfer, a collective or its data-parallel
+    stream (it ends no earlier than ``now``). From there every rank's remaining program is walked:
+
+    - a compute block takes its own time, or longer while a collective the rank launched before
+      it (in the walk) may still run: that collective holds ``k`` of the GPU's ``S`` SMs for at
+      least its time alone (``engine.hold``), so a block of ``G`` seconds starting ``w`` seconds
+      before the collective's least end takes at least ``min(G S / (S - k), G + w k / S)``
+      (all of it beside the kernel, or the kernel's remainder at the reduced rate). In the
+      simulation the launch and the block start no earlier and the collective lasts no shorter,
+      which only lengthens the block (the expression grows with a later start faster than the
+      overlap shrinks), so this stays below the block's simulated end;
+    - a collective the rank launches ends no earlier than its launch plus the time of the rank's
+      own group's collective alone on the idle cluster (``least``: under max-min fair sharing no
+      flow beats its bottleneck link alone, and the folded engine's other groups only add load),
+      and a wait on it no earlier than that;
+    - a pipeline receive ends no earlier than its send was posted in the engine, or than the
+      walk's send plus that pair's transfer alone (``least_pp``: the route's latency and the bytes
+      at its slowest link's rate);
+    - the data-parallel stream runs its collectives one after another, each no earlier than it
+      was enqueued (those queued in the engine no earlier than ``now``), each at least its time
+      alone, and joining the stream waits for its last.
+
+    Every op of the walk ends no later than the same op of the simulation (by induction along
+    the programs, the sends and the stream), so the largest end of the walk is at most the step.
+    The engine asks for it at a few moments when a caller (the planner) only needs to know
+    whether the step exceeds a cutoff (``SimOptions.stop_above_s``), and stops there when it does.
+    """
+
+    COMPUTE, RECV, SEND, LAUNCH, WAIT, ENQUEUE, JOIN = range(7)
+
+    def __init__(self, programs: dict, ranks: list[int], stage_of, pp_peer, least, least_pp, sms_of,
+                 num_sms: int):
+        self.programs, self.ranks, self.stage_of, self.pp_peer = programs, ranks, stage_of, pp_peer
+        self.least, self.least_pp, self.num_sms = least, least_pp, num_sms
+        self.sms_of = sms_of  # (op, axis) -> SMs its kernel holds (0 without contention)
+        self.compact: dict = {}  # stage -> (entries, entry of each op, compute after each op in its run)
+        self.peer: dict = {}
+
+    def _compact(self, program: list) -> tuple[list, list, list]:
+        """The program as (code, ...) entries, consecutive compute blocks as one (the bound of a
+        run of blocks beside a collective is that of one block of their summed time: both
+        expressions add up), the ops that neither take time nor order ranks left out; per op,
+        the entry holding it (or the next one) and, for a block, the time of the blocks after it
+        in its run."""
+        from simulator.step import program as P
+
+        entries: list = []
+        entry_of = [0] * len(program)
+        after = [0.0] * len(program)
+        run: list[int] = []  # op indices of the current run of blocks
+
+        def close():
+            total = 0.0
+            for j in reversed(run):
+                after[j] = total
+                total += program[j].block.time_s
+            entries.append((self.COMPUTE, total))
+            run.clear()
+
+        for i, op in enumerate(program):
+            kind = type(op)
+            if kind is P.Compute:
+                run.append(i)
+                entry_of[i] = len(entries)
+                continue
+            if run:
+                close()
+            entry_of[i] = len(entries)
+            if kind is P.Recv:
+                entries.append((self.RECV, (op.vstage, op.microbatch, op.kind)))
+            elif kind is P.Send:
+                entries.append((self.SEND, op.dst_stage, (op.vstage, op.microbatch, op.kind)))
+            elif kind is P.Launch:
+                entries.append((self.LAUNCH, op.handle, op.group, op.op, op.nbytes, self.sms_of(op.op, op.axis)))
+            elif kind is P.Wait:
+                entries.append((self.WAIT, op.handles))
+            elif kind is P.Enqueue:
+                entries.append((self.ENQUEUE, op.handle, op.group, op.op, op.nbytes))
+            elif kind is P.JoinStream:
+                entries.append((self.JOIN,))
+        if run:
+            close()
+        return entries, entry_of, after
+
+    def __call__(self, now: float, at: dict, posted: dict, ended: dict, streams: dict) -> float:
+        """``at``: rank -> (index of the op it is at, time it began); ``posted``: mailbox key ->
+        time the engine posted that send; ``ended``: rank -> end of its finished program;
+        ``streams``: rank -> (whether its data-parallel stream is running a collective, the
+        (group, op, bytes) queued behind it)."""
+        from simulator.step import program as P
+
+        COMPUTE, RECV, SEND, LAUNCH, WAIT, ENQUEUE, JOIN = range(7)
+        least, least_pp, S = self.least, self.least_pp, self.num_sms
+        best = max(ended.values(), default=0.0)
+        arrive: dict = {}
+        for key, t in posted.items():  # sends the engine posted: (receiving rank, vstage, mb, kind)
+            arrive[key] = t  # the transfer may be under way: no less than its post
+        state = []  # [rank, entries, entry index, clock, end by handle, stream free, running: handle -> (end, SMs)]
+        for r in self.ranks:
+            if r in ended:
+                continue
+            stage = self.stage_of(r)
+            if stage not in self.compact:
+                self.compact[stage] = self._compact(self.programs[stage])
+            ops, entry_of, after = self.compact[stage]
+            program = self.programs[stage]
+            clock, k = now, 0
+            if r in at:
+                i, t0 = at[r]
+                op = program[i]
+                k = entry_of[i]
+                if type(op) is P.Compute:  # under way: ends no earlier than its time after it began
+                    clock = max(now, t0 + op.block.time_s) + after[i]
+                    k += 1
+                elif type(op) is not P.Recv:
+                    k += 1  # a wait in progress ends no earlier than now
+            busy, queued = streams.get(r, (False, ()))
+            free = now if busy or queued else 0.0
+            for group, op_name, size in queued:
+                free += least(r, group, op_name, size)
+            state.append([r, ops, k, clock, {}, free, {}])
+        while state:
+            blocked = []
+            moved = False
+            for st in state:
+                r, ops, i, clock, ends, free, running = st
+                n = len(ops)
+                while i < n:
+                    op = ops[i]
+                    code = op[0]
+                    if code == COMPUTE:
+                        g = op[1]
+                        took = g
+                        for end, k in running.values():
+                            w = end - clock
+                            if w > 0:
+                                took = max(took, min(g * S / max(S - k, 1), g + w * k / S))
+                        clock += took
+                    elif code == RECV:
+                        t = arrive.get((r,) + op[1])
+                        if t is None:
+                            break
+                        if t > clock:
+                            clock = t
+                    elif code == SEND:
+                        peers = self.peer.setdefault(r, {})
+                        if op[1] not in peers:
+                            peers[op[1]] = self.pp_peer(r, op[1])
+                        dst = peers[op[1]]
+                        arrive[(dst,) + op[2]] = clock + least_pp(r, dst)
+                    elif code == LAUNCH:
+                        end = clock + least(r, op[2], op[3], op[4])
+                        ends[op[1]] = end
+                        if op[5] and end > clock:
+                            running[op[1]] = (end, op[5])
+                    elif code == WAIT:
+                        for h in op[1]:
+                            t = ends.get(h)
+                            if t is not None and t > clock:
+                                clock = t
+                            running.pop(h, None)
+                    elif code == ENQUEUE:
+                        free = max(free, clock) + least(r, op[2], op[3], op[4])
+                        ends[op[1]] = free
+                    else:  # JOIN
+                        if free > clock:
+                            clock = free
+                    i += 1
+                moved = moved or i != st[2]
+                st[2], st[3], st[5] = i, clock, free
+                if i < n:
+                    blocked.append(st)
+                else:
+                    best = max(best, clock)
+            if blocked and not moved:
+                return best  # cannot happen for a program the engine completes; stay a bound
+            state = blocked
+        return best * (1 - ROUNDING_MARGIN)

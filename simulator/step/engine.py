@@ -25,10 +25,17 @@ from simulator.physical.network import Network
 from simulator.physical.topology import Cluster
 from simulator.step import program as P
 from simulator.step.inputs import StepInputs, scaled_gpu, scenario_cluster, step_inputs
-from simulator.step.trace import CommCalls, Row, SimOptions, SimResult, Trace
+from simulator.step.trace import CommCalls, Row, SimOptions, SimResult, StepAbove, Trace
 from simulator.step.variability import StepVariability
 
-__all__ = ["SimOptions", "SimResult", "Row", "Trace", "StepEngine", "simulate", "scenario_cluster", "scaled_gpu"]
+__all__ = ["SimOptions", "SimResult", "Row", "Trace", "StepAbove", "StepEngine", "simulate", "scenario_cluster",
+           "scaled_gpu"]
+
+# Moments, as fractions of ``SimOptions.stop_above_s``, at which a simulation that may stop asks
+# ``bound.ProgressBound`` whether its step already provably exceeds it (each ask walks every
+# rank's remaining program once: a few tens of ms on a 16K-GPU step).
+STOP_CHECKS = (0.0, 0.15, 0.3, 0.5, 0.65, 0.75, 0.82, 0.88, 0.93, 0.97, 1.0)
+SKIP_AHEAD = True  # skip the moments before the walk could reach the cutoff (``_run_checked``)
 
 
 class StepEngine:
@@ -53,6 +60,8 @@ class StepEngine:
         self.procs: dict[int, simpy.Process] = {}
         self.computing: set[int] = set()
         self.interrupting: set[int] = set()  # one interrupt at a time re-rates for every change
+        self.at: dict[int, tuple[int, float]] = {}  # rank -> (op index it waits in, when it began)
+        self.streams: dict[int, list] = {}  # rank -> [its data-parallel stream busy, its queue]
 
     # communication ---------------------------------------------------------------------------
 
@@ -184,10 +193,13 @@ class StepEngine:
     def dp_stream(self, rank: int, queue: simpy.Store) -> Generator:
         """Gradient and parameter collectives, one after another on their own stream."""
         free = None  # where this stream last became free, (rank, stream, time)
+        state = self.streams[rank] = [False, queue]
         while True:
+            state[0] = False
             item = yield queue.get()
             if item is None:
                 return
+            state[0] = True
             group, op, size, axis, done = item
             start = self.env.now
             lag = self.var.replica_lag(rank) if self.varies and group in ("dpcp", "edp") else 0.0
@@ -239,13 +251,16 @@ class StepEngine:
         events: dict[int, simpy.Event] = {}
         host = [0.0]  # when the rank's CPU has issued every kernel so far
         sender, begun = None, 0.0
+        at = self.at
         for index, op in enumerate(self.programs[stage]):
             if isinstance(op, P.Compute):
+                at[rank] = (index, self.env.now)
                 yield from self.compute(rank, host, op, index)
             elif isinstance(op, P.Launch):
                 ev = self.launch(rank, op.group, op.op, op.nbytes, op.axis)
                 events[op.handle] = self._stamp(ev) if op.stamp else ev
             elif isinstance(op, P.Wait):
+                at[rank] = (index, self.env.now)
                 yield from self.wait(rank, [events[h] for h in op.handles], op)
             elif isinstance(op, P.Enqueue):
                 done = self.env.event()
@@ -253,6 +268,7 @@ class StepEngine:
                 queue.put((op.group, op.op, op.nbytes, op.axis, done))
                 events[op.handle] = self._stamp(done)
             elif isinstance(op, P.Recv):
+                at[rank] = (index, self.env.now)
                 sender = yield from self.recv(rank, op)
             elif isinstance(op, P.StepBegin):
                 begun = self.env.now
@@ -267,6 +283,7 @@ class StepEngine:
             elif isinstance(op, P.CloseStream):
                 queue.put(None)
             elif isinstance(op, P.JoinStream):
+                at[rank] = (index, self.env.now)
                 yield dp_proc
         self.stage_end[rank] = self.env.now
 
@@ -275,7 +292,7 @@ class StepEngine:
         ranks = [int(plan.grid[st, 0, 0, 0]) for st in range(plan.pp)] if self.opt.fold else list(range(plan.world))
         for r in ranks:
             self.procs[r] = self.env.process(self.rank_process(r))
-        events = 0
+        events = self._run_checked(ranks) if self.opt.stop_above_s is not None and not self.varies else 0
         while True:
             try:
                 self.env.step()
@@ -294,6 +311,73 @@ class StepEngine:
             simulated_ranks=tuple(ranks), events=events, link_bytes=self.net.stats.bytes_carried,
             transfers=self.net.stats.transfers, flows=tuple(self.net.flows),
             comm_calls=self.comm_calls.rows())
+
+
+    def _run_checked(self, ranks: list[int]) -> int:
+        """Run until the last of ``STOP_CHECKS``, asking ``bound.ProgressBound`` at each whether
+        the step already exceeds ``stop_above_s`` (then raise ``StepAbove``); the events run."""
+        from simulator.physical.collectives import cluster_cache, time_collective
+        from simulator.step.bound import ProgressBound
+
+        cutoff = self.opt.stop_above_s
+        times: dict = {}
+        alone_on_cluster = cluster_cache(self.cluster).setdefault("alone", {})  # shared by a plan's layouts
+
+        def least(rank: int, group: str, op: str, size: float) -> float:
+            if not self.opt.communication:
+                return 0.0
+            key = (rank, group, op, size)
+            hit = times.get(key)
+            if hit is None:
+                members = self.plan.group_of(rank, group)
+                alone = (op, size, members, self.opt.algorithm)
+                if alone not in alone_on_cluster:
+                    alone_on_cluster[alone] = (time_collective(self.cluster, op, members, size, self.opt.algorithm)[0]
+                                               if size > 0 and len(members) > 1 else 0.0)
+                hit = times[key] = alone_on_cluster[alone]
+            return hit
+
+        def least_pp(src: int, dst: int) -> float:
+            """A pipeline transfer alone: its route's latency and bytes at its slowest link."""
+            if not self.opt.communication or src == dst or self.work.pp_bytes <= 0:
+                return 0.0
+            key = (src, dst)
+            if key not in times:
+                links = self.cluster.route_links([src], [dst])
+                times[key] = (self.cluster.route_latency(src, dst)
+                              + self.work.pp_bytes / float(self.cluster.link_bw[links].min()))
+            return times[key]
+
+        def sms_of(op: str, axis: str) -> int:
+            return kernel_sms(op, axis, self.s.moe.token_dispatcher) if self.opt.contention else 0
+
+        walk = ProgressBound(self.programs, ranks, self.plan.stage_of, self.plan.pp_peer, least, least_pp, sms_of,
+                             self.gpu.num_sms)
+        events = 0
+        ready = 0.0  # the next moment worth a walk
+        for check in (cutoff * f for f in STOP_CHECKS):
+            if SKIP_AHEAD and check < ready and check < cutoff:
+                continue
+            while self.env.peek() <= check:
+                self.env.step()
+                events += 1
+            if len(self.stage_end) == len(ranks):
+                return events
+            posted = {k: box[1] for k, box in self._mail.items() if box[1] is not None}
+            streams = {r: (busy, [item[:3] for item in queue.items if item is not None])
+                       for r, (busy, queue) in self.streams.items()}
+            bound = walk(check, self.at, posted, self.stage_end, streams)
+            if bound > cutoff:
+                raise StepAbove(bound, cutoff, check, events)
+            # The walk rarely gains more than the time simulated since the last one (each rank's
+            # clock starts at the moment asked), so skip the moments before it could reach the
+            # cutoff: that only saves walks, never changes when a run that finishes finishes.
+            ready = check + (cutoff - bound)
+        after = self.env.peek()
+        if after == float("inf"):
+            return events  # nothing left to run with ranks unfinished: run() reports the deadlock
+        # past the cutoff with a rank still running: the step ends at an event after it
+        raise StepAbove(after, cutoff, cutoff, events)
 
 
 def simulate(s: Scenario, options: SimOptions = SimOptions(), cluster: Cluster | None = None) -> SimResult:

@@ -364,6 +364,19 @@ class _Front:
         b = memory_bin(mem, self.capacity)
         self.fastest[b] = min(step, self.fastest.get(b, step))
 
+    def cutoff(self, mems: Sequence[float], top: int, pareto: bool) -> float | None:
+        """The step above which a layout of any of these peak memories is pruned now (``prunes``
+        holds for every bound above it), or None while none would be: what a simulation can stop
+        at (``SimOptions.stop_above_s``). The front only grows, so it prunes later too."""
+        if len(self.steps) < top:
+            return None
+        reach = self.steps[top - 1]
+        if pareto:
+            lows = [min((st for k, st in self.fastest.items() if k <= memory_bin(mem, self.capacity)),
+                        default=math.inf) for mem in mems]
+            reach = max(reach, *lows)
+        return None if math.isinf(reach) else reach / self.slack
+
     def prunes(self, bound: float, mem: float, top: int, pareto: bool) -> bool:
         reach = bound * self.slack  # exactly ``bound`` at tolerance 0
         if len(self.steps) < top or reach <= self.steps[top - 1]:
@@ -487,14 +500,26 @@ def plan(scenario: str | Path | Scenario | dict, *, sets: Sequence[str] = (), sp
         def submit(layout: Layout) -> None:
             order.append(layout)
             i = len(order) - 1
+            cutoff = None
             if i > 0 or given_is_candidate:
                 twin = _zero_twin(layout)
                 if twin in submitted:
                     twin_of[i] = submitted[twin]
                     return
                 submitted[layout] = i
-            if task_id(i) not in done and not (i == 0 and given_early):
-                runner.submit(i, Task(raw, base_dir, name, () if i == 0 else layout.overrides()))
+                if i > 0:
+                    # the simulation may stop once its step provably cannot enter the result, for
+                    # this layout nor its ZeRO twin (which shares it, with its own memory)
+                    mems = [peak_of[layout]]
+                    if twin in by_layout and by_layout[twin][1]:
+                        mems.append(by_layout[twin][0])
+                    cutoff = front.cutoff(mems, top, pareto)
+            tid = task_id(i)
+            if tid in done and done[tid].get("stopped_above_s") not in (None, cutoff):
+                del done[tid]  # logged by a plan that stopped it elsewhere: run it again
+            if tid not in done and not (i == 0 and given_early):
+                runner.submit(i, Task(raw, base_dir, name, () if i == 0 else layout.overrides(),
+                                      stop_above_s=cutoff))
 
         submit(given)
         # The candidates in ascending (exact bound, layout) order, exact bounds computed lazily: a
@@ -591,6 +616,9 @@ def _twin_row(twin: dict, s: Scenario, layout: Layout) -> dict:
     from simulator.workload.memory import memory_report
 
     row = {k: twin.get(k) for k in METRICS}
+    for k in ("stopped_above_s", "step_at_least_s"):
+        if k in twin:
+            row[k] = twin[k]
     if row.get("error") is None:
         mem = memory_report(candidate_scenario(s, layout))
         row["peak_memory_gib"], row["fits"] = mem["peak_gib"], mem["fits"]
@@ -651,9 +679,11 @@ def _result(s, enum, screened, fitting, pruned_bound, order, results, given_is_c
     g["rank"] = 1 + sum(e["step_time_s"] < g["step_time_s"] for e in ranked)
     # exact when no pruned layout's bound is below the given step (a cheap bound at or above it
     # settles a layout; below it, the exact bound decides)
+    stopped = [row for row in results if row.get("step_at_least_s") is not None]
     g["rank_exact"] = not any(c.cheap_s < g["step_time_s"] and
                               (c.bound_s if c.bound_s is not None else bounds.exact(c.layout)) < g["step_time_s"]
-                              for c in pruned_bound)
+                              for c in pruned_bound) and not any(row["step_at_least_s"] < g["step_time_s"]
+                                                                  for row in stopped)
     g["in_space"] = given_is_candidate
     g["gap"] = g["step_time_s"] / ranked[0]["step_time_s"] - 1
     front, low = [], math.inf
@@ -675,6 +705,8 @@ def _result(s, enum, screened, fitting, pruned_bound, order, results, given_is_c
             "pruned_memory": len(screened) - len(fitting),
             "pruned_bound": len(pruned_bound),
             "simulated": len(order) - (0 if given_is_candidate else 1),
+            # of the simulated, those stopped once their step provably could not enter the result
+            "stopped_early": len(stopped),
             "pruned_rules_by_reason": rules,
         },
         "best": best,
@@ -715,7 +747,9 @@ def format_plan(result: dict) -> str:
     """The text report: counts, top-N table, the given layout's rank, the Pareto front, the why."""
     c = result["candidates"]
     lines = [f"{result['scenario']}: {c['enumerated']:,} layouts enumerated, {c['pruned_rules']:,} pruned by rule, "
-             f"{c['pruned_memory']:,} by memory, {c['pruned_bound']:,} by bound, {c['simulated']:,} simulated"]
+             f"{c['pruned_memory']:,} by memory, {c['pruned_bound']:,} by bound, {c['simulated']:,} simulated"
+             + (f" ({c['stopped_early']:,} stopped once they could not enter the result)" if c.get("stopped_early")
+                else "")]
     for reason, n in list(c["pruned_rules_by_reason"].items())[:6]:
         lines.append(f"  {n:>8,}  {reason}")
     tol = result.get("tolerance", 0.0)

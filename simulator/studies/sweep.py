@@ -73,11 +73,14 @@ class Task:
     overrides: tuple[str, ...] = ()
     link_scale: tuple[tuple[str, float], ...] = ()
     compute_scale: float = 1.0
+    # the planner's cutoff: stop once the step provably exceeds it (``SimOptions.stop_above_s``);
+    # the row then has no step, ``stopped_above_s`` (this cutoff) and ``step_at_least_s``
+    stop_above_s: float | None = None
 
 
 def evaluate(task: Task) -> dict:
     """The metrics of one point (``METRICS``); a ConfigError becomes the row's ``error``."""
-    from simulator.step.engine import SimOptions, scenario_cluster, simulate
+    from simulator.step.engine import SimOptions, StepAbove, scenario_cluster, simulate
     from simulator.workload.memory import memory_report
     from simulator.reports.report import step_report
     from simulator.scenario import scenario_from_dict, validate_plan
@@ -92,9 +95,13 @@ def evaluate(task: Task) -> dict:
         cluster = scenario_cluster(s)
         if task.link_scale:
             cluster = cluster.with_bandwidth_scaled(dict(task.link_scale))
-        report = step_report(simulate(s, SimOptions(compute_scale=task.compute_scale), cluster=cluster))
+        options = SimOptions(compute_scale=task.compute_scale, stop_above_s=task.stop_above_s)
+        report = step_report(simulate(s, options, cluster=cluster))
     except ConfigError as err:
         row["error"] = str(err)
+        return row
+    except StepAbove as stop:
+        row.update(stopped_above_s=stop.cutoff_s, step_at_least_s=stop.bound_s)
         return row
     b = report["time_breakdown_s"]
     row.update(step_time_s=report["step_time_s"], tokens_per_s_per_gpu=report["tokens_per_s_per_gpu"],
