@@ -511,3 +511,28 @@ def test_schedule_walk_bound_stays_below_the_step_and_binds_on_a_slow_network(ze
     assert 0 < walk <= step
     if network_gbps == 25:
         assert walk > exact and walk > 0.5 * step
+
+
+def test_stopped_simulations_are_sound_and_rerun_when_a_resumed_plan_needs_more(tmp_path):
+    """A candidate whose simulation the planner stopped (its step provably above the cutoff that
+    keeps it out of the result) logs no step, the cutoff and the bound it stopped on, which is
+    above the cutoff and at most the step a full simulation gives; a plan resumed from that log
+    with a wider result (--top 3) reruns those layouts and answers as a fresh plan does."""
+    space = ["tp=2,4", "pp=1,2", "micro_batch_size=1", "recompute=none", "zero_stage=1"]
+    first = plan("scenarios/tiny.yaml", space=space, top=1, out=tmp_path, workers=1, progress=None)
+    assert first["candidates"]["stopped_early"] >= 1
+    rows = [json.loads(line) for line in (tmp_path / "plan.jsonl").read_text().splitlines()]
+    stopped = [r for r in rows if r.get("step_at_least_s") is not None]
+    assert len(stopped) == first["candidates"]["stopped_early"]
+    s = load_scenario("scenarios/tiny.yaml")
+    base = layout_of(s)
+    for row in stopped:
+        layout = replace(base, **{k: v for k, v in row["layout"].items() if hasattr(base, k)})
+        full = simulate(candidate_scenario(s, layout)).step_time_s
+        assert row["step_time_s"] is None and row["error"] is None
+        assert row["stopped_above_s"] < row["step_at_least_s"] <= full
+        assert full > first["best"]["step_time_s"]
+    again = plan("scenarios/tiny.yaml", space=space, top=3, out=tmp_path, workers=1, progress=None)
+    fresh = plan("scenarios/tiny.yaml", space=space, top=3, out=tmp_path / "fresh", workers=1, progress=None)
+    assert json.dumps(again, sort_keys=True) == json.dumps(fresh, sort_keys=True)
+    assert len(again["ranked"]) == again["candidates"]["simulated"] - again["candidates"]["stopped_early"]

@@ -649,10 +649,13 @@ class ProgressBound:
                     if code == COMPUTE:
                         g = op[1]
                         took = g
-                        for end, k in running.values():
-                            w = end - clock
-                            if w > 0:
-                                took = max(took, min(g * S / max(S - k, 1), g + w * k / S))
+                        if running:
+                            for h, (end, k) in list(running.items()):
+                                w = end - clock
+                                if w > 0:
+                                    took = max(took, min(g * S / max(S - k, 1), g + w * k / S))
+                                else:  # over by now in the walk: no block after it overlaps it
+                                    del running[h]
                         clock += took
                     elif code == RECV:
                         t = arrive.get((r,) + op[1])
