@@ -510,6 +510,10 @@ def step_lower_bound(s: Scenario, w: Workload, collective_time: CollectiveTime |
 
 # --- a bound during the simulation ------------------------------------------------------------
 
+# The kinds of ``ProgressBound``'s compact program entries.
+COMPUTE, RECV, SEND, LAUNCH, WAIT, ENQUEUE, JOIN = range(7)
+
+
 class ProgressBound:
     """A lower bound on the step of a simulation in progress, from where each rank's program is.
 
@@ -544,8 +548,6 @@ class ProgressBound:
     whether the step exceeds a cutoff (``SimOptions.stop_above_s``), and stops there when it does.
     """
 
-    COMPUTE, RECV, SEND, LAUNCH, WAIT, ENQUEUE, JOIN = range(7)
-
     def __init__(self, programs: dict, ranks: list[int], stage_of, pp_peer, least, least_pp, sms_of,
                  num_sms: int):
         self.programs, self.ranks, self.stage_of, self.pp_peer = programs, ranks, stage_of, pp_peer
@@ -572,7 +574,7 @@ class ProgressBound:
             for j in reversed(run):
                 after[j] = total
                 total += program[j].block.time_s
-            entries.append((self.COMPUTE, total))
+            entries.append((COMPUTE, total))
             run.clear()
 
         for i, op in enumerate(program):
@@ -585,17 +587,17 @@ class ProgressBound:
                 close()
             entry_of[i] = len(entries)
             if kind is P.Recv:
-                entries.append((self.RECV, (op.vstage, op.microbatch, op.kind)))
+                entries.append((RECV, (op.vstage, op.microbatch, op.kind)))
             elif kind is P.Send:
-                entries.append((self.SEND, op.dst_stage, (op.vstage, op.microbatch, op.kind)))
+                entries.append((SEND, op.dst_stage, (op.vstage, op.microbatch, op.kind)))
             elif kind is P.Launch:
-                entries.append((self.LAUNCH, op.handle, op.group, op.op, op.nbytes, self.sms_of(op.op, op.axis)))
+                entries.append((LAUNCH, op.handle, op.group, op.op, op.nbytes, self.sms_of(op.op, op.axis)))
             elif kind is P.Wait:
-                entries.append((self.WAIT, op.handles))
+                entries.append((WAIT, op.handles))
             elif kind is P.Enqueue:
-                entries.append((self.ENQUEUE, op.handle, op.group, op.op, op.nbytes))
+                entries.append((ENQUEUE, op.handle, op.group, op.op, op.nbytes))
             elif kind is P.JoinStream:
-                entries.append((self.JOIN,))
+                entries.append((JOIN,))
         if run:
             close()
         return entries, entry_of, after
@@ -607,12 +609,11 @@ class ProgressBound:
         (group, op, bytes) queued behind it)."""
         from simulator.step import program as P
 
-        COMPUTE, RECV, SEND, LAUNCH, WAIT, ENQUEUE, JOIN = range(7)
         least, least_pp, S = self.least, self.least_pp, self.num_sms
         best = max(ended.values(), default=0.0)
-        arrive: dict = {}
-        for key, t in posted.items():  # sends the engine posted: (receiving rank, vstage, mb, kind)
-            arrive[key] = t  # the transfer may be under way: no less than its post
+        # (receiving rank, vstage, micro-batch, kind) -> least arrival: the sends the engine posted
+        # arrive no earlier than posted (the transfer may be under way), the walk's add their time
+        arrive = dict(posted)
         state = []  # [rank, entries, entry index, clock, end by handle, stream free, running: handle -> (end, SMs)]
         for r in self.ranks:
             if r in ended:
@@ -694,6 +695,6 @@ class ProgressBound:
                 else:
                     best = max(best, clock)
             if blocked and not moved:
-                return best  # cannot happen for a program the engine completes; stay a bound
+                break  # cannot happen for a program the engine completes; stay a bound
             state = blocked
         return best * (1 - ROUNDING_MARGIN)

@@ -312,7 +312,6 @@ class StepEngine:
             transfers=self.net.stats.transfers, flows=tuple(self.net.flows),
             comm_calls=self.comm_calls.rows())
 
-
     def _run_checked(self, ranks: list[int]) -> int:
         """Run until the last of ``STOP_CHECKS``, asking ``bound.ProgressBound`` at each whether
         the step already exceeds ``stop_above_s`` (then raise ``StepAbove``); the events run."""
@@ -320,7 +319,8 @@ class StepEngine:
         from simulator.step.bound import ProgressBound
 
         cutoff = self.opt.stop_above_s
-        times: dict = {}
+        times: dict = {}  # (rank, group, op, bytes) -> seconds of that collective alone
+        pp_times: dict = {}  # (source, destination) -> seconds of a pipeline transfer alone
         alone_on_cluster = cluster_cache(self.cluster).setdefault("alone", {})  # shared by a plan's layouts
 
         def least(rank: int, group: str, op: str, size: float) -> float:
@@ -342,11 +342,11 @@ class StepEngine:
             if not self.opt.communication or src == dst or self.work.pp_bytes <= 0:
                 return 0.0
             key = (src, dst)
-            if key not in times:
+            if key not in pp_times:
                 links = self.cluster.route_links([src], [dst])
-                times[key] = (self.cluster.route_latency(src, dst)
-                              + self.work.pp_bytes / float(self.cluster.link_bw[links].min()))
-            return times[key]
+                pp_times[key] = (self.cluster.route_latency(src, dst)
+                                 + self.work.pp_bytes / float(self.cluster.link_bw[links].min()))
+            return pp_times[key]
 
         def sms_of(op: str, axis: str) -> int:
             return kernel_sms(op, axis, self.s.moe.token_dispatcher) if self.opt.contention else 0
