@@ -174,6 +174,8 @@ class _Builder:
         self.sp = par.sequence_parallel and par.tp > 1
         self.ops: list = []
         self.next_handle = 0
+        self.launch_at: dict[int, int] = {}  # handle -> index of its Launch op
+        self.multi: set[int] = set()  # handles a multi-handle wait reads (``_stamped``)
         # ZeRO-3 under a pipeline, torch pipelining style (``frameworks.fsdp_gathered_once``): a layer
         # is gathered at its first forward of the step and stays unsharded over the micro-batches;
         # its gradients are reduce-scattered after the chunk's last backward
@@ -204,6 +206,7 @@ class _Builder:
     def launch(self, group, op, nbytes, axis, stamp=False) -> int:
         h = self.next_handle
         self.next_handle += 1
+        self.launch_at[h] = len(self.ops)
         self.ops.append(Launch(h, group, op, nbytes, axis, stamp))
         return h
 
@@ -214,7 +217,10 @@ class _Builder:
         return h
 
     def wait(self, handles, axis, label="", microbatch=-1, chunk=-1, layer=-1):
-        self.ops.append(Wait(tuple(handles), axis, label, microbatch, chunk, layer))
+        handles = tuple(handles)
+        if len(handles) > 1:
+            self.multi.update(handles)
+        self.ops.append(Wait(handles, axis, label, microbatch, chunk, layer))
 
     def collective(self, group, op, nbytes, axis, **at):
         self.wait((self.launch(group, op, nbytes, axis),), axis, op, **at)
@@ -584,7 +590,7 @@ class _Builder:
         self.ops.append(JoinStream())
         if self.extras:
             self.compute("opt", w.optimizer[stage], "optimizer")
-        return self._stamped(tuple(self.ops))
+        return self._stamped()
 
     def layer_grads_ready(self, layer, final, grads_of, grads, pending):
         """A layer's weight gradients exist: FSDP reduce-scatters them now; with DDP a bucket is
@@ -661,9 +667,13 @@ class _Builder:
                 for kind, op, size in self.grad_ops(bucket, zero):
                     grads(kind, op, size, "dp")
 
-    @staticmethod
-    def _stamped(ops: tuple) -> tuple:
-        """Mark the launches that a multi-handle wait reads, so the engine records when they end."""
-        multi = {h for op in ops if isinstance(op, Wait) and len(op.handles) > 1 for h in op.handles}
-        return tuple(Launch(op.handle, op.group, op.op, op.nbytes, op.axis, True)
-                     if isinstance(op, Launch) and op.handle in multi else op for op in ops)
+    def _stamped(self) -> tuple:
+        """The ops, the launches that a multi-handle wait reads marked so the engine records when
+        they end (found through the handles ``wait`` saw and where ``launch`` put each)."""
+        ops = self.ops
+        for h in self.multi:
+            i = self.launch_at.get(h)
+            if i is not None and not ops[i].stamp:
+                op = ops[i]
+                ops[i] = Launch(op.handle, op.group, op.op, op.nbytes, op.axis, True)
+        return tuple(ops)
