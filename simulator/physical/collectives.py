@@ -124,10 +124,7 @@ def cluster_cache(cluster: Cluster) -> dict:
     """A dict that lives as long as ``cluster`` (clusters are cached per scenario, so every
     simulation of a plan or sweep on one cluster shares it) for what depends on the cluster's
     routes and bandwidths alone. A cluster with scaled bandwidths is another object."""
-    cache = _CLUSTER_CACHES.get(cluster)
-    if cache is None:
-        cache = _CLUSTER_CACHES[cluster] = {}
-    return cache
+    return _CLUSTER_CACHES.setdefault(cluster, {})
 
 
 class Collectives:

@@ -203,11 +203,11 @@ class _Builder:
                 graphed = GRAPHED_LABELS.get(label, "") in self.sw.graph_scope
             self.ops.append(Compute(kind, block, label, microbatch, chunk, layer, graphed))
 
-    def launch(self, group, op, nbytes, axis, stamp=False) -> int:
+    def launch(self, group, op, nbytes, axis) -> int:
         h = self.next_handle
         self.next_handle += 1
         self.launch_at[h] = len(self.ops)
-        self.ops.append(Launch(h, group, op, nbytes, axis, stamp))
+        self.ops.append(Launch(h, group, op, nbytes, axis))
         return h
 
     def enqueue(self, group, op, nbytes, axis) -> int:
@@ -672,8 +672,7 @@ class _Builder:
         they end (found through the handles ``wait`` saw and where ``launch`` put each)."""
         ops = self.ops
         for h in self.multi:
-            i = self.launch_at.get(h)
-            if i is not None and not ops[i].stamp:
-                op = ops[i]
-                ops[i] = Launch(op.handle, op.group, op.op, op.nbytes, op.axis, True)
+            i = self.launch_at.get(h)  # None for a handle of the data-parallel stream (``enqueue``)
+            if i is not None:
+                ops[i] = replace(ops[i], stamp=True)
         return tuple(ops)

@@ -364,6 +364,11 @@ class _Front:
         b = memory_bin(mem, self.capacity)
         self.fastest[b] = min(step, self.fastest.get(b, step))
 
+    def fastest_up_to(self, mem: float) -> float:
+        """The least step simulated at this peak memory's bin or a lower one (inf if none)."""
+        b = memory_bin(mem, self.capacity)
+        return min((st for k, st in self.fastest.items() if k <= b), default=math.inf)
+
     def cutoff(self, mems: Sequence[float], top: int, pareto: bool) -> float | None:
         """The step above which a layout of any of these peak memories is pruned now (``prunes``
         holds for every bound above it), or None while none would be: what a simulation can stop
@@ -372,17 +377,14 @@ class _Front:
             return None
         reach = self.steps[top - 1]
         if pareto:
-            lows = [min((st for k, st in self.fastest.items() if k <= memory_bin(mem, self.capacity)),
-                        default=math.inf) for mem in mems]
-            reach = max(reach, *lows)
+            reach = max(reach, *(self.fastest_up_to(mem) for mem in mems))
         return None if math.isinf(reach) else reach / self.slack
 
     def prunes(self, bound: float, mem: float, top: int, pareto: bool) -> bool:
         reach = bound * self.slack  # exactly ``bound`` at tolerance 0
         if len(self.steps) < top or reach <= self.steps[top - 1]:
             return False
-        b = memory_bin(mem, self.capacity)
-        return not pareto or any(st <= reach for k, st in self.fastest.items() if k <= b)
+        return not pareto or self.fastest_up_to(mem) <= reach
 
 
 def _no_fit(s, valid: list, by_layout: dict, max_memory_fraction: float) -> None:
