@@ -174,11 +174,20 @@ def _sweep(args) -> int:
     _check_workers(args)
     check_output_folder(args.out, "--out")
     rows = run_sweep(args.scenario, args.vary, args.out, sets=args.set or [], workers=args.workers,
-                     executor=args.executor, address=args.address)
+                     executor=args.executor, address=args.address, progress=None if args.quiet else sys.stderr)
     keys = [v.partition("=")[0].strip() for v in args.vary]
     print(format_table(rows, keys))
     print(f"{len(rows)} points: {args.out}/{CSV}, {args.out}/{JSONL} and plots")
+    if rows and all(r.get("error") for r in rows):
+        # the rows are saved above; a sweep of which no point could be simulated is bad input
+        first = rows[0]
+        raise ConfigError("--vary", _point_text(first["point"]),
+                          f"no point of the sweep is valid; the first says: {first['error']}")
     return 0
+
+
+def _point_text(point: dict) -> str:
+    return " ".join(f"{k}={v}" for k, v in point.items())
 
 
 def _whatif(args) -> int:
@@ -437,6 +446,8 @@ def build_parser() -> argparse.ArgumentParser:
                            help="a scenario key and its values, e.g. --vary parallelism.tp=4,8 (repeatable)")
             w.add_argument("--out", default="results", help="folder for results.jsonl, results.csv and plots; "
                                                             "a rerun skips finished points")
+            # a sweep reports each point on stderr even off a terminal (logs); --quiet silences it
+            add_progress_flags(w)
         else:
             w.add_argument("--factor", type=float, default=2.0, help="how much faster and slower (default 2)")
             w.add_argument("--out", default=None, help="folder for whatif.csv, whatif.json and tornado.png")

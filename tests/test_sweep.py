@@ -191,6 +191,26 @@ def test_sweep_cli_errors_are_one_line_with_exit_2(tmp_path):
         assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
 
 
+def test_a_sweep_with_no_valid_point_keeps_its_rows_and_exits_2(tmp_path):
+    """tiny.yaml pins dp = 2, so tp 1 and 3 both miss its 8 GPUs: every point is invalid. The rows
+    are written (each with its reason), the plots draw without a legend of nothing, and the
+    command ends with one error line and status 2 instead of reporting success."""
+    def sweep(out, *extra):
+        return subprocess.run([sys.executable, "-m", "simulator", "sweep", TINY, "--vary", "parallelism.tp=1,3",
+                               "--quiet", "--workers", "1", "--out", str(out), *extra],
+                              capture_output=True, text=True, timeout=120)
+
+    proc = sweep(tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count("\n") == 1 and "no point of the sweep is valid" in proc.stderr
+    assert "Warning" not in proc.stderr and "Traceback" not in proc.stderr
+    rows, _ = read_log(tmp_path / JSONL)
+    assert len(rows) == 2 and all("tp x pp x dp x cp" in r["error"] for r in rows.values())
+    assert (tmp_path / "breakdown.png").stat().st_size > 0
+    one_valid = sweep(tmp_path / "mixed", "--set", "parallelism.dp=null")
+    assert one_valid.returncode == 0, one_valid.stderr  # tp 1 runs with dp derived; tp 3 stays an invalid row
+
+
 def test_whatif_faster_never_slows_slower_never_speeds_and_compute_dominates(tmp_path):
     result = whatif(TINY, sets=TWO_NODES, workers=2)
     base = result["baseline_step_time_s"]

@@ -127,7 +127,8 @@ def plot_sweep_breakdown(rows: list[dict], keys: list[str], path: str) -> None:
     ax.set_xlabel("time per GPU, mean over pipeline stages (s)")
     ax.set_title("where the step time goes")
     ax.grid(axis="x", alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    if parts:  # no valid point, no bars: matplotlib warns on a legend of nothing
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     save_figure(fig, path)
     plt.close(fig)
 
