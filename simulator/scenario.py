@@ -322,7 +322,7 @@ def read_scenario_file(path: str | Path) -> dict:
     except OSError:
         found = False
     if not found:
-        raise ConfigError("scenario", str(path), "no such file")
+        raise ConfigError("scenario", str(path), "is a folder, not a scenario file" if p.is_dir() else "no such file")
     raw = load_yaml_file(p, "scenario")
     if not isinstance(raw, dict):
         raise ConfigError("scenario", str(path), "must be a YAML mapping of name, model, cluster, "

@@ -10,6 +10,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
+import yaml
 
 from simulator import cli
 from simulator.errors import ConfigError
@@ -290,3 +291,42 @@ def test_duplicate_keys_in_a_hugging_face_config_are_refused(tmp_path, capsys):
     status, _, err = run_cli(["memory", TINY, "--set", f"model.hf_config={hf}"], capsys=capsys)
     one_line_error(status, err, "model.hf_config")
     assert "duplicate key 'hidden_size'" in err
+
+
+GOOD_CASE = {"id": "c", "model": {"hf_id": "meta-llama/Llama-3.1-8B", "seq_len": 2048, "layers": 32},
+             "hardware": {"gpu": "H100", "count": 8}, "parallelism": {"tp": 1, "pp": 1, "gbs": 8},
+             "measured": {"step_time_s": 1.0}}
+
+
+@pytest.mark.parametrize("doc, field", [
+    ([1, 2], "runs"),                                                     # not a mapping
+    ({"cases": {"a": 1}}, "runs"),                                        # cases not a list
+    ({"cases": [1]}, "cases[0]"),                                         # a case that is not a mapping
+    ({"cases": [{"model": {}}]}, "cases[0]"),                             # no id
+    ({"cases": [GOOD_CASE, GOOD_CASE]}, "cases[1].id"),                   # an id twice
+    ({"cases": [{**GOOD_CASE, "model": None}]}, "cases[c].model"),
+    ({"cases": [{**GOOD_CASE, "model": {"hf_id": "nope/Nope", "seq_len": 2048, "layers": 2}}]},
+     "cases[c].model.hidden"),                                            # not a catalog id: the shape is needed
+    ({"cases": [{**GOOD_CASE, "hardware": {"gpu": "H100"}}]}, "cases[c].hardware.count"),
+    ({"cases": [{**GOOD_CASE, "parallelism": {"tp": 1, "pp": "2", "gbs": 8}}]}, "cases[c].parallelism.pp"),
+    ({"cases": [{**GOOD_CASE, "parallelism": {"tp": 1, "pp": 1, "gbs": 8, "mbs": "abc"}}]},
+     "cases[c].parallelism.mbs"),
+    ({"cases": [{**GOOD_CASE, "hardware": {"gpu": "H999", "count": 8}}]}, "runs"),  # every case fails to run
+])
+def test_a_malformed_runs_file_is_one_line_for_validate_and_plan(tmp_path, capsys, doc, field):
+    """validate and plan --validate read a runs file through the same check (``validate.load_cases``):
+    a case missing a field every case needs, or giving a count that is not one, is one line naming
+    the case and field before anything runs (these were KeyError / TypeError tracebacks); a case
+    that names an unknown GPU is that case's row, and a file of which no case runs exits 2."""
+    path = tmp_path / "runs.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    status, _, err = run_cli(["validate", str(path), "--workers", "1"], capsys=capsys)
+    one_line_error(status, err, field)
+    status, _, err = run_cli(["plan", str(path), "--validate"], capsys=capsys)
+    one_line_error(status, err, field)
+
+
+def test_a_runs_path_that_is_a_folder_says_so(tmp_path, capsys):
+    status, _, err = run_cli(["validate", str(tmp_path)], capsys=capsys)
+    one_line_error(status, err, "runs")
+    assert "is a folder" in err

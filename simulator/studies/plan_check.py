@@ -12,11 +12,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import yaml
 
 from simulator.errors import ConfigError
 from simulator.studies.planner import plan
-from simulator.studies.validate import case_to_scenario_dict
+from simulator.studies.validate import case_to_scenario_dict, load_cases
 
 TOP = 5
 
@@ -89,9 +88,7 @@ def check_runs(path: str | Path, workers: int | None = None, ids: list[str] | No
     GPUs) and a summary; ``narrow`` plans each over ``narrow_space`` (CI time) instead of the
     default space."""
     p = Path(path)
-    if not p.is_file():
-        raise ConfigError("runs", str(path), "no such file")
-    cases = (yaml.safe_load(p.read_text()) or {}).get("cases") or []
+    cases = load_cases(p)
     if ids is not None:
         cases = [c for c in cases if c["id"] in ids]
     if max_gpus is not None:

@@ -650,17 +650,66 @@ def predict(case: dict) -> dict:
     return row
 
 
+# What ``case_to_scenario_dict`` reads from every case (the rest has defaults or is optional).
+_CASE_SECTIONS = {"model": (), "hardware": ("gpu", "count"), "parallelism": ("tp", "pp", "gbs")}
+# Counts a case may leave out (null), but which the layout is computed from when it gives them.
+_CASE_OPTIONAL_COUNTS = {"hardware": ("gpus_per_node",),
+                         "parallelism": ("dp", "cp", "ep", "etp", "vp", "mbs", "dp_replicate", "zero_stage")}
+# A case's model: its sequence length and layer count (the pipeline split), and the rest of its
+# shape unless ``hf_id`` names a catalog model.
+_CASE_MODEL_KEYS = ("seq_len", "layers", "hidden", "heads", "ffn_hidden", "vocab")
+
+
+def load_cases(path: str | Path) -> list[dict]:
+    """The cases of a public-runs file, each checked for the fields every case needs (a unique
+    ``id``; ``hardware.gpu`` and ``count``; ``parallelism.tp``, ``pp`` and ``gbs``; ``model.seq_len``
+    and ``layers`` and, unless ``model.hf_id`` is a catalog model, the model's shape), or a one-line ConfigError
+    naming the first case and field that is wrong. Anything else a case gets wrong is that case's
+    row error (``predict``), the rest of the file still runs."""
+    from simulator.workload.catalog_models import catalog_ids
+
+    p = Path(path)
+    if not p.is_file():
+        what = "is a folder" if p.is_dir() else "no such file"
+        raise ConfigError("runs", str(path), f"{what}: give a public-runs YAML file (see shared/validation/public-runs.yaml)")
+    data = load_yaml_file(p, "runs")
+    cases = data.get("cases") if isinstance(data, dict) else None
+    if not isinstance(cases, list):
+        raise ConfigError("runs", str(path), "must be a mapping with a 'cases' list")
+    seen: set = set()
+    for i, case in enumerate(cases):
+        if not isinstance(case, dict) or not isinstance(case.get("id"), (str, int)) or isinstance(case.get("id"), bool):
+            raise ConfigError(f"cases[{i}]", case if not isinstance(case, dict) else case.get("id"),
+                              "each case must be a mapping with an id (a name) and model, hardware, parallelism")
+        cid = case["id"]
+        if cid in seen:
+            raise ConfigError(f"cases[{i}].id", cid, "already used by an earlier case; give each case its own id")
+        seen.add(cid)
+        for section, keys in _CASE_SECTIONS.items():
+            value = case.get(section)
+            if section == "model" and isinstance(value, dict):
+                keys = _CASE_MODEL_KEYS[:2] if value.get("hf_id") in catalog_ids() else _CASE_MODEL_KEYS
+            if not isinstance(value, dict):
+                raise ConfigError(f"cases[{cid}].{section}", value, f"must be a mapping with {', '.join(keys or _CASE_MODEL_KEYS)}")
+            for key in keys:
+                v = value.get(key)
+                ok = isinstance(v, str) and v.strip() if key == "gpu" else isinstance(v, int) and not isinstance(v, bool) and v >= 1
+                if not ok:
+                    raise ConfigError(f"cases[{cid}].{section}.{key}", v,
+                                      "must be a GPU name, e.g. H100" if key == "gpu" else "must be a whole number >= 1")
+            for key in _CASE_OPTIONAL_COUNTS.get(section, ()):
+                v = value.get(key)
+                least = 0 if key == "zero_stage" else 1
+                if v is not None and not (isinstance(v, int) and not isinstance(v, bool) and v >= least):
+                    raise ConfigError(f"cases[{cid}].{section}.{key}", v, f"must be a whole number >= {least} or null")
+    return cases
+
+
 def validate_file(path: str, workers: int = 2, progress=None) -> dict:
     """Predict every case of a public-runs file; ``progress.advance(case_id, total)`` after each."""
     if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
         raise ConfigError("--workers", workers, "must be a whole number >= 1")
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError("runs", path, "must be a public-runs YAML file (see shared/validation/public-runs.yaml)")
-    data = load_yaml_file(p, "runs")
-    cases = data.get("cases") if isinstance(data, dict) else None
-    if not isinstance(cases, list):
-        raise ConfigError("runs", path, "must be a mapping with a 'cases' list")
+    cases = load_cases(path)
     rows = []
     if workers > 1:
         with process_pool(workers) as pool:
