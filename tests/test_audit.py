@@ -146,6 +146,26 @@ def test_audit_bad_claim_value(tmp_path, capsys, no_simulation):
     assert "claims.mfu" in _one_line_exit_2(["audit", str(plan)], capsys)
 
 
+@pytest.mark.parametrize("claims, field, says", [
+    ({"step_time_s": -1}, "claims.step_time_s", "above 0"),
+    ({"tokens_per_s": 0}, "claims.tokens_per_s", "above 0"),
+    ({"mfu": 1.5}, "claims.mfu", "at most 1"),
+    ({"mfu": {"at_least": 0}}, "claims.mfu.at_least", "above 0"),
+    ({"exposed_comm_fraction": {"at_most": -0.1}}, "claims.exposed_comm_fraction.at_most", "from 0 to 1"),
+    ({"compute_busy_fraction": 1.2}, "claims.compute_busy_fraction", "from 0 to 1"),
+    ({"gpus_used": 127.5}, "claims.gpus_used", "whole number"),
+])
+def test_audit_a_claim_the_quantity_cannot_take_is_bad_input(tmp_path, capsys, no_simulation, claims, field, says):
+    """A stated value no layout could have (a negative step, an MFU above 1, half a GPU) is a typo
+    in the plan, not a claim that fails: one line, exit 2, before simulating (they were audited)."""
+    raw = yaml.safe_load(Path(PLAN).read_text())
+    raw["claims"] = claims
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(yaml.safe_dump(raw))
+    line = _one_line_exit_2(["audit", str(plan)], capsys)
+    assert line.startswith(f"stepsim: error: {field}: got") and says in line
+
+
 def test_audit_unwritable_output(tmp_path, capsys, no_simulation):
     line = _one_line_exit_2(["audit", PLAN, "--out", str(tmp_path / "nope" / "a.html")], capsys)
     assert line.startswith("stepsim: error: --out:") and "does not exist" in line

@@ -51,6 +51,15 @@ class ClaimSpec:
     tolerance_why: str
     measure: Callable[[Measured], float]
     explain: Callable[[Measured], str]
+    # the values the quantity can take at all (a stated value outside them is bad input, not a claim
+    # that fails): "positive", "fraction" (0 to 1), "share" (above 0, at most 1) or "count" (whole, >= 1)
+    domain: str = "positive"
+
+
+_DOMAINS = {"positive": (lambda x: x > 0, "must be above 0"),
+            "fraction": (lambda x: 0 <= x <= 1, "must be a fraction from 0 to 1"),
+            "share": (lambda x: 0 < x <= 1, "must be above 0 and at most 1 (a fraction of the peak)"),
+            "count": (lambda x: x >= 1 and x == int(x), "must be a whole number >= 1")}
 
 
 def _exposed(m: Measured) -> float:
@@ -104,17 +113,17 @@ CLAIMS: dict[str, ClaimSpec] = {
     "memory_gib_per_gpu": ClaimSpec("GiB", MEMORY_TOLERANCE, True,
                                     "activations and the framework margin are estimates of that order",
                                     lambda m: m.memory["peak_gib"], _explain_memory),
-    "mfu": ClaimSpec("", STEP_TOLERANCE, True, _STEP_WHY, lambda m: m.report["mfu"], _explain_mfu),
+    "mfu": ClaimSpec("", STEP_TOLERANCE, True, _STEP_WHY, lambda m: m.report["mfu"], _explain_mfu, "share"),
     "tokens_per_s": ClaimSpec("tokens/s", STEP_TOLERANCE, True, _STEP_WHY, lambda m: m.report["tokens_per_s"],
                               _explain_tokens),
     "step_time_s": ClaimSpec("s", STEP_TOLERANCE, True, _STEP_WHY, lambda m: m.report["step_time_s"], _explain_step),
     "exposed_comm_fraction": ClaimSpec("", FRACTION_TOLERANCE, False, _FRACTION_WHY,
-                                       lambda m: _exposed(m) / m.report["step_time_s"], _explain_comm),
+                                       lambda m: _exposed(m) / m.report["step_time_s"], _explain_comm, "fraction"),
     "gpus_used": ClaimSpec("GPUs", 0.0, False, "a layout uses exactly tp x pp x dp x cp GPUs",
-                           lambda m: float(m.report["num_gpus"]), _explain_gpus),
+                           lambda m: float(m.report["num_gpus"]), _explain_gpus, "count"),
     "compute_busy_fraction": ClaimSpec("", FRACTION_TOLERANCE, False, _FRACTION_WHY,
                                        lambda m: m.report["time_breakdown_s"]["compute_s"] / m.report["step_time_s"],
-                                       _explain_busy),
+                                       _explain_busy, "fraction"),
 }
 
 
@@ -140,9 +149,14 @@ def parse_claims(raw: dict) -> list[tuple[str, str, float]]:
             if len(value) != 1 or next(iter(value)) not in RELATIONS:
                 raise ConfigError(f"claims.{name}", value, "expected a number, {at_most: x} or {at_least: x}")
             relation, stated = next(iter(value.items()))
-            out.append((name, relation, _number(f"claims.{name}.{relation}", stated)))
+            field = f"claims.{name}.{relation}"
         else:
-            out.append((name, "equals", _number(f"claims.{name}", value)))
+            relation, stated, field = "equals", value, f"claims.{name}"
+        number = _number(field, stated)
+        within, why = _DOMAINS[CLAIMS[name].domain]
+        if not within(number):
+            raise ConfigError(field, stated, why)
+        out.append((name, relation, number))
     return out
 
 
