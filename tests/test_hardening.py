@@ -330,3 +330,20 @@ def test_a_runs_path_that_is_a_folder_says_so(tmp_path, capsys):
     status, _, err = run_cli(["validate", str(tmp_path)], capsys=capsys)
     one_line_error(status, err, "runs")
     assert "is a folder" in err
+
+
+def test_bench_judges_a_plan_by_wall_time_against_the_median_of_three_runs():
+    """issue 17's limits are on wall time against one ``stepsim run``: ``stepsim bench --plan`` runs
+    the reference three times and divides by the median (one run's wall varies by a fifth here),
+    and plans as ``stepsim plan`` does, with the planner's default workers."""
+    from simulator.studies.bench import _PLAN, DEFAULT_WORKERS, PLAN_CASES, REFERENCE_RUNS, plan_cases, plan_ratio
+
+    assert plan_ratio(30.0, [3.0, 4.0, 3.5], 10) == "  8.6x the median run (3.50 s of 3.00-4.00); limit 10x: met"
+    assert plan_ratio(91.0, [3.5, 3.4, 4.5], 25).endswith("26.0x the median run (3.50 s of 3.40-4.50); limit 25x: over")
+    rows = plan_cases()
+    for label, path, _ in PLAN_CASES:
+        mine = [r for r in rows if r[0].split()[1] == label]
+        assert sum("(reference" in r[0] for r in mine) == REFERENCE_RUNS
+        plans = [r for r in mine if r[1] is _PLAN]
+        assert plans and all(r[2][0] == path and r[2][-1] == DEFAULT_WORKERS for r in plans)
+        assert any(r[2][1:4] == ["1", "simulated", "0"] for r in plans)  # the exact best, front of the simulated
