@@ -190,3 +190,24 @@ def test_small_templates_kept_as_lists_run_bit_for_bit_like_the_array_path(seed,
     lists, some_small = run(8)
     assert none_small == 0 and some_small > 0
     assert lists == arrays
+
+
+def test_networks_on_one_cluster_share_its_link_classes_but_not_their_refinements():
+    """Network keeps np.unique of a capacity array per array (``_capacity_classes``: a planner's
+    bounds build hundreds of networks on one cluster); each network must still get its own class
+    arrays, since a transfer splits classes in place. The same collective twice on one cluster,
+    and once on a copy of its capacities (a fresh unique), takes the same time and carries the
+    same bytes per link."""
+    from simulator.physical.collectives import time_collective
+    from simulator.physical.topology import build_cluster, load_topology
+
+    cluster = build_cluster(load_topology("dgx-h100"), 4)
+    first, net1 = time_collective(cluster, "all_reduce", range(32), 2**30)
+    again, net2 = time_collective(cluster, "all_reduce", range(32), 2**30)
+    fresh = build_cluster(load_topology("dgx-h100"), 4)
+    fresh_t, net3 = time_collective(fresh, "all_reduce", range(32), 2**30)
+    assert net1._cls is not net2._cls and net1._cap is not net2._cap
+    assert first == again == fresh_t
+    assert np.array_equal(net1.stats.bytes_carried, net2.stats.bytes_carried)
+    assert np.array_equal(net2.stats.bytes_carried, net3.stats.bytes_carried)
+    assert len(net1._cap) > len(np.unique(cluster.link_bw))  # the collective did split classes

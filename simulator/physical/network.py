@@ -151,6 +151,25 @@ class LinkStats:
         return self._net._bytes[self._net._cls]
 
 
+_CLASSES: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+
+
+def _capacity_classes(capacity: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(the distinct capacities, the class of each link): ``np.unique`` of a cluster's capacities,
+    kept per capacity array (a cluster passes the same array to every network built on it, and a
+    planner's bounds build hundreds; on 16K GPUs the unique took 10 ms each). The entry holds the
+    array, so its id is not reused; an array changed in place after use would be misread, and no
+    caller does that (``Cluster.with_bandwidth_scaled`` makes a new one). Each network gets its
+    own copies, which it refines as transfers arrive."""
+    hit = _CLASSES.get(id(capacity))
+    if hit is None or hit[0] is not capacity:
+        cap, cls = np.unique(capacity, return_inverse=True)
+        if len(_CLASSES) > 64:  # a long-lived process (a sweep worker) keeps only recent clusters
+            _CLASSES.clear()
+        hit = _CLASSES[id(capacity)] = (capacity, cap, cls.reshape(-1).astype(np.int64))
+    return hit[1].copy(), hit[2].copy()  # copies: a network splits its classes in place (``_split``)
+
+
 class Network:
     """Links with capacities (bytes/s) shared max-min fairly by the transfers in flight."""
 
@@ -162,9 +181,10 @@ class Network:
         self.stats = LinkStats(self)
         # link classes (module docstring): at first one per capacity value
         # (``classes=False``: every link its own class, the reference the tests compare against)
-        self._cap, cls = (np.unique(self.capacity, return_inverse=True) if classes
-                          else (self.capacity.copy(), np.arange(len(self.capacity))))
-        self._cls = cls.reshape(-1).astype(np.int64)  # class of each link
+        if classes:
+            self._cap, self._cls = _capacity_classes(self.capacity)
+        else:
+            self._cap, self._cls = self.capacity.copy(), np.arange(len(self.capacity), dtype=np.int64)
         self._size = np.bincount(self._cls, minlength=len(self._cap))  # links per class
         self._bytes = np.zeros(len(self._cap))  # bytes each link of the class carried
         self._holders: list[list[Template]] = [[] for _ in self._cap]  # templates crossing each class
