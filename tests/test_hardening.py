@@ -347,3 +347,22 @@ def test_bench_judges_a_plan_by_wall_time_against_the_median_of_three_runs():
         plans = [r for r in mine if r[1] is _PLAN]
         assert plans and all(r[2][0] == path and r[2][-1] == DEFAULT_WORKERS for r in plans)
         assert any(r[2][1:4] == ["1", "simulated", "0"] for r in plans)  # the exact best, front of the simulated
+
+
+def test_every_bench_case_names_a_scenario_that_loads():
+    """``stepsim bench`` is not run by the tests (timings), so its case lists are checked here
+    without simulating: every case of the default, --quick, --scale and --plan lists names a known
+    child program and, for a step, a scenario file whose overrides load and pass the rules."""
+    from simulator.studies.bench import _ALL_REDUCE, _PLAN, _STEP, cases, plan_cases, scale_cases
+
+    lists = {"default": cases(), "quick": cases(True), "scale": scale_cases(), "plan": plan_cases()}
+    assert all(lists.values()) and len(lists["quick"]) < len(lists["default"])
+    for name, chosen in lists.items():
+        labels = [label for label, _, _ in chosen]
+        assert len(labels) == len(set(labels)), name
+        for label, program, argv in chosen:
+            assert program in (_STEP, _PLAN, _ALL_REDUCE), label
+            if program is _STEP:
+                validate_plan(load_scenario(str(ROOT / argv[0]), argv[1:]))
+            elif program is _PLAN:
+                assert (ROOT / argv[0]).is_file(), label

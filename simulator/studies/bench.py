@@ -98,6 +98,30 @@ def plan_cases() -> list[tuple[str, str, list[str]]]:
     return out
 
 
+def cases(quick: bool = False) -> list[tuple[str, str, list[str]]]:
+    """(label, child program, argv) of every benchmark case."""
+    gpt3 = ("a: gpt3-175b 1024xA100 TP8 PP8 DP16", _STEP, ["scenarios/gpt3-175b-1024xa100.yaml"])
+    llama = ("b: llama3-405b 16384xH100 TP8 PP16 DP128", _STEP, ["scenarios/llama3-405b-16384xh100.yaml"])
+    ar = ("d: all_reduce 8GiB x 1024 H100", _ALL_REDUCE, [])
+    # an MoE step: per-layer all-to-alls, host syncs and split MoE blocks over 16 stages
+    dsv3 = ("f: deepseek-v3 2048xH800 PP16 EP64", _STEP, ["scenarios/deepseek-v3-2048xh800.yaml"])
+    series = []
+    for gpus in (128, 256, 512, 1024, 2048, 4096, 8192, 16384):
+        dp = gpus // 128
+        series.append((f"c: llama3-405b {gpus} GPUs (DP{dp})", _STEP,
+                       ["scenarios/llama3-405b-16384xh100.yaml", f"cluster.num_nodes={gpus // 8}",
+                        f"parallelism.dp={dp}", f"training.global_batch_size={16 * dp}"]))
+    nvl72 = []
+    for racks in SCALE_RACKS:
+        dp = racks * 72 // 128
+        nvl72.append((f"e: llama3-405b {racks}xGB200-NVL72 ({racks * 72} GPUs)", _STEP,
+                      ["scenarios/llama3-405b-gb200-nvl72.yaml", f"cluster.num_nodes={racks}",
+                       f"parallelism.dp={dp}", f"training.global_batch_size={16 * dp}"]))
+    if quick:
+        return [gpt3, ar] + series[:3]
+    return [gpt3, llama] + series + [ar] + [c for c in nvl72 if "1792x" not in c[0]] + [dsv3]
+
+
 def plan_ratio(plan_wall_s: float, reference_walls_s: list[float], limit: float) -> str:
     """The plan's wall over the median reference run's, against the limit, as one line's tail."""
     walls = sorted(reference_walls_s)
