@@ -651,7 +651,7 @@ def predict(case: dict) -> dict:
 
 
 # What ``case_to_scenario_dict`` reads from every case (the rest has defaults or is optional).
-_CASE_SECTIONS = {"model": (), "hardware": ("gpu", "count"), "parallelism": ("tp", "pp", "gbs")}
+_CASE_SECTIONS = {"model": (), "hardware": ("gpu", "count"), "parallelism": ("tp", "pp", "gbs")}  # model: below
 # Counts a case may leave out (null), but which the layout is computed from when it gives them.
 _CASE_OPTIONAL_COUNTS = {"hardware": ("gpus_per_node",),
                          "parallelism": ("dp", "cp", "ep", "etp", "vp", "mbs", "dp_replicate", "zero_stage")}
@@ -687,10 +687,11 @@ def load_cases(path: str | Path) -> list[dict]:
         seen.add(cid)
         for section, keys in _CASE_SECTIONS.items():
             value = case.get(section)
-            if section == "model" and isinstance(value, dict):
-                keys = _CASE_MODEL_KEYS[:2] if value.get("hf_id") in catalog_ids() else _CASE_MODEL_KEYS
+            if section == "model":  # a catalog model brings its own shape
+                in_catalog = isinstance(value, dict) and value.get("hf_id") in catalog_ids()
+                keys = _CASE_MODEL_KEYS[:2] if in_catalog else _CASE_MODEL_KEYS
             if not isinstance(value, dict):
-                raise ConfigError(f"cases[{cid}].{section}", value, f"must be a mapping with {', '.join(keys or _CASE_MODEL_KEYS)}")
+                raise ConfigError(f"cases[{cid}].{section}", value, f"must be a mapping with {', '.join(keys)}")
             for key in keys:
                 v = value.get(key)
                 ok = isinstance(v, str) and v.strip() if key == "gpu" else isinstance(v, int) and not isinstance(v, bool) and v >= 1
