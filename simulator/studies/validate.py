@@ -768,7 +768,17 @@ def format_table(result: dict) -> str:
     s = result["summary"]
     lines.append("")
     if not s["scored"]:
-        lines.append(f"no case has a measured step time, tokens/s, TFLOP/s or MFU: {s['cases']} predictions, no error")
+        rows = result["rows"]
+        failed = sum(isinstance(r.get("error"), str) for r in rows)
+        excluded = sum(bool(r.get("excluded")) and not isinstance(r.get("error"), str) for r in rows)
+        why = [f"{n} {what}" for n, what in ((failed, "could not be simulated"), (excluded, "excluded from the score"))
+               if n]
+        unmeasured = len(rows) - failed - excluded
+        if unmeasured:
+            why.append(f"{unmeasured} {'has' if unmeasured == 1 else 'have'} no measured step time, tokens/s, "
+                       "TFLOP/s or MFU" if failed or excluded else
+                       f"no case has a measured step time, tokens/s, TFLOP/s or MFU ({unmeasured} predicted)")
+        lines.append(f"nothing to score: {'; '.join(why)}")
         return "\n".join(lines)
     lines.append(f"MAPE {s['mape']:.1%} over {s['scored']} cases; within 20%: {s['within_20pct']:.0%}; "
                  f"worst {s['worst']:.1%}; signed mean {s['signed_mean']:+.1%}")
