@@ -83,7 +83,7 @@ MAX_JITTER_CV = 1.0  # measured kernel-time noise is a few percent; cv 1 is alre
 
 # --- field checkers: (dotted field, value) -> value, or ConfigError ---------------------------
 
-def _whole(field: str, value: object, minimum: int, limit: limits.Limit | None = None) -> int:
+def whole(field: str, value: object, minimum: int, limit: limits.Limit | None = None) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
         raise ConfigError(field, value, f"must be a whole number >= {minimum}")
     if limit is not None and value > limit.maximum:
@@ -91,8 +91,8 @@ def _whole(field: str, value: object, minimum: int, limit: limits.Limit | None =
     return value
 
 
-def _optional_whole(field: str, value: object, minimum: int, limit: limits.Limit | None = None) -> int | None:
-    return None if value is None else _whole(field, value, minimum, limit)
+def optional_whole(field: str, value: object, minimum: int, limit: limits.Limit | None = None) -> int | None:
+    return None if value is None else whole(field, value, minimum, limit)
 
 
 def _optional_number(field: str, value: object, minimum: float, inclusive: bool,
@@ -195,7 +195,7 @@ Checker = Callable[[str, object], object]
 
 
 def _upto(limit: limits.Limit, minimum: int = 1) -> Checker:
-    return partial(_whole, minimum=minimum, limit=limit)
+    return partial(whole, minimum=minimum, limit=limit)
 
 
 _CHECKS: dict[str, dict[str, Checker]] = {
@@ -210,18 +210,18 @@ _CHECKS: dict[str, dict[str, Checker]] = {
         "tie_word_embeddings": _boolean,
         "num_experts": _upto(limits.NUM_EXPERTS, 0),
         "num_experts_per_tok": _upto(limits.NUM_EXPERTS, 0),
-        "moe_intermediate_size": partial(_optional_whole, minimum=1, limit=limits.INTERMEDIATE_SIZE),
+        "moe_intermediate_size": partial(optional_whole, minimum=1, limit=limits.INTERMEDIATE_SIZE),
         "num_shared_experts": _upto(limits.NUM_EXPERTS, 0),
         "first_k_dense_replace": _upto(limits.NUM_LAYERS, 0),
-        "kv_channels": partial(_optional_whole, minimum=1, limit=limits.HIDDEN_SIZE),
-        "q_lora_rank": partial(_optional_whole, minimum=1, limit=limits.HIDDEN_SIZE),
-        "kv_lora_rank": partial(_optional_whole, minimum=1, limit=limits.HIDDEN_SIZE),
-        "qk_nope_head_dim": partial(_optional_whole, minimum=0, limit=limits.HIDDEN_SIZE),
-        "qk_rope_head_dim": partial(_optional_whole, minimum=0, limit=limits.HIDDEN_SIZE),
-        "v_head_dim": partial(_optional_whole, minimum=1, limit=limits.HIDDEN_SIZE),
+        "kv_channels": partial(optional_whole, minimum=1, limit=limits.HIDDEN_SIZE),
+        "q_lora_rank": partial(optional_whole, minimum=1, limit=limits.HIDDEN_SIZE),
+        "kv_lora_rank": partial(optional_whole, minimum=1, limit=limits.HIDDEN_SIZE),
+        "qk_nope_head_dim": partial(optional_whole, minimum=0, limit=limits.HIDDEN_SIZE),
+        "qk_rope_head_dim": partial(optional_whole, minimum=0, limit=limits.HIDDEN_SIZE),
+        "v_head_dim": partial(optional_whole, minimum=1, limit=limits.HIDDEN_SIZE),
         "num_nextn_predict_layers": _upto(limits.NUM_LAYERS, 0),
         "interleave_moe_layer_step": _upto(limits.NUM_LAYERS, 1),
-        "sliding_window": partial(_optional_whole, minimum=1, limit=limits.SEQ_LENGTH),
+        "sliding_window": partial(optional_whole, minimum=1, limit=limits.SEQ_LENGTH),
         "layer_types": _layer_types,
         "scoring_func": partial(_choice, choices=("softmax", "sigmoid")),
         "norm_topk_prob": _boolean,
@@ -258,15 +258,15 @@ _CHECKS: dict[str, dict[str, Checker]] = {
     "parallelism": {
         "tp": _upto(limits.NUM_GPUS),
         "pp": _upto(limits.NUM_GPUS),
-        "dp": partial(_optional_whole, minimum=1, limit=limits.NUM_GPUS),
+        "dp": partial(optional_whole, minimum=1, limit=limits.NUM_GPUS),
         "cp": _upto(limits.NUM_GPUS),
         "ep": _upto(limits.NUM_GPUS),
-        "etp": partial(_optional_whole, minimum=1, limit=limits.NUM_GPUS),
+        "etp": partial(optional_whole, minimum=1, limit=limits.NUM_GPUS),
         "vp": _upto(limits.NUM_LAYERS),
         "sequence_parallel": _boolean,
         "zero_stage": partial(_choice, choices=ZERO_STAGES),
-        "first_pipeline_num_layers": partial(_optional_whole, minimum=0, limit=limits.NUM_LAYERS),
-        "last_pipeline_num_layers": partial(_optional_whole, minimum=0, limit=limits.NUM_LAYERS),
+        "first_pipeline_num_layers": partial(optional_whole, minimum=0, limit=limits.NUM_LAYERS),
+        "last_pipeline_num_layers": partial(optional_whole, minimum=0, limit=limits.NUM_LAYERS),
         "cp_comm_type": partial(_optional_choice, choices=("p2p", "all_gather")),
         "dp_replicate": _upto(limits.NUM_GPUS),
     },
@@ -274,7 +274,7 @@ _CHECKS: dict[str, dict[str, Checker]] = {
         "tp_comm": _optional_boolean,
         "grad_reduce": _optional_boolean,
         "param_gather": _optional_boolean,
-        "param_prefetch_depth": partial(_optional_whole, minimum=0, limit=limits.PREFETCH_DEPTH),
+        "param_prefetch_depth": partial(optional_whole, minimum=0, limit=limits.PREFETCH_DEPTH),
         "async_tp": _optional_boolean,
         "cp_comm": _optional_boolean,
     },
@@ -290,11 +290,11 @@ _CHECKS: dict[str, dict[str, Checker]] = {
     "moe": {
         "imbalance": _imbalance,
         "capacity_factor": partial(_optional_number, minimum=0, inclusive=False),
-        "max_nodes_per_token": partial(_optional_whole, minimum=1),
+        "max_nodes_per_token": partial(optional_whole, minimum=1),
         "token_dispatcher": partial(_choice, choices=TOKEN_DISPATCHERS),
         "overlap_a2a": _boolean,
         "grouped_gemm": _boolean,
-        "grouped_gemm_streams": partial(_optional_whole, minimum=1),
+        "grouped_gemm_streams": partial(optional_whole, minimum=1),
         "router_dtype": partial(_choice, choices=("fp32", "bf16")),
     },
 }
@@ -671,11 +671,11 @@ def _faults(raw: object, cluster: ClusterConfig) -> Faults:
             raise ConfigError(f, entry, "give exactly one of rank or node")
         rank = node = None
         if "rank" in entry:
-            rank = _whole(f"{f}.rank", entry["rank"], 0)
+            rank = whole(f"{f}.rank", entry["rank"], 0)
             if rank >= gpus:
                 raise ConfigError(f"{f}.rank", rank, f"must be a rank from 0 to {gpus - 1} (the cluster has {gpus} GPUs)")
         else:
-            node = _whole(f"{f}.node", entry["node"], 0)
+            node = whole(f"{f}.node", entry["node"], 0)
             if node >= nodes:
                 raise ConfigError(f"{f}.node", node, f"must be a node from 0 to {nodes - 1} (the cluster has {_nodes(nodes)})")
         slowdown = _number(f"{f}.compute_slowdown", entry.get("compute_slowdown"), 1.0, MAX_SLOWDOWN,
@@ -692,7 +692,7 @@ def _faults(raw: object, cluster: ClusterConfig) -> Faults:
         for key in ("node", "link_class", "bandwidth_fraction"):
             if key not in entry:
                 raise ConfigError(f"{f}.{key}", None, "required")
-        node = _whole(f"{f}.node", entry["node"], 0)
+        node = whole(f"{f}.node", entry["node"], 0)
         if node >= nodes:
             raise ConfigError(f"{f}.node", node, f"must be a node from 0 to {nodes - 1} (the cluster has {_nodes(nodes)})")
         cls = _choice(f"{f}.link_class", entry["link_class"], LINK_CLASSES)
@@ -703,7 +703,7 @@ def _faults(raw: object, cluster: ClusterConfig) -> Faults:
                               f"links; valid here: {', '.join(present)}")
         index = entry.get("index")
         if index is not None:
-            index = _whole(f"{f}.index", index, 0)
+            index = whole(f"{f}.index", index, 0)
             if index >= len(owned):
                 raise ConfigError(f"{f}.index", index, f"node {node} has {len(owned)} {cls} links: "
                                   f"give 0 to {len(owned) - 1}, or leave index out for all of them")
@@ -712,7 +712,7 @@ def _faults(raw: object, cluster: ClusterConfig) -> Faults:
         links.append(LinkFault(node=node, link_class=cls, bandwidth_fraction=fraction, index=index))
     cv = _number("faults.compute_jitter_cv", raw.get("compute_jitter_cv", 0.0), 0.0, MAX_JITTER_CV,
                  f"must be a coefficient of variation from 0 to {MAX_JITTER_CV:g} (kernel-time noise is a few percent)")
-    seed = _whole("faults.seed", raw.get("seed", 0), 0)
+    seed = whole("faults.seed", raw.get("seed", 0), 0)
     if seed >= 2**64:
         raise ConfigError("faults.seed", seed, "must be a whole number from 0 to 2**64 - 1")
     return Faults(stragglers=tuple(stragglers), links=tuple(links), compute_jitter_cv=cv, seed=seed)

@@ -127,7 +127,7 @@ from simulator.config import QUANTIZED_PRECISIONS, ModelConfig
 from simulator.errors import ConfigError
 from simulator.yamlfile import load_yaml_file
 from simulator.studies.workers import process_pool
-from simulator.scenario import scenario_from_dict, validate_plan
+from simulator.scenario import optional_whole, scenario_from_dict, validate_plan, whole
 
 
 def _moe_shape(model: dict) -> dict:
@@ -693,16 +693,13 @@ def load_cases(path: str | Path) -> list[dict]:
             if not isinstance(value, dict):
                 raise ConfigError(f"cases[{cid}].{section}", value, f"must be a mapping with {', '.join(keys)}")
             for key in keys:
-                v = value.get(key)
-                ok = isinstance(v, str) and v.strip() if key == "gpu" else isinstance(v, int) and not isinstance(v, bool) and v >= 1
-                if not ok:
-                    raise ConfigError(f"cases[{cid}].{section}.{key}", v,
-                                      "must be a GPU name, e.g. H100" if key == "gpu" else "must be a whole number >= 1")
+                field, v = f"cases[{cid}].{section}.{key}", value.get(key)
+                if key != "gpu":
+                    whole(field, v, 1)
+                elif not (isinstance(v, str) and v.strip()):
+                    raise ConfigError(field, v, "must be a GPU name, e.g. H100")
             for key in _CASE_OPTIONAL_COUNTS.get(section, ()):
-                v = value.get(key)
-                least = 0 if key == "zero_stage" else 1
-                if v is not None and not (isinstance(v, int) and not isinstance(v, bool) and v >= least):
-                    raise ConfigError(f"cases[{cid}].{section}.{key}", v, f"must be a whole number >= {least} or null")
+                optional_whole(f"cases[{cid}].{section}.{key}", value.get(key), 0 if key == "zero_stage" else 1)
     return cases
 
 
@@ -771,14 +768,15 @@ def format_table(result: dict) -> str:
         rows = result["rows"]
         failed = sum(isinstance(r.get("error"), str) for r in rows)
         excluded = sum(bool(r.get("excluded")) and not isinstance(r.get("error"), str) for r in rows)
-        why = [f"{n} {what}" for n, what in ((failed, "could not be simulated"), (excluded, "excluded from the score"))
-               if n]
         unmeasured = len(rows) - failed - excluded
-        if unmeasured:
-            why.append(f"{unmeasured} {'has' if unmeasured == 1 else 'have'} no measured step time, tokens/s, "
-                       "TFLOP/s or MFU" if failed or excluded else
-                       f"no case has a measured step time, tokens/s, TFLOP/s or MFU ({unmeasured} predicted)")
-        lines.append(f"nothing to score: {'; '.join(why)}")
+        if not failed and not excluded:
+            lines.append(f"nothing to score: no case has a measured step time, tokens/s, TFLOP/s or MFU "
+                         f"({unmeasured} predicted)")
+        else:
+            why = [f"{n} {what}" for n, what in ((failed, "could not be simulated"), (excluded, "excluded from the score"),
+                                                 (unmeasured, "without a measured step time, tokens/s, TFLOP/s or MFU"))
+                   if n]
+            lines.append(f"nothing to score: {'; '.join(why)}")
         return "\n".join(lines)
     lines.append(f"MAPE {s['mape']:.1%} over {s['scored']} cases; within 20%: {s['within_20pct']:.0%}; "
                  f"worst {s['worst']:.1%}; signed mean {s['signed_mean']:+.1%}")
