@@ -165,11 +165,16 @@ def _validate(args) -> int:
         from simulator.reports.plots import plot_validation
         plot_validation(result, args.plot)
     print(json.dumps(result, indent=2) if args.json else format_table(result))
-    failed = [r for r in result["rows"] if isinstance(r.get("error"), str)]
-    if result["rows"] and len(failed) == len(result["rows"]):  # the table above says why, case by case
-        raise ConfigError("runs", args.runs, f"no case could be simulated; the first, {failed[0]['id']}, says: "
-                                             f"{failed[0]['error']}")
+    _none_ran(result["rows"], lambda r: isinstance(r.get("error"), str), args.runs, "simulated")
     return 0
+
+
+def _none_ran(rows: list[dict], failed, runs: str, what: str) -> None:
+    """A runs file of which no case could be ``what`` (simulated, planned) is bad input: exit 2 with
+    the first case's reason, after the table printed case by case (validate, plan --validate)."""
+    if rows and all(failed(r) for r in rows):
+        raise ConfigError("runs", runs, f"no case could be {what}; the first, {rows[0]['id']}, says: "
+                                        f"{rows[0]['error']}")
 
 
 def _sweep(args) -> int:
@@ -225,10 +230,7 @@ def _plan(args) -> int:
 
         result = check_runs(args.scenario, workers=args.workers)
         print(json.dumps(result, indent=2) if args.json else format_check(result))
-        failed = [r for r in result["rows"] if "error" in r]
-        if result["rows"] and len(failed) == len(result["rows"]):  # as validate: the table says why
-            raise ConfigError("runs", args.scenario, f"no case could be planned; the first, {failed[0]['id']}, says: "
-                                                     f"{failed[0]['error']}")
+        _none_ran(result["rows"], lambda r: "error" in r, args.scenario, "planned")
         return 0
     result = plan(args.scenario, sets=args.set or [], space=args.space or [], top=args.top,
                   objective=args.objective, max_memory_fraction=args.max_memory_fraction, out=args.out,
