@@ -2,7 +2,13 @@
 
 import functools
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import yaml
@@ -19,6 +25,8 @@ from simulator.studies.planner_space import (apply_layout, candidate_scenario, d
                                              layout_of, layout_order, parse_space)
 from simulator.studies.sweep import Task, evaluate
 from simulator.workload.workload import build_workload
+
+from procs import alive, live_children
 
 
 def _scenario(model: dict, nodes: int, gbs: int, seq: int, par: dict, schedule: str = "1f1b") -> dict:
@@ -536,3 +544,50 @@ def test_stopped_simulations_are_sound_and_rerun_when_a_resumed_plan_needs_more(
     fresh = plan("scenarios/tiny.yaml", space=space, top=3, out=tmp_path / "fresh", workers=1, progress=None)
     assert json.dumps(again, sort_keys=True) == json.dumps(fresh, sort_keys=True)
     assert len(again["ranked"]) == again["candidates"]["simulated"] - again["candidates"]["stopped_early"]
+
+
+# tiny on two nodes with a large batch: about 10 simulations of a few tenths of a second each
+KILL_SPACE = ["--set", "training.global_batch_size=2048", "--set", "cluster.num_nodes=2", "--set", "parallelism.dp=4"]
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads worker processes from Linux /proc")
+def test_kill_9_of_a_plan_kills_its_workers_and_the_rerun_reuses_its_log(tmp_path):
+    """slow (about 20 s): a real plan killed with SIGKILL once it has logged a simulation; its pool
+    workers must die with it (parent-death signal), and the rerun reuses every logged row."""
+    out = tmp_path / "plan"
+    argv = [sys.executable, "-m", "simulator", "plan", "scenarios/tiny.yaml", "--out", str(out), "--workers", "2",
+            "--quiet", "--json", *KILL_SPACE]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    log = out / "plan.jsonl"
+    workers = []
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            if log.exists() and log.read_bytes().count(b"\n") >= 2:
+                break
+            time.sleep(0.005)
+        assert proc.poll() is None, "the plan finished before it could be killed; widen its space"
+        workers = live_children(proc.pid)
+        assert len(workers) == 2, "the plan simulates in two pool workers"
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and any(alive(w) for w in workers):
+            time.sleep(0.02)
+        survivors = [w for w in workers if alive(w)]
+        assert not survivors, f"pool workers {survivors} outlived the killed plan"
+    finally:
+        for w in workers:  # never leave a stray process behind, even when the test fails
+            try:
+                os.kill(w, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    logged = [json.loads(line) for line in log.read_text().splitlines() if line.strip().endswith("}")]
+    assert logged, "the killed plan had logged simulations"
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    rows = {r["point_id"]: r for r in map(json.loads, log.read_text().splitlines())}
+    result = json.loads(done.stdout)
+    assert len(rows) == result["candidates"]["simulated"] + (0 if result["given"]["in_space"] else 1)
+    for row in logged:  # the rows logged before the kill are reused as they were, not simulated again
+        assert rows[row["point_id"]] == row

@@ -16,6 +16,8 @@ from simulator.errors import ConfigError
 from simulator.studies.sweep import CSV, JSONL, METRICS, parse_vary, points, read_log, run_sweep, table_csv
 from simulator.studies.whatif import TARGETS, whatif, write_whatif
 
+from procs import alive, live_children
+
 ROOT = Path(__file__).resolve().parent.parent
 TINY = str(ROOT / "scenarios" / "tiny.yaml")
 TWO_NODES = ["cluster.num_nodes=2", "parallelism.dp=null"]  # DP crosses the NICs, so bandwidth matters
@@ -78,27 +80,6 @@ def test_rerun_skips_finished_points_and_a_cut_short_line_is_recomputed(tmp_path
     assert len(read_log(log)[0]) == 8
 
 
-def _live_children(pid: int) -> list[int]:
-    """Processes whose parent is ``pid`` and that are not zombies (Linux /proc)."""
-    kids = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if int(fields[1]) == pid and fields[0] != "Z":
-            kids.append(int(stat.parent.name))
-    return kids
-
-
-def _alive(pid: int) -> bool:
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return False
-    return fields[0] != "Z"
-
-
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads worker processes from Linux /proc")
 def test_kill_9_part_way_loses_nothing_kills_the_workers_and_the_rerun_completes_the_table(tmp_path):
     """slow (about 20 s): a real sweep killed with SIGKILL; its pool workers must die with it (parent-death
@@ -116,16 +97,16 @@ def test_kill_9_part_way_loses_nothing_kills_the_workers_and_the_rerun_completes
                 break
             time.sleep(0.005)
         assert proc.poll() is None, "the sweep finished before it could be killed; make its points slower"
-        workers = _live_children(proc.pid)
+        workers = live_children(proc.pid)
         assert workers, "the sweep runs its points in pool workers"
         assert all(os.getpgid(w) == os.getpgid(proc.pid) for w in workers), "workers stay in the sweep's group"
         assert (out / ".lock").read_text().strip() == str(proc.pid)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
         deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and any(_alive(w) for w in workers):
+        while time.monotonic() < deadline and any(alive(w) for w in workers):
             time.sleep(0.02)
-        survivors = [w for w in workers if _alive(w)]
+        survivors = [w for w in workers if alive(w)]
         assert not survivors, f"pool workers {survivors} outlived the killed sweep"
     finally:
         for w in workers:  # never leave a stray process behind, even when the test fails

@@ -280,9 +280,9 @@ class _Runner:
             self.ray = ray
             self.remote = ray.remote(num_cpus=1)(evaluate)
         if workers > 1:
-            from concurrent.futures import ProcessPoolExecutor
+            from simulator.studies.workers import process_pool
 
-            self.pool = ProcessPoolExecutor(workers)
+            self.pool = process_pool(workers)  # workers die with the planner, even on kill -9
 
     @property
     def parallel(self) -> bool:
