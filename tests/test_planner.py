@@ -22,7 +22,7 @@ from simulator.step.engine import SimOptions, simulate
 from simulator.studies import planner
 from simulator.studies.planner import plan
 from simulator.studies.planner_space import (apply_layout, candidate_scenario, default_space, enumerate_layouts,
-                                             layout_of, layout_order, parse_space)
+                                             layout_of, layout_order, merge_enumerations, parse_space)
 from simulator.studies.sweep import Task, evaluate
 from simulator.workload.workload import build_workload
 
@@ -71,9 +71,9 @@ def _brute_force_rows(key: str) -> tuple[tuple[float, str, float], ...]:
         row = evaluate(Task(raw, ".", "s", layout.overrides()))
         assert row["error"] is None
         if row["fits"]:
-            out.append((row["step_time_s"], layout_order(layout), layout.label(), row["peak_memory_gib"]))
-    # the planner's order: step, then ``layout_order`` for ties
-    return tuple((step, label, mem) for step, _, label, mem in sorted(out))
+            out.append((row["step_time_s"], row["peak_memory_gib"], layout_order(layout), layout.label()))
+    # the planner's order: step, then peak memory and ``layout_order`` for ties
+    return tuple((step, label, mem) for step, mem, _, label in sorted(out))
 
 
 def _brute_force(key: str) -> list[tuple[float, str]]:
@@ -86,7 +86,7 @@ def _capacity(key: str) -> float:
 
 
 def _front(rows, capacity: float) -> list[tuple[float, str]]:
-    """The Pareto front as the planner defines it: in (step, layout) order, each layout whose
+    """The Pareto front as the planner defines it: in (step, memory, layout) order, each layout whose
     memory step is below every faster one's."""
     out, low = [], float("inf")
     for step, label, mem in rows:
@@ -273,6 +273,45 @@ def test_fsdp_contention_bound_is_its_closed_form_and_below_the_step():
     assert bound == pytest.approx(compute + k * fsdp_link_busy(s, w, cluster)[0] + (1 - k) * waits, rel=1e-8)
     assert without * 1.1 < bound < simulate(s).step_time_s
 
+
+
+def test_stage_fsdp_busy_is_the_busiest_link_of_its_collectives():
+    """One stage's FSDP busy time is the busiest link's seconds of, per layer and micro-batch, two
+    parameter all-gathers and one gradient reduce-scatter over its group: checked against the
+    per-link loads of the three collectives (one parameter count, as in a dense model, and two, as
+    when MoE layers hold fewer dense parameters); None without parameters."""
+    from simulator.step.bound import stage_fsdp_busy
+    from simulator.workload.workload import GRAD_BYTES, PARAM_BYTES
+
+    s = load_scenario("scenarios/llama3-70b-64xh100.yaml")
+    group_time = planner.cluster_collective_time(s)
+    group = tuple(range(0, 64, 4))  # one rank of each TP4 group: 16 GPUs on all eight nodes
+
+    def load(x):
+        return 2 * group_time("all_gather", group, x * PARAM_BYTES)[1] + group_time("reduce_scatter", group,
+                                                                                      x * GRAD_BYTES)[1]
+
+    x, y, m = 2.0e8, 5.0e7, 6
+    one = stage_fsdp_busy(group, [x] * 5, m, group_time)
+    assert one == pytest.approx(m * 5 * float(load(x).max()), rel=1e-12)
+    assert stage_fsdp_busy(group, [x] * 5, m, group_time) == one  # the memoised peak gives the same seconds
+    two = stage_fsdp_busy(group, [x, y, x, 0.0, y, x], m, group_time)
+    assert two == pytest.approx(m * float((3 * load(x) + 2 * load(y)).max()), rel=1e-12)
+    assert m * 3 * float(load(x).max()) < two <= one
+    assert stage_fsdp_busy(group, [0.0, 0.0], m, group_time) is None
+
+
+def test_enumeration_in_parts_is_the_whole_enumeration():
+    """The planner validates the space in interleaved parts in its pool: put together, they are the
+    enumeration of the whole space (layouts in order, counts and reasons, warnings)."""
+    s = load_scenario("scenarios/llama3-70b-64xh100.yaml")
+    values = parse_space(["tp=2,4,8", "pp=1,2,4,8", "micro_batch_size=1,2"], s)
+    whole = enumerate_layouts(s, values)
+    assert whole.valid and whole.pruned_rules
+    for k in (2, 3, 8):
+        parts = [enumerate_layouts(s, values, (i, k)) for i in range(k)]
+        assert merge_enumerations(parts) == whole
+        assert sum(len(p.valid) for p in parts) == len(whole.valid)
 
 def test_candidate_scenarios_equal_the_checked_ones():
     s = load_scenario("scenarios/llama3-70b-64xh100.yaml")

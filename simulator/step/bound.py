@@ -82,6 +82,7 @@ values the engine times (``workload.build_workload``), summed in another order, 
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 
 from simulator.config import Scenario
@@ -170,10 +171,11 @@ def overlap_contention_s(s: Scenario, w: Workload, collective_time: CollectiveTi
 
     out = dict(zero)
     for moe in (False, True):
-        layers = [x for x in w.layer_costs if s.model.is_moe_layer(x) == moe]
-        if layers:
-            out[moe] = min(block_s(w.layer_costs[x].attn_bwd, "qkv_proj")
-                           + (0.0 if moe else block_s(w.layer_costs[x].mlp_bwd, "mlp_up")) for x in layers)
+        # layers of one kind share one LayerCost (``workload.build_workload``): each is timed once
+        costs = {id(c): c for x, c in w.layer_costs.items() if s.model.is_moe_layer(x) == moe}
+        if costs:
+            out[moe] = min(block_s(c.attn_bwd, "qkv_proj") + (0.0 if moe else block_s(c.mlp_bwd, "mlp_up"))
+                           for c in costs.values())
     return out
 
 
@@ -386,18 +388,42 @@ def schedule_walk_bound(s: Scenario, w: Workload, fwd: list[float], bwd: list[fl
 def stage_fsdp_busy(group: tuple, params: list[float], m: int, group_time: GroupTime) -> float | None:
     """Seconds the busiest link of ``group`` carries one stage's FSDP bytes: for each of its layers
     (``params``, dense parameters per GPU, in the stage's order) and each of ``m`` micro-batches,
-    two parameter all-gathers and one gradient reduce-scatter; None if no layer has parameters."""
-    from simulator.workload.workload import GRAD_BYTES, PARAM_BYTES
-
+    two parameter all-gathers and one gradient reduce-scatter; None if no layer has parameters.
+    With one parameter count for every layer (a dense model) this is ``m x layers`` times the
+    busiest link of one layer's three collectives, which is memoised per group and size."""
     layers: dict[float, int] = {}  # parameters per rank -> layers of the stage with that many
     for x in params:
         if x > 0:
             layers[x] = layers.get(x, 0) + 1
+    if len(layers) == 1:
+        (x, n), = layers.items()
+        peak = _layer_fsdp_peak(group_time, group, x)
+        return None if peak is None else m * n * peak
     busy = 0.0
-    for x, n in layers.items():  # per layer and micro-batch: two all-gathers, one reduce-scatter
-        busy = busy + 2 * m * n * group_time("all_gather", group, x * PARAM_BYTES)[1]
-        busy = busy + m * n * group_time("reduce_scatter", group, x * GRAD_BYTES)[1]
-    return None if isinstance(busy, float) else float(busy.max())
+    for x, n in layers.items():
+        busy = busy + n * _layer_fsdp_load(group_time, group, x)
+    return None if isinstance(busy, float) else m * float(busy.max())
+
+
+def _layer_fsdp_load(group_time: GroupTime, group: tuple, params: float):
+    """Seconds each link is busy with one layer's FSDP collectives for one micro-batch (two
+    parameter all-gathers, one gradient reduce-scatter) over ``group``."""
+    from simulator.workload.workload import GRAD_BYTES, PARAM_BYTES
+
+    return 2 * group_time("all_gather", group, params * PARAM_BYTES)[1] + \
+        group_time("reduce_scatter", group, params * GRAD_BYTES)[1]
+
+
+# group_time -> {(group, parameters): the busiest link's seconds}, living as long as its group_time
+_PEAKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _layer_fsdp_peak(group_time: GroupTime, group: tuple, params: float) -> float | None:
+    peaks = _PEAKS.setdefault(group_time, {})
+    if (group, params) not in peaks:
+        load = _layer_fsdp_load(group_time, group, params)
+        peaks[group, params] = None if isinstance(load, float) else float(load.max())
+    return peaks[group, params]
 
 
 def fsdp_link_bound(w: Workload, busy: dict[int, float]) -> float:

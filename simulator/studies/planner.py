@@ -57,7 +57,7 @@ from simulator.files import atomic_write_text, remove_stale
 from simulator.reports.report import AXES
 from simulator.scenario import scenario_from_dict, scenario_to_dict
 from simulator.studies.planner_space import (Layout, candidate_scenario, enumerate_layouts, layout_of,
-                                             layout_order, parse_space)
+                                             layout_order, merge_enumerations, parse_space)
 from simulator.studies.sweep import EXECUTORS, Task, _Lock, base_of, evaluate, point_id, read_log, scenario_hash
 
 OBJECTIVES = ("step_time", "tokens_per_s_per_gpu")
@@ -85,6 +85,12 @@ class Screened:
     cheap_s: float | None = None
 
 
+def _enumerate_part(args: tuple):
+    """``planner_space.enumerate_layouts`` of one part of the space, run in the worker pool."""
+    s, values, part = args
+    return enumerate_layouts(s, values, part)
+
+
 def _screen(args: tuple) -> list[tuple[float, bool]]:
     """(peak GiB, fits) of each layout: the memory pass, run in the worker pool."""
     from simulator.workload.memory import memory_peak
@@ -100,6 +106,14 @@ def _screen(args: tuple) -> list[tuple[float, bool]]:
 # The cheap bound is a sum of the same costs in another order than ``step_lower_bound``'s: this
 # margin keeps it below that bound whatever the float rounding.
 CHEAP_MARGIN = 1e-6
+# Simulations queued in the pool beyond one per worker. The planner takes results in submission
+# order (so that it decides alike on every run), and without a queue a worker whose simulation
+# stopped early sat idle until the oldest one ended; a queued submission is decided knowing fewer
+# results (a looser cutoff), so more is not better. Measured on Llama 3 405B / 16K and 70B / 64,
+# ``--top 1 --pareto simulated``, two workers, two runs each (2026-11-27, wall s): 0 queued 93-95 and
+# 15-16; 1: 83-86 and 15-17; 2: 72-78 and 15-17; 3: 79-80 and 17-18; 5: 76 and 23 (70B simulates 8
+# layouts instead of 4). Every run found the same best.
+QUEUED = 2
 
 
 class _Bounds:
@@ -420,17 +434,19 @@ def plan(scenario: str | Path | Scenario | dict, *, sets: Sequence[str] = (), sp
     given = layout_of(s)
     bar = _Progress(progress, force_progress)
 
-    enum = enumerate_layouts(s, parse_space(space, s))
-    if not enum.valid:
-        reason, count = enum.pruned_rules.most_common(1)[0] if enum.pruned_rules else ("the space is empty", 0)
-        raise ConfigError("--space", f"{enum.enumerated} layouts", f"none is valid; most common rule: {reason} "
-                          f"({count} layouts)")
-    bar.show(f"{enum.enumerated} layouts, {len(enum.valid)} valid: memory and bounds")
-
+    values = parse_space(space, s)
     runner = _Runner(executor, workers, address)
     folder = Path(out) if out is not None else None
     lock = log = None
     try:
+        # the structural shapes in 4 x workers interleaved parts, validated in the pool
+        parts = 4 * workers if runner.pool is not None else 1
+        enum = merge_enumerations(runner.map_local(_enumerate_part, [(s, values, (i, parts)) for i in range(parts)]))
+        if not enum.valid:
+            reason, count = enum.pruned_rules.most_common(1)[0] if enum.pruned_rules else ("the space is empty", 0)
+            raise ConfigError("--space", f"{enum.enumerated} layouts", f"none is valid; most common rule: {reason} "
+                              f"({count} layouts)")
+        bar.show(f"{enum.enumerated} layouts, {len(enum.valid)} valid: memory and bounds")
         base = scenario_hash(raw)
         done: dict[str, dict] = {}
         if folder is not None:
@@ -537,8 +553,9 @@ def plan(scenario: str | Path | Scenario | dict, *, sets: Sequence[str] = (), sp
         nxt = 0
         refined: set[Layout] = set()  # layouts whose bound includes ``bound.schedule_walk_bound``
         pushes = itertools.count()  # heap entries' last key (value and layout order already differ)
+        in_flight = workers + (QUEUED if workers > 1 else 0)
         while True:
-            collect(decision_point(len(order), len(results), twin_of, workers))
+            collect(decision_point(len(order), len(results), twin_of, in_flight))
             while nxt < len(waiting) and (not heap or waiting[nxt].cheap_s <= heap[0][0]):
                 cand = waiting[nxt]
                 nxt += 1
@@ -585,16 +602,17 @@ def plan(scenario: str | Path | Scenario | dict, *, sets: Sequence[str] = (), sp
     return result
 
 
-def decision_point(submitted: int, collected: int, twins, workers: int) -> int:
-    """How many submissions' results the next decision waits for: all but the last ``workers - 1``
-    simulations still out, so ``workers`` run while the planner decides and submits. A submission
+def decision_point(submitted: int, collected: int, twins, in_flight: int) -> int:
+    """How many submissions' results the next decision waits for: all but the last ``in_flight - 1``
+    simulations still out, so ``in_flight`` are out while the planner decides and submits (the
+    workers and ``QUEUED`` more with a pool, one without). A submission
     that shares its ZeRO twin's simulation (index in ``twins``) runs nothing and does not count.
     The answer depends on the submission order alone, not on which results happen to be in (or
     logged by an interrupted run), so the plan decides alike on every run."""
     upto, out = submitted, 0
     while upto > collected:
         if upto - 1 not in twins:
-            if out == workers - 1:
+            if out == in_flight - 1:
                 break
             out += 1
         upto -= 1
@@ -673,7 +691,9 @@ def _result(s, enum, screened, fitting, pruned_bound, order, results, given_is_c
         raise ConfigError("scenario", s.name, f"the given layout cannot run: {given_row['error']}")
     scored = [(layout, row) for i, (layout, row) in enumerate(zip(order, results))
               if (i > 0 or given_is_candidate) and row.get("step_time_s") is not None and row["fits"]]
-    scored.sort(key=lambda lr: (lr[1]["step_time_s"], layout_order(lr[0])))
+    # equal steps (ZeRO-1 and -2 twins, ``_zero_twin``): the one with less memory first, so it is the
+    # best and the front never holds a layout another matches in time with less memory
+    scored.sort(key=lambda lr: (lr[1]["step_time_s"], lr[1]["peak_memory_gib"], layout_order(lr[0])))
     ranked = []
     for i, (layout, row) in enumerate(scored):
         ranked.append({**_entry(s, layout, row, exact_of[layout]), "rank": i + 1})
@@ -741,7 +761,11 @@ def why(best: dict, runner_up: dict | None, capacity_gib: float) -> str:
                     for a in best["exposed_comm_s"]}}
         what, loss = max(diffs.items(), key=lambda kv: kv[1])
         gap = runner_up["step_time_s"] / step - 1
-        line += f"; runner-up {runner_up['layout']} is {gap:.2%} slower, mostly {what} (+{loss:.3g} s)"
+        if gap == 0:
+            more = runner_up["memory_gib_per_gpu"] - mem
+            line += f"; runner-up {runner_up['layout']} takes the same step with {more:.1f} GiB more per GPU"
+        else:
+            line += f"; runner-up {runner_up['layout']} is {gap:.2%} slower, mostly {what} (+{loss:.3g} s)"
     return line
 
 

@@ -241,8 +241,10 @@ def layout_order(layout: Layout) -> tuple:
     return tuple(-1 if v is None else v for v in (getattr(layout, k) for k in _LAYOUT_FIELDS))
 
 
-def enumerate_layouts(s: Scenario, space: Mapping[str, tuple]) -> Enumeration:
-    """Every canonical layout of ``space`` (module docstring), checked by ``validate_plan``."""
+def enumerate_layouts(s: Scenario, space: Mapping[str, tuple], part: tuple[int, int] = (0, 1)) -> Enumeration:
+    """Every canonical layout of ``space`` (module docstring), checked by ``validate_plan``. With
+    ``part = (i, k)`` only every k-th structural shape from the i-th: the k parts, run in parallel
+    and put together by ``merge_enumerations``, give the whole enumeration."""
     world, layers = s.cluster.num_gpus, s.model.num_hidden_layers
     valid: list[Layout] = []
     reasons: Counter = Counter()
@@ -250,7 +252,7 @@ def enumerate_layouts(s: Scenario, space: Mapping[str, tuple]) -> Enumeration:
     enumerated = 0
     structural = itertools.product(space["tp"], space["pp"], space["cp"], space["ep"], space["etp"], space["vp"],
                                    space["schedule"], space["sequence_parallel"], space["micro_batch_size"])
-    for tp, pp, cp, ep, etp, vp, schedule, sp, mbs in structural:
+    for tp, pp, cp, ep, etp, vp, schedule, sp, mbs in itertools.islice(structural, part[0], None, part[1]):
         if (sp and tp == 1) or (etp is not None and etp >= tp) or (schedule == "interleaved") != (vp > 1):
             continue  # not canonical: the same run as another layout of the space
         dp = world // (tp * pp * cp) if world % (tp * pp * cp) == 0 else None
@@ -271,3 +273,10 @@ def enumerate_layouts(s: Scenario, space: Mapping[str, tuple]) -> Enumeration:
             if warns:
                 warnings[layout] = warns
     return Enumeration(sorted(valid, key=layout_order), enumerated, reasons, warnings)
+
+
+def merge_enumerations(parts: list[Enumeration]) -> Enumeration:
+    """The enumeration of the whole space from those of its parts (``enumerate_layouts``' ``part``)."""
+    return Enumeration(sorted((x for e in parts for x in e.valid), key=layout_order),
+                       sum(e.enumerated for e in parts), sum((e.pruned_rules for e in parts), Counter()),
+                       {k: v for e in parts for k, v in e.warnings.items()})
