@@ -296,8 +296,12 @@ def _audit(args) -> int:
 
 
 def _check_workers(args) -> None:
+    from simulator.studies.workers import check_local_workers
+
     if args.workers is not None and args.workers < 1:
         raise ConfigError("--workers", args.workers, "must be a whole number >= 1 (or left out: the CPU count)")
+    if args.workers is not None and not getattr(args, "address", None):  # a local pool or local Ray
+        check_local_workers(args.workers)
 
 
 def _diff(args) -> int:

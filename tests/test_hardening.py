@@ -41,13 +41,16 @@ def one_line_error(status, err, field):
 
 @pytest.fixture
 def no_simulation(monkeypatch):
-    """Any simulation fails the test: errors must come before the work."""
+    """Any simulation fails the test: errors must come before the work. (The planner is imported
+    first: it takes sweep's ``evaluate`` by name, and imported under the patch it would keep it.)"""
     import simulator.step.engine as engine
+    import simulator.studies.planner  # noqa: F401
 
     def boom(*_a, **_k):
         raise AssertionError("simulated before checking the input")
     monkeypatch.setattr(engine, "simulate", boom)
     monkeypatch.setattr("simulator.studies.sweep.evaluate", boom)
+    monkeypatch.setattr("simulator.studies.planner.evaluate", boom)
     monkeypatch.setattr("simulator.studies.validate.predict", boom)
 
 
@@ -108,6 +111,13 @@ def test_an_existing_result_file_is_overwritten_but_a_read_only_one_is_refused(t
     (["whatif", TINY, "--workers", "0"], "--workers"),
     (["whatif", TINY, "--factor", "1e300"], "--factor"),
     (["validate", str(ROOT / "tests/data/nemo-2407-runs.yaml"), "--workers", "0"], "--workers"),
+    # a thousand forked processes at once would exhaust the memory (``workers.check_local_workers``)
+    (["sweep", TINY, "--vary", "parallelism.tp=1,2", "--workers", "100000"], "--workers"),
+    (["whatif", TINY, "--workers", "100000"], "--workers"),
+    (["plan", TINY, "--workers", "100000"], "--workers"),
+    (["plan", TINY, "--executor", "ray", "--workers", "100000"], "--workers"),  # a local Ray: local processes
+    (["plan", str(ROOT / "tests/data/nemo-2407-runs.yaml"), "--validate", "--workers", "100000"], "--workers"),
+    (["validate", str(ROOT / "tests/data/nemo-2407-runs.yaml"), "--workers", "100000"], "--workers"),
     (["collective", "--gpus", str(10**9)], "--gpus"),
     (["collective", "--sizes", "1e400"], "--sizes"),
     (["collective", "--sizes", "0.2"], "--sizes"),
@@ -368,3 +378,22 @@ def test_every_bench_case_names_a_scenario_that_loads():
                 validate_plan(load_scenario(str(ROOT / argv[0]), argv[1:]))
             elif program is _PLAN:
                 assert (ROOT / argv[0]).is_file(), label
+
+
+def test_library_calls_refuse_more_local_workers_than_the_machine_holds():
+    """The same limit when the planner, a sweep or validate is called from Python (no CLI check
+    before it), before any process starts; Ray's local screening pool is capped, not refused."""
+    from simulator.studies.planner import plan
+    from simulator.studies.sweep import Task, run_tasks
+    from simulator.studies.validate import validate_file
+    from simulator.studies.workers import WORKERS_PER_CPU
+
+    too_many = WORKERS_PER_CPU * (os.cpu_count() or 1) + 1
+    with pytest.raises(ConfigError, match=f"at most {too_many - 1} local processes"):
+        plan(TINY, workers=too_many, progress=None)
+    with pytest.raises(ConfigError, match="--workers"):
+        list(run_tasks([("a", Task({}, ".", "a", ()))], "process", too_many))
+    with pytest.raises(ConfigError, match="--workers"):
+        validate_file(str(ROOT / "tests/data/nemo-2407-runs.yaml"), workers=too_many)
+    assert plan(TINY, workers=too_many - 1, progress=None, space=["tp=2", "pp=2", "micro_batch_size=1",
+                                                                    "recompute=none", "zero_stage=0"])["best"]

@@ -14,10 +14,10 @@ layout is the "given" one, always simulated and ranked among the others. Candida
    bound shared by all layouts with the same layer costs, prunes most layouts without it.
 
 The survivors are simulated in ascending order of their bound, so good layouts are found first
-and the bound prunes the most. With ``workers`` simulations in flight, the decision on the k-th
-submission uses exactly the results of submissions 0 .. k - workers (waiting for them if need
-be), never whichever happened to finish first, so a plan is deterministic for a given worker
-count. Exactness: a layout is only pruned when its bound exceeds the step time of ``top``
+and the bound prunes the most. With n simulations in flight (the workers and ``QUEUED`` more in
+the pool's queue), the decision on the k-th submission uses exactly the results of submissions
+0 .. k - n (waiting for them if need be), never whichever happened to finish first, so a plan is
+deterministic for a given worker count. Exactness: a layout is only pruned when its bound exceeds the step time of ``top``
 simulated layouts (and, with ``pareto``, when a simulated layout at most as slow as its bound is in
 the same memory step or a lower one), so the best, the top ``top`` and the Pareto front are those of simulating every
 valid layout that fits; ``tests/test_planner.py`` checks this against brute force.
@@ -59,6 +59,7 @@ from simulator.scenario import scenario_from_dict, scenario_to_dict
 from simulator.studies.planner_space import (Layout, candidate_scenario, enumerate_layouts, layout_of,
                                              layout_order, merge_enumerations, parse_space)
 from simulator.studies.sweep import EXECUTORS, Task, _Lock, base_of, evaluate, point_id, read_log, scenario_hash
+from simulator.studies.workers import check_local_workers
 
 OBJECTIVES = ("step_time", "tokens_per_s_per_gpu")
 # ``--tolerance``: the bound prunes a layout unless it could beat a shown one by more than this
@@ -294,9 +295,11 @@ class _Runner:
             self.ray = ray
             self.remote = ray.remote(num_cpus=1)(evaluate)
         if workers > 1:
-            from simulator.studies.workers import process_pool
+            from simulator.studies.workers import WORKERS_PER_CPU, process_pool
 
-            self.pool = process_pool(workers)  # workers die with the planner, even on kill -9
+            # workers die with the planner, even on kill -9; with Ray the local pool only screens
+            local = workers if self.ray is None else min(workers, WORKERS_PER_CPU * (os.cpu_count() or 1))
+            self.pool = process_pool(local)
 
     @property
     def parallel(self) -> bool:
@@ -429,6 +432,8 @@ def plan(scenario: str | Path | Scenario | dict, *, sets: Sequence[str] = (), sp
     workers = workers if workers is not None else min(2, os.cpu_count() or 1)
     if workers < 1:
         raise ConfigError("--workers", workers, "must be a whole number >= 1")
+    if executor == "process" or not address:  # a local pool or a local Ray
+        check_local_workers(workers)
     raw, base_dir, name = base_of(scenario, sets)
     s = scenario_from_dict(raw, base_dir=base_dir, default_name=name)
     given = layout_of(s)

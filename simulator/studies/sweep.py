@@ -45,6 +45,7 @@ from simulator.errors import ConfigError
 from simulator.reports.report import AXES
 from simulator.scenario import apply_overrides, read_scenario_file, scenario_to_dict
 from simulator.files import atomic_write_text, remove_stale
+from simulator.studies.workers import check_local_workers, process_pool
 
 # Appended columns keep their place at the end, so a table read by position stays readable:
 # contention_s and host_wait_s (parts of compute_s: SMs held by communication kernels; the GPU
@@ -195,6 +196,8 @@ def run_tasks(tasks: Sequence[tuple[str, Task]], executor: str = "process", work
         workers = os.cpu_count() or 1
     if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
         raise ConfigError("--workers", workers, "must be a whole number >= 1 (or left out: the CPU count)")
+    if executor == "process" or not address:  # a local pool or a local Ray
+        check_local_workers(workers)
     if not tasks:
         return
     if executor == "ray":
@@ -204,8 +207,6 @@ def run_tasks(tasks: Sequence[tuple[str, Task]], executor: str = "process", work
             yield pid, evaluate(task)
     else:
         from concurrent.futures import as_completed
-
-        from simulator.studies.workers import process_pool
 
         with process_pool(min(workers, len(tasks))) as pool:
             futures = {pool.submit(evaluate, task): pid for pid, task in tasks}

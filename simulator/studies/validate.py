@@ -126,7 +126,7 @@ from simulator.workload.frameworks import CUDA_GRAPH_SCOPES
 from simulator.config import QUANTIZED_PRECISIONS, ModelConfig
 from simulator.errors import ConfigError
 from simulator.yamlfile import load_yaml_file
-from simulator.studies.workers import process_pool
+from simulator.studies.workers import check_local_workers, process_pool
 from simulator.scenario import optional_whole, scenario_from_dict, validate_plan, whole
 
 
@@ -707,6 +707,7 @@ def validate_file(path: str, workers: int = 2, progress=None) -> dict:
     """Predict every case of a public-runs file; ``progress.advance(case_id, total)`` after each."""
     if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
         raise ConfigError("--workers", workers, "must be a whole number >= 1")
+    check_local_workers(workers)
     cases = load_cases(path)
     rows = []
     if workers > 1:

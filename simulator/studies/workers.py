@@ -18,8 +18,13 @@ import sys
 import threading
 from concurrent.futures import ProcessPoolExecutor
 
+from simulator.errors import ConfigError
+
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 POLL_S = 1.0
+# Local pool processes per CPU: the simulator is CPU-bound, so more only queue for the cores while
+# each holds its own simulation in memory (about 0.1-1 GiB on a 16K-GPU cluster).
+WORKERS_PER_CPU = 4
 
 
 def _exit_when_orphaned(parent: int) -> None:
@@ -42,6 +47,18 @@ def die_with_parent(parent: int) -> None:
         os._exit(1)
     if not armed:
         threading.Thread(target=_exit_when_orphaned, args=(parent,), name="orphan-watch", daemon=True).start()
+
+
+def check_local_workers(workers: int) -> int:
+    """``workers`` if this machine can hold that many pool processes, else a one-line error: with
+    fork every process starts at once, and a thousand of them would exhaust the memory."""
+    cpus = os.cpu_count() or 1
+    limit = WORKERS_PER_CPU * cpus
+    if workers > limit:
+        raise ConfigError("--workers", workers, f"at most {limit} local processes on this {cpus}-CPU machine "
+                          f"({WORKERS_PER_CPU} per CPU, with a process pool or a local Ray); to use more machines, "
+                          "--executor ray --address a Ray cluster")
+    return workers
 
 
 def process_pool(workers: int) -> ProcessPoolExecutor:
