@@ -1,5 +1,8 @@
 """Live processes from Linux /proc, for the tests that kill a study and check its pool workers."""
 
+import os
+import signal
+import time
 from pathlib import Path
 
 
@@ -22,3 +25,31 @@ def alive(pid: int) -> bool:
     except (OSError, IndexError):
         return False
     return fields[0] != "Z"
+
+
+def wait_for_lines(proc, path: Path, lines: int, timeout_s: float) -> None:
+    """Poll until ``path`` holds ``lines`` lines, ``proc`` has exited or ``timeout_s`` has passed."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and proc.poll() is None:
+        if path.exists() and path.read_bytes().count(b"\n") >= lines:
+            return
+        time.sleep(0.005)
+
+
+def kill_9(proc, workers: list[int]) -> list[int]:
+    """SIGKILL ``proc`` and reap it; the ``workers`` still alive 5 s later."""
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and any(alive(w) for w in workers):
+        time.sleep(0.02)
+    return [w for w in workers if alive(w)]
+
+
+def kill_all(pids: list[int]) -> None:
+    """SIGKILL each process still there: no stray process is left behind, even by a failed test."""
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass

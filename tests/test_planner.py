@@ -2,11 +2,8 @@
 
 import functools
 import json
-import os
-import signal
 import subprocess
 import sys
-import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -26,7 +23,7 @@ from simulator.studies.planner_space import (apply_layout, candidate_scenario, d
 from simulator.studies.sweep import Task, evaluate
 from simulator.workload.workload import build_workload
 
-from procs import alive, live_children
+from procs import kill_9, kill_all, live_children, wait_for_lines
 
 
 def _scenario(model: dict, nodes: int, gbs: int, seq: int, par: dict, schedule: str = "1f1b") -> dict:
@@ -600,27 +597,14 @@ def test_kill_9_of_a_plan_kills_its_workers_and_the_rerun_reuses_its_log(tmp_pat
     log = out / "plan.jsonl"
     workers = []
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and proc.poll() is None:
-            if log.exists() and log.read_bytes().count(b"\n") >= 2:
-                break
-            time.sleep(0.005)
+        wait_for_lines(proc, log, 2, 120)
         assert proc.poll() is None, "the plan finished before it could be killed; widen its space"
         workers = live_children(proc.pid)
         assert len(workers) == 2, "the plan simulates in two pool workers"
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and any(alive(w) for w in workers):
-            time.sleep(0.02)
-        survivors = [w for w in workers if alive(w)]
+        survivors = kill_9(proc, workers)
         assert not survivors, f"pool workers {survivors} outlived the killed plan"
     finally:
-        for w in workers:  # never leave a stray process behind, even when the test fails
-            try:
-                os.kill(w, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        kill_all(workers)
     logged = [json.loads(line) for line in log.read_text().splitlines() if line.strip().endswith("}")]
     assert logged, "the killed plan had logged simulations"
     done = subprocess.run(argv, capture_output=True, text=True, timeout=300)

@@ -4,10 +4,8 @@ import csv
 import io
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -16,7 +14,7 @@ from simulator.errors import ConfigError
 from simulator.studies.sweep import CSV, JSONL, METRICS, parse_vary, points, read_log, run_sweep, table_csv
 from simulator.studies.whatif import TARGETS, whatif, write_whatif
 
-from procs import alive, live_children
+from procs import kill_9, kill_all, live_children, wait_for_lines
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = str(ROOT / "scenarios" / "tiny.yaml")
@@ -91,29 +89,16 @@ def test_kill_9_part_way_loses_nothing_kills_the_workers_and_the_rerun_completes
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     workers = []
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and proc.poll() is None:
-            if (out / JSONL).exists() and (out / JSONL).read_bytes().count(b"\n") >= 1:
-                break
-            time.sleep(0.005)
+        wait_for_lines(proc, out / JSONL, 1, 60)
         assert proc.poll() is None, "the sweep finished before it could be killed; make its points slower"
         workers = live_children(proc.pid)
         assert workers, "the sweep runs its points in pool workers"
         assert all(os.getpgid(w) == os.getpgid(proc.pid) for w in workers), "workers stay in the sweep's group"
         assert (out / ".lock").read_text().strip() == str(proc.pid)
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and any(alive(w) for w in workers):
-            time.sleep(0.02)
-        survivors = [w for w in workers if alive(w)]
+        survivors = kill_9(proc, workers)
         assert not survivors, f"pool workers {survivors} outlived the killed sweep"
     finally:
-        for w in workers:  # never leave a stray process behind, even when the test fails
-            try:
-                os.kill(w, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        kill_all(workers)
     killed_rows, _ = read_log(out / JSONL)
     assert 1 <= len(killed_rows) < 8
     if (out / CSV).exists():
