@@ -17,8 +17,8 @@ The survivors are simulated in ascending order of their bound, so good layouts a
 and the bound prunes the most. With n simulations in flight (the workers and ``QUEUED`` more in
 the pool's queue), the decision on the k-th submission uses exactly the results of submissions
 0 .. k - n (waiting for them if need be), never whichever happened to finish first, so a plan is
-deterministic for a given worker count. Exactness: a layout is only pruned when its bound exceeds the step time of ``top``
-simulated layouts (and, with ``pareto``, when a simulated layout at most as slow as its bound is in
+deterministic for a given worker count. Exactness: a layout is only pruned when its bound exceeds
+the step time of ``top`` simulated layouts (and, with ``pareto``, when a simulated layout at most as slow as its bound is in
 the same memory step or a lower one), so the best, the top ``top`` and the Pareto front are those of simulating every
 valid layout that fits; ``tests/test_planner.py`` checks this against brute force.
 
