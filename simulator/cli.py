@@ -300,8 +300,8 @@ def _check_workers(args) -> None:
 
     if args.workers is not None and args.workers < 1:
         raise ConfigError("--workers", args.workers, "must be a whole number >= 1 (or left out: the CPU count)")
-    if args.workers is not None and not getattr(args, "address", None):  # a local pool or local Ray
-        check_local_workers(args.workers)
+    if args.workers is not None:
+        check_local_workers(args.workers, getattr(args, "executor", "process"), getattr(args, "address", None))
 
 
 def _diff(args) -> int:

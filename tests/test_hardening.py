@@ -396,3 +396,4 @@ def test_library_calls_refuse_more_local_workers_than_the_machine_holds():
     with pytest.raises(ConfigError, match="--workers"):
         validate_file(str(ROOT / "tests/data/nemo-2407-runs.yaml"), workers=too_many)
     assert check_local_workers(too_many - 1) == too_many - 1  # the limit itself is accepted
+    assert check_local_workers(too_many, "ray", "head:6379") == too_many  # a Ray cluster's workers are not local

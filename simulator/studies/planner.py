@@ -295,11 +295,10 @@ class _Runner:
             self.ray = ray
             self.remote = ray.remote(num_cpus=1)(evaluate)
         if workers > 1:
-            from simulator.studies.workers import WORKERS_PER_CPU, process_pool
+            from simulator.studies.workers import local_limit, process_pool
 
             # workers die with the planner, even on kill -9; with Ray the local pool only screens
-            local = workers if self.ray is None else min(workers, WORKERS_PER_CPU * (os.cpu_count() or 1))
-            self.pool = process_pool(local)
+            self.pool = process_pool(workers if self.ray is None else min(workers, local_limit()))
 
     @property
     def parallel(self) -> bool:
@@ -432,8 +431,7 @@ def plan(scenario: str | Path | Scenario | dict, *, sets: Sequence[str] = (), sp
     workers = workers if workers is not None else min(2, os.cpu_count() or 1)
     if workers < 1:
         raise ConfigError("--workers", workers, "must be a whole number >= 1")
-    if executor == "process" or not address:  # a local pool or a local Ray
-        check_local_workers(workers)
+    check_local_workers(workers, executor, address)
     raw, base_dir, name = base_of(scenario, sets)
     s = scenario_from_dict(raw, base_dir=base_dir, default_name=name)
     given = layout_of(s)

@@ -196,8 +196,7 @@ def run_tasks(tasks: Sequence[tuple[str, Task]], executor: str = "process", work
         workers = os.cpu_count() or 1
     if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
         raise ConfigError("--workers", workers, "must be a whole number >= 1 (or left out: the CPU count)")
-    if executor == "process" or not address:  # a local pool or a local Ray
-        check_local_workers(workers)
+    check_local_workers(workers, executor, address)
     if not tasks:
         return
     if executor == "ray":

@@ -49,15 +49,20 @@ def die_with_parent(parent: int) -> None:
         threading.Thread(target=_exit_when_orphaned, args=(parent,), name="orphan-watch", daemon=True).start()
 
 
-def check_local_workers(workers: int) -> int:
-    """``workers`` if this machine can hold that many pool processes, else a one-line error: with
-    fork every process starts at once, and a thousand of them would exhaust the memory."""
-    cpus = os.cpu_count() or 1
-    limit = WORKERS_PER_CPU * cpus
-    if workers > limit:
-        raise ConfigError("--workers", workers, f"at most {limit} local processes on this {cpus}-CPU machine "
-                          f"({WORKERS_PER_CPU} per CPU, with a process pool or a local Ray); to use more machines, "
-                          "--executor ray --address a Ray cluster")
+def local_limit() -> int:
+    """The most pool processes this machine runs: ``WORKERS_PER_CPU`` per CPU."""
+    return WORKERS_PER_CPU * (os.cpu_count() or 1)
+
+
+def check_local_workers(workers: int, executor: str = "process", address: str | None = None) -> int:
+    """``workers`` if they are not local (Ray with an ``address``: a cluster) or this machine can
+    hold that many processes (a process pool or a local Ray), else a one-line error: with fork every
+    process starts at once, and a thousand of them would exhaust the memory."""
+    limit = local_limit()
+    if workers > limit and not (executor == "ray" and address):
+        raise ConfigError("--workers", workers, f"at most {limit} local processes on this {os.cpu_count() or 1}-CPU "
+                          f"machine ({WORKERS_PER_CPU} per CPU, with a process pool or a local Ray); to use more "
+                          "machines, --executor ray --address a Ray cluster")
     return workers
 
 
