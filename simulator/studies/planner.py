@@ -274,6 +274,7 @@ class _Runner:
     def __init__(self, executor: str, workers: int, address: str | None):
         self.executor, self.workers = executor, workers
         self.pool = self.ray = None
+        self.local = 1  # processes of the local pool (the memory screen and the enumeration), 1 inline
         self.pending: dict[int, object] = {}
         self.ready: dict[int, dict] = {}
         self._ray_started = False
@@ -298,7 +299,8 @@ class _Runner:
             from simulator.studies.workers import local_limit, process_pool
 
             # workers die with the planner, even on kill -9; with Ray the local pool only screens
-            self.pool = process_pool(workers if self.ray is None else min(workers, local_limit()))
+            self.local = workers if self.ray is None else min(workers, local_limit())
+            self.pool = process_pool(self.local)
 
     @property
     def parallel(self) -> bool:
@@ -442,8 +444,8 @@ def plan(scenario: str | Path | Scenario | dict, *, sets: Sequence[str] = (), sp
     folder = Path(out) if out is not None else None
     lock = log = None
     try:
-        # the structural shapes in 4 x workers interleaved parts, validated in the pool
-        parts = 4 * workers if runner.pool is not None else 1
+        # the structural shapes in 4 interleaved parts per local process, validated in the pool
+        parts = 4 * runner.local if runner.pool is not None else 1
         enum = merge_enumerations(runner.map_local(_enumerate_part, [(s, values, (i, parts)) for i in range(parts)]))
         if not enum.valid:
             reason, count = enum.pruned_rules.most_common(1)[0] if enum.pruned_rules else ("the space is empty", 0)
@@ -460,7 +462,7 @@ def plan(scenario: str | Path | Scenario | dict, *, sets: Sequence[str] = (), sp
             if damaged:
                 atomic_write_text(folder / LOG, "".join(json.dumps(r, sort_keys=True) + "\n" for r in done.values()))
             log = open(folder / LOG, "a")
-        chunks = [enum.valid[i::4 * workers] for i in range(4 * workers)]
+        chunks = [enum.valid[i::4 * runner.local] for i in range(4 * runner.local)]
         screened_chunks = runner.map_local(_screen, [(s, c, max_memory_fraction) for c in chunks])
         by_layout = {}
         for chunk, results in zip(chunks, screened_chunks):
