@@ -14,6 +14,12 @@ from simulator.outputs import FIGURE_SUFFIXES, JSON_SUFFIXES, check_output_folde
 from simulator.progress import add_progress_flags, progress_from_args
 
 
+# ``stepsim plan --tolerance``'s default as its help shows it: the planner's DEFAULT_TOLERANCE
+# (a test holds them equal), written here so that building the parser does not import the planner
+# and with it numpy and networkx (every --help and every one-line error paid 0.8 s for them).
+TOLERANCE_HELP_DEFAULT = "0%"
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):
         self.exit(2, f"stepsim: error: {message}\n")
@@ -218,7 +224,7 @@ def _whatif(args) -> int:
 
 
 def _plan(args) -> int:
-    from simulator.studies.planner import DEFAULT_TOLERANCE, emit_scenario, format_plan, plan
+    from simulator.studies.planner import emit_scenario, format_plan, plan
 
     _check_workers(args)
     if args.out:
@@ -235,7 +241,7 @@ def _plan(args) -> int:
     result = plan(args.scenario, sets=args.set or [], space=args.space or [], top=args.top,
                   objective=args.objective, max_memory_fraction=args.max_memory_fraction, out=args.out,
                   pareto=args.pareto == "exact",
-                  tolerance=DEFAULT_TOLERANCE if args.tolerance is None else args.tolerance,
+                  tolerance=args.tolerance,
                   workers=args.workers, executor=args.executor, address=args.address,
                   progress=None if args.quiet else sys.stderr, force_progress=args.progress)
     if args.emit:
@@ -390,8 +396,6 @@ def build_parser() -> argparse.ArgumentParser:
     add_progress_flags(v)
     v.set_defaults(func=_validate)
 
-    from simulator.studies.planner import DEFAULT_TOLERANCE
-
     pl = _scenario_parser(sub, "plan", "find the fastest layout of a scenario's model on its cluster, by simulation")
     pl.add_argument("--top", type=int, default=5, help="layouts in the table, ranked exactly up to --tolerance (default 5)")
     pl.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -412,7 +416,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "layouts the top N needed (faster)")
     pl.add_argument("--tolerance", default=None, metavar="T",
                     help="prune a layout unless it could beat the shown one at its rank (or on the Pareto front) by "
-                         f"more than T, a fraction or a percentage: 0 is exact (default {DEFAULT_TOLERANCE * 100:g}%%)")
+                         f"more than T, a fraction or a percentage: 0 is exact (default {TOLERANCE_HELP_DEFAULT})")
     pl.add_argument("--validate", action="store_true",
                     help="SCENARIO is a public-runs file: plan every run and compare with its published layout")
     add_progress_flags(pl)

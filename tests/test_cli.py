@@ -44,3 +44,19 @@ def test_console_script_and_module_agree():
     a = subprocess.run([sys.executable, "-m", "simulator", "collective", "--sizes", "1GiB", "--json"],
                        capture_output=True, text=True, check=True).stdout
     assert json.loads(a)[0]["size_bytes"] == 2**30
+
+
+def test_building_the_parser_imports_no_model_code():
+    """--help and every usage error come from the parser alone: building it must not import the
+    planner (and with it numpy and networkx), which cost every one-line error 0.8 s."""
+    code = ("import sys; from simulator.cli import build_parser; build_parser(); "
+            "print(sorted(m for m in ('numpy', 'networkx', 'simpy', 'simulator.studies.planner') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_plan_help_shows_the_planners_default_tolerance():
+    from simulator.cli import TOLERANCE_HELP_DEFAULT
+    from simulator.studies.planner import DEFAULT_TOLERANCE
+
+    assert TOLERANCE_HELP_DEFAULT == f"{DEFAULT_TOLERANCE * 100:g}%"

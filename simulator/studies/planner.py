@@ -417,7 +417,7 @@ def _no_fit(s, valid: list, by_layout: dict, max_memory_fraction: float) -> None
 
 def plan(scenario: str | Path | Scenario | dict, *, sets: Sequence[str] = (), space: Sequence[str] = (),
          top: int = 5, objective: str = "step_time", max_memory_fraction: float = 1.0, pareto: bool = True,
-         tolerance: float = DEFAULT_TOLERANCE, out: str | Path | None = None, workers: int | None = None, executor: str = "process",
+         tolerance: float | str | None = None, out: str | Path | None = None, workers: int | None = None, executor: str = "process",
          address: str | None = None, progress=sys.stderr, force_progress: bool = False) -> dict:
     """Plan a scenario (module docstring); returns the result in the ``--json`` shape. Progress goes
     to ``progress`` when it is a terminal or ``force_progress`` (``--progress``); None is silent."""
@@ -429,7 +429,7 @@ def plan(scenario: str | Path | Scenario | dict, *, sets: Sequence[str] = (), sp
         raise ConfigError("--top", top, "must be a whole number >= 1")
     if not 0 < max_memory_fraction <= 1:
         raise ConfigError("--max-memory-fraction", max_memory_fraction, "must be a number in (0, 1]")
-    tolerance = parse_tolerance(tolerance)
+    tolerance = parse_tolerance(DEFAULT_TOLERANCE if tolerance is None else tolerance)
     workers = workers if workers is not None else min(2, os.cpu_count() or 1)
     if workers < 1:
         raise ConfigError("--workers", workers, "must be a whole number >= 1")
