@@ -304,8 +304,6 @@ def _audit(args) -> int:
 def _check_workers(args) -> None:
     from simulator.studies.workers import check_local_workers
 
-    if args.workers is not None and args.workers < 1:
-        raise ConfigError("--workers", args.workers, "must be a whole number >= 1 (or left out: the CPU count)")
     if args.workers is not None:
         check_local_workers(args.workers, getattr(args, "executor", "process"), getattr(args, "address", None))
 

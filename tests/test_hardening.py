@@ -111,6 +111,8 @@ def test_an_existing_result_file_is_overwritten_but_a_read_only_one_is_refused(t
     (["whatif", TINY, "--workers", "0"], "--workers"),
     (["whatif", TINY, "--factor", "1e300"], "--factor"),
     (["validate", str(ROOT / "tests/data/nemo-2407-runs.yaml"), "--workers", "0"], "--workers"),
+    (["plan", TINY, "--workers", "0"], "--workers"),
+    (["plan", TINY, "--workers", "-3"], "--workers"),
     # a thousand forked processes at once would exhaust the memory (``workers.check_local_workers``)
     (["sweep", TINY, "--vary", "parallelism.tp=1,2", "--workers", "100000"], "--workers"),
     (["whatif", TINY, "--workers", "100000"], "--workers"),
@@ -395,5 +397,11 @@ def test_library_calls_refuse_more_local_workers_than_the_machine_holds():
         list(run_tasks([("a", Task({}, ".", "a", ()))], "process", too_many))
     with pytest.raises(ConfigError, match="--workers"):
         validate_file(str(ROOT / "tests/data/nemo-2407-runs.yaml"), workers=too_many)
+    for bad in (0, -1, 1.5, True):  # one check (``check_local_workers``) for every entry point
+        for call in (lambda: plan(TINY, workers=bad, progress=None),
+                     lambda: list(run_tasks([("a", Task({}, ".", "a", ()))], "process", bad)),
+                     lambda: validate_file(str(ROOT / "tests/data/nemo-2407-runs.yaml"), workers=bad)):
+            with pytest.raises(ConfigError, match="--workers: got .*; must be a whole number >= 1"):
+                call()
     assert check_local_workers(too_many - 1) == too_many - 1  # the limit itself is accepted
     assert check_local_workers(too_many, "ray", "head:6379") == too_many  # a Ray cluster's workers are not local

@@ -431,8 +431,6 @@ def plan(scenario: str | Path | Scenario | dict, *, sets: Sequence[str] = (), sp
         raise ConfigError("--max-memory-fraction", max_memory_fraction, "must be a number in (0, 1]")
     tolerance = parse_tolerance(DEFAULT_TOLERANCE if tolerance is None else tolerance)
     workers = workers if workers is not None else min(2, os.cpu_count() or 1)
-    if workers < 1:
-        raise ConfigError("--workers", workers, "must be a whole number >= 1")
     check_local_workers(workers, executor, address)
     raw, base_dir, name = base_of(scenario, sets)
     s = scenario_from_dict(raw, base_dir=base_dir, default_name=name)

@@ -194,8 +194,6 @@ def run_tasks(tasks: Sequence[tuple[str, Task]], executor: str = "process", work
         raise ConfigError("--executor", executor, f"valid: {', '.join(EXECUTORS)}")
     if workers is None:
         workers = os.cpu_count() or 1
-    if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
-        raise ConfigError("--workers", workers, "must be a whole number >= 1 (or left out: the CPU count)")
     check_local_workers(workers, executor, address)
     if not tasks:
         return

@@ -705,8 +705,6 @@ def load_cases(path: str | Path) -> list[dict]:
 
 def validate_file(path: str, workers: int = 2, progress=None) -> dict:
     """Predict every case of a public-runs file; ``progress.advance(case_id, total)`` after each."""
-    if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
-        raise ConfigError("--workers", workers, "must be a whole number >= 1")
     check_local_workers(workers)
     cases = load_cases(path)
     rows = []

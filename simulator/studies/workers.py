@@ -55,9 +55,12 @@ def local_limit() -> int:
 
 
 def check_local_workers(workers: int, executor: str = "process", address: str | None = None) -> int:
-    """``workers`` if they are not local (Ray with an ``address``: a cluster) or this machine can
-    hold that many processes (a process pool or a local Ray), else a one-line error: with fork every
-    process starts at once, and a thousand of them would exhaust the memory."""
+    """``workers`` if it is a whole number >= 1 and the workers are not local (Ray with an
+    ``address``: a cluster) or this machine can hold that many processes (a process pool or a local
+    Ray), else a one-line error: with fork every process starts at once, and a thousand of them
+    would exhaust the memory. The one check of ``--workers`` for the CLI, sweep, validate and plan."""
+    if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
+        raise ConfigError("--workers", workers, "must be a whole number >= 1 (or left out: the default)")
     limit = local_limit()
     if workers > limit and not (executor == "ray" and address):
         raise ConfigError("--workers", workers, f"at most {limit} local processes on this {os.cpu_count() or 1}-CPU "
