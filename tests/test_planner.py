@@ -383,6 +383,21 @@ def test_two_workers_plan_alike_every_time_and_as_one_worker_at_the_top(tmp_path
         [(e["layout"], e["step_time_s"]) for e in first["ranked"][:3]]
 
 
+def test_ray_plans_as_the_process_pool_and_an_impossible_space_does_not_start_it(monkeypatch):
+    """``--executor ray`` (a local Ray) gives the process pool's plan, JSON for JSON; a space with
+    no valid layout is refused before Ray starts (the enumeration runs first)."""
+    ray = pytest.importorskip("ray", reason="Ray is the optional extra stepsim[ray]; CI installs it")
+    with monkeypatch.context() as m:
+        m.setattr(ray, "init", lambda *a, **k: pytest.fail("Ray started for a space with no valid layout"))
+        with pytest.raises(ConfigError, match="--space: .* none is valid"):
+            plan("scenarios/tiny.yaml", space=["pp=3", "vp=1"], executor="ray", workers=2, progress=None)
+    space = ["tp=1,2", "pp=1,2", "micro_batch_size=1", "recompute=none", "zero_stage=1"]
+    pooled = plan("scenarios/tiny.yaml", space=space, workers=2, progress=None)
+    rayed = plan("scenarios/tiny.yaml", space=space, executor="ray", workers=2, progress=None)
+    assert json.dumps(rayed, sort_keys=True) == json.dumps(pooled, sort_keys=True)
+    assert not ray.is_initialized()  # the plan shut down the Ray it started
+
+
 def test_json_keys_are_the_issue_contract():
     result = plan("scenarios/tiny.yaml", space=["tp=2", "pp=1,2", "micro_batch_size=1", "recompute=none",
                                                 "zero_stage=0,1"], workers=1, progress=None)

@@ -278,29 +278,38 @@ class _Runner:
         self.pending: dict[int, object] = {}
         self.ready: dict[int, dict] = {}
         self._ray_started = False
+        self.address = address
         if executor == "ray":
             try:
-                import ray
+                import ray  # noqa: F401  (only that it is installed: Ray starts in ``connect``)
             except ImportError:
                 raise ConfigError("--executor", "ray", "Ray is not installed: pip install 'stepsim[ray]'") from None
-            if not ray.is_initialized():
-                try:
-                    if address:
-                        ray.init(address=address, log_to_driver=False, logging_level="warning")
-                    else:
-                        ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False,
-                                 logging_level="warning")
-                except ConnectionError as err:
-                    raise ConfigError("--address", address, f"cannot join the Ray cluster ({err})") from None
-                self._ray_started = True
-            self.ray = ray
-            self.remote = ray.remote(num_cpus=1)(evaluate)
         if workers > 1:
             from simulator.studies.workers import local_limit, process_pool
 
             # workers die with the planner, even on kill -9; with Ray the local pool only screens
-            self.local = workers if self.ray is None else min(workers, local_limit())
+            self.local = workers if executor != "ray" else min(workers, local_limit())
             self.pool = process_pool(self.local)
+
+    def connect(self) -> None:
+        """Start or join Ray (``--executor ray``), once the space is known to hold a valid layout:
+        an impossible ``--space`` is a one-line error without a Ray start first."""
+        if self.executor != "ray" or self.ray is not None:
+            return
+        import ray
+
+        if not ray.is_initialized():
+            try:
+                if self.address:
+                    ray.init(address=self.address, log_to_driver=False, logging_level="warning")
+                else:
+                    ray.init(num_cpus=self.workers, include_dashboard=False, log_to_driver=False,
+                             logging_level="warning")
+            except ConnectionError as err:
+                raise ConfigError("--address", self.address, f"cannot join the Ray cluster ({err})") from None
+            self._ray_started = True
+        self.ray = ray
+        self.remote = ray.remote(num_cpus=1)(evaluate)
 
     @property
     def parallel(self) -> bool:
@@ -449,6 +458,7 @@ def plan(scenario: str | Path | Scenario | dict, *, sets: Sequence[str] = (), sp
             reason, count = enum.pruned_rules.most_common(1)[0] if enum.pruned_rules else ("the space is empty", 0)
             raise ConfigError("--space", f"{enum.enumerated} layouts", f"none is valid; most common rule: {reason} "
                               f"({count} layouts)")
+        runner.connect()
         bar.show(f"{enum.enumerated} layouts, {len(enum.valid)} valid: memory and bounds")
         base = scenario_hash(raw)
         done: dict[str, dict] = {}
