@@ -26,7 +26,7 @@ def test_a100_datasheet_numbers():
 
 @pytest.mark.parametrize(
     "name, per_direction",
-    [("A100", 300e9), ("H100", 450e9), ("H800", 200e9), ("H200", 450e9), ("B200", 900e9)],
+    [("A100", 300e9), ("A800", 200e9), ("H100", 450e9), ("H800", 200e9), ("H200", 450e9), ("B200", 900e9)],
 )
 def test_nvlink_is_per_direction(name, per_direction):
     assert get_gpu(name).nvlink_bandwidth_Bps == per_direction
@@ -45,10 +45,25 @@ def test_h200_has_141_gb():
         ("a100-sxm4-40gb", "A100-SXM4-40GB"),
         ("B200", "B200-SXM-180GB"),
         ("h800-80gb", "H800-80GB"),
+        ("NVIDIA A800 80GB SXM4", "A800-SXM4-80GB"),
+        ("a800", "A800-SXM4-80GB"),
     ],
 )
 def test_aliases_case_insensitive(alias, canonical):
     assert get_gpu(alias) is GPU_CATALOG[canonical]
+
+
+def test_a800_is_the_a100_with_two_thirds_of_its_nvlink():
+    """NVIDIA's export variant: A100 SXM4 80GB compute, memory and TDP; NVLink 400 of 600 GB/s.
+    Its 40 GB and PCIe cards are other parts (other links), so they are not guessed."""
+    a800, a100 = get_gpu("A800"), get_gpu("A100-SXM4-80GB")
+    assert a800.peak_flops == a100.peak_flops and a800.num_sms == a100.num_sms
+    assert (a800.hbm_bandwidth_Bps, a800.hbm_capacity_bytes, a800.tdp_w) == \
+        (a100.hbm_bandwidth_Bps, a100.hbm_capacity_bytes, a100.tdp_w)
+    assert a800.nvlink_bandwidth_Bps == pytest.approx(a100.nvlink_bandwidth_Bps * 400 / 600)
+    for other in ("A800 40GB", "A800 PCIe 80GB"):
+        with pytest.raises(ConfigError):
+            get_gpu(other)
 
 
 def test_unknown_gpu_names_field_and_sorted_valid_list():

@@ -184,7 +184,7 @@ _HOPPER = dict(gemm_efficiency=_HOPPER_GEMM, sustained_fraction=_HOPPER_SUSTAINE
 
 _BLACKWELL = {**{k: v for k, v in _HOPPER.items() if k != "gemm_efficiency"}, "nvlink_generation": 5, "tdp_w": None}  # sustained and NVLink: Hopper's constants, see above
 
-# Dense peaks shared by the parts of one die: both A100 memory sizes, and H100 / H800 / H200
+# Dense peaks shared by the parts of one die: both A100 memory sizes and the A800, and H100 / H800 / H200
 # (the same GH100 compute at the same clocks; H800 differs in NVLink, H200 in memory).
 _A100_PEAK = {"bf16": 312 * TERA, "fp16": 312 * TERA, "tf32": 156 * TERA}
 _H100_PEAK = {"bf16": 989 * TERA, "fp16": 989 * TERA, "fp8": 1979 * TERA, "tf32": 494.7 * TERA}
@@ -209,6 +209,18 @@ GPU_CATALOG: dict[str, GPUSpec] = {
         nvlink_bandwidth_Bps=GBps(300),
         source="NVIDIA A100 Tensor Core GPU datasheet (2021): 312 TF BF16 dense, HBM2 1555 GB/s, "
         "NVLink3 600 GB/s bidirectional; 108 SMs",
+        num_sms=108,
+        **_AMPERE,
+    ),
+    "A800-SXM4-80GB": GPUSpec(
+        name="A800-SXM4-80GB",
+        peak_flops=_A100_PEAK,
+        hbm_bandwidth_Bps=GBps(2039),
+        hbm_capacity_bytes=80 * GiB,
+        nvlink_bandwidth_Bps=GBps(200),
+        source="NVIDIA's export-compliant A100 for China (NVIDIA statement of 2022-11-07; Reuters, "
+        "2022-11-08): the A100 SXM4 80GB (GA100, same compute, HBM2e and 400 W SXM TDP) with NVLink "
+        "limited to 400 GB/s bidirectional instead of 600",
         num_sms=108,
         **_AMPERE,
     ),
@@ -373,6 +385,9 @@ _ALIASES = {
     "h100-80gb": "H100-SXM5-80GB",
     "h100-96gb": "H100-SXM5-96GB",
     "h100-sxm5-96gb": "H100-SXM5-96GB",
+    "a800": "A800-SXM4-80GB",
+    "a800-80gb": "A800-SXM4-80GB",
+    "a800-sxm4": "A800-SXM4-80GB",
     "h800": "H800-80GB",
     "h800-sxm5-80gb": "H800-80GB",
     "h200": "H200-SXM-141GB",
@@ -400,7 +415,7 @@ _ALIASES = {
 _LOOKUP = {**{k.lower(): k for k in GPU_CATALOG}, **_ALIASES}
 
 
-_FAMILIES = (("a100", "40gb", "A100-SXM4-40GB"), ("a100", "", "A100-SXM4-80GB"), ("h100", "96gb", "H100-SXM5-96GB"),
+_FAMILIES = (("a100", "40gb", "A100-SXM4-40GB"), ("a100", "", "A100-SXM4-80GB"), ("a800", "80gb", "A800-SXM4-80GB"), ("h100", "96gb", "H100-SXM5-96GB"),
              ("h100", "", "H100-SXM5-80GB"),
              ("h800", "", "H800-80GB"), ("h200", "", "H200-SXM-141GB"), ("b200", "", "B200-SXM-180GB"))
 # Grace-Blackwell superchips first: "gb200" contains "b200", and their rack name contains "nvl".
