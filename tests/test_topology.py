@@ -42,8 +42,32 @@ def test_intra_node_route_goes_through_the_nvswitch_at_nvlink_rate():
     route = c.route(0, 5)
     assert [c.link_cls[e] for e in route] == ["nvlink", "nvlink"]
     assert c.link_bw[route].tolist() == [240e9, 240e9]  # nominal 300 x the A100's NVLink efficiency 0.8
-    h = build_cluster(load_topology("dgx-a100"), 1, gpu="H100-SXM5-80GB")
-    assert h.link_bw[h.route(0, 5)].tolist() == [300e9, 300e9]
+    h = build_cluster(load_topology("dgx-a100"), 1, gpu="H100-SXM5-80GB", nvlink_bandwidth_GBps=300)
+    assert h.link_bw[h.route(0, 5)].tolist() == [300e9, 300e9]  # the H100's efficiency is 1
+
+
+@pytest.mark.parametrize("topology, gpu, per_direction_GBps", [
+    ("dgx-h100", "H800", 200), ("dgx-a100", "A800", 200), ("dgx-h100", "H200", 450), ("dgx-h100", "H100", 450)])
+def test_a_gpu_brings_its_own_nvlink_rate_into_the_topologys_node(topology, gpu, per_direction_GBps):
+    """NVLink ports are the GPU's: an H800 (or A800) in a DGX-H100 (DGX-A100) node runs at its 400 GB/s
+    bidirectional, not the H100's 900 (A100's 600); an explicit override or a topology file that sets
+    its own rate wins."""
+    from simulator.physical.hardware import get_gpu
+
+    eff = get_gpu(gpu).nvlink_efficiency
+    c = build_cluster(load_topology(topology), 1, gpu=gpu)
+    assert c.link_bw[c.route(0, 5)].tolist() == [per_direction_GBps * 1e9 * eff] * 2
+    o = build_cluster(load_topology(topology), 1, gpu=gpu, nvlink_bandwidth_GBps=100)
+    assert o.link_bw[o.route(0, 5)].tolist() == [100e9 * eff] * 2
+
+
+def test_a_topology_file_with_its_own_nvlink_rate_keeps_it_for_any_gpu(tmp_path):
+    path = tmp_path / "custom.yaml"
+    path.write_text("gpu: H100-SXM5-80GB\nnvlink_bandwidth_GBps: 600\n")
+    from simulator.physical.hardware import get_gpu
+
+    c = build_cluster(load_topology(str(path)), 1, gpu="H800")
+    assert c.link_bw[c.route(0, 5)].tolist() == [600e9 * get_gpu("H800").nvlink_efficiency] * 2
 
 
 def test_nic_line_rate_and_shared_nics():

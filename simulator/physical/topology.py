@@ -532,15 +532,35 @@ def _nvlink_generation(gpu: str) -> int:
         return 0
 
 
+def _gpu_nvlink_GBps(gpu: str | None, spec: TopologySpec) -> float | None:
+    """The NVLink rate (GB/s per direction) of a GPU other than the one the topology was built for:
+    NVLink ports belong to the GPU, so an H800 or A800 in a DGX-H100 or DGX-A100 node runs at its own
+    400 GB/s bidirectional (``hardware.GPU_CATALOG``), not the topology's H100 / A100 rate. None
+    (the topology's rate stands) for the topology's own GPU, a GPU the catalog lacks, or a topology
+    whose NVLink rate is not its GPU's (a file that sets its own links keeps them)."""
+    if gpu is None:
+        return None
+    try:
+        own, built_for = get_gpu(gpu), get_gpu(spec.gpu)
+    except ConfigError:
+        return None
+    if own is built_for or not math.isclose(spec.nvlink_bandwidth_GBps * 1e9, built_for.nvlink_bandwidth_Bps):
+        return None
+    return own.nvlink_bandwidth_Bps / 1e9
+
+
 def build_cluster(spec: TopologySpec, num_nodes: int, *, gpus_per_node: int | None = None,
                   nvlink_bandwidth_GBps: float | None = None, network_bandwidth_Gbps: float | None = None,
                   oversubscription: float | None = None, gpu: str | None = None) -> Cluster:
     """Scale ``spec`` to ``num_nodes`` nodes, applying the scenario's optional overrides.
 
-    NVLink links carry the nominal rate times the GPU's ``nvlink_efficiency`` (the GPU is ``gpu``,
-    else the topology's; ``simulator.physical.hardware``), what NCCL transfers actually sustain."""
+    NVLink links carry the nominal rate (``nvlink_bandwidth_GBps``, else that of ``gpu`` when it is
+    not the topology's GPU, else the topology's) times the GPU's ``nvlink_efficiency`` (the GPU is
+    ``gpu``, else the topology's; ``simulator.physical.hardware``), what NCCL transfers sustain."""
     if not isinstance(num_nodes, int) or isinstance(num_nodes, bool) or num_nodes < 1:
         raise ConfigError("cluster.num_nodes", num_nodes, "must be a whole number >= 1")
+    if nvlink_bandwidth_GBps is None:
+        nvlink_bandwidth_GBps = _gpu_nvlink_GBps(gpu, spec)
     overrides = {k: v for k, v in dict(
         gpus_per_node=gpus_per_node, nvlink_bandwidth_GBps=nvlink_bandwidth_GBps,
         network_bandwidth_Gbps=network_bandwidth_Gbps, oversubscription=oversubscription).items()
