@@ -363,6 +363,21 @@ def test_warnings_use_the_scenario_s_link_overrides():
     assert "200 Gb/s network instead of 300 GB/s NVLink" in warning
 
 
+def test_warnings_name_the_gpus_own_nvlink_rate():
+    s = tiny("cluster.num_nodes=2", "parallelism.tp=16", "parallelism.pp=1", "parallelism.dp=1",
+             "model.num_attention_heads=16", "model.num_key_value_heads=16", "training.global_batch_size=1",
+             "cluster.gpu=H800")
+    (warning,) = validate_plan(s)
+    assert "400 Gb/s network instead of 200 GB/s NVLink" in warning  # the H800's, not the DGX-H100's 450
+
+
+def test_a_gpu_of_another_generation_than_the_topologys_node_warns():
+    (warning,) = validate_plan(tiny("cluster.gpu=GB200"))
+    assert warning.startswith("cluster.gpu: got GB200; topology dgx-h100 is a node of H100-SXM5-80GB (NVLink 4)")
+    assert validate_plan(tiny("cluster.gpu=H800")) == validate_plan(tiny("cluster.gpu=H200")) == []  # Hopper both
+    assert "cluster.gpu: got H100" in validate_plan(tiny("cluster.gpu=H100", "cluster.topology=dgx-a100"))[0]
+
+
 def test_validate_plan_rechecks_replaced_fields():
     s = tiny()
     bad = dataclasses.replace(s, parallelism=dataclasses.replace(s.parallelism, tp=0))

@@ -532,7 +532,7 @@ def _nvlink_generation(gpu: str) -> int:
         return 0
 
 
-def _gpu_nvlink_GBps(gpu: str | None, spec: TopologySpec) -> float | None:
+def gpu_nvlink_GBps(gpu: str | None, spec: TopologySpec) -> float | None:
     """The NVLink rate (GB/s per direction) of a GPU other than the one the topology was built for:
     NVLink ports belong to the GPU, so an H800 or A800 in a DGX-H100 or DGX-A100 node runs at its own
     400 GB/s bidirectional (``hardware.GPU_CATALOG``), not the topology's H100 / A100 rate. None
@@ -560,7 +560,7 @@ def build_cluster(spec: TopologySpec, num_nodes: int, *, gpus_per_node: int | No
     if not isinstance(num_nodes, int) or isinstance(num_nodes, bool) or num_nodes < 1:
         raise ConfigError("cluster.num_nodes", num_nodes, "must be a whole number >= 1")
     if nvlink_bandwidth_GBps is None:
-        nvlink_bandwidth_GBps = _gpu_nvlink_GBps(gpu, spec)
+        nvlink_bandwidth_GBps = gpu_nvlink_GBps(gpu, spec)
     overrides = {k: v for k, v in dict(
         gpus_per_node=gpus_per_node, nvlink_bandwidth_GBps=nvlink_bandwidth_GBps,
         network_bandwidth_Gbps=network_bandwidth_Gbps, oversubscription=oversubscription).items()
