@@ -11,4 +11,14 @@ class ConfigError(ValueError):
         self.field = field
         self.value = value
         self.valid = valid
-        super().__init__(f"{field}: got {value!r}; {valid}")
+        super().__init__(f"{field}: got {_shown(value)}; {valid}")
+
+
+def _shown(value: object) -> str:
+    """The bad value as the user wrote it: YAML's null, true and false rather than Python's None,
+    True and False (scenarios and ``--set`` values are YAML); anything else by its repr."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return repr(value)

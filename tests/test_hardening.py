@@ -405,3 +405,11 @@ def test_library_calls_refuse_more_local_workers_than_the_machine_holds():
                 call()
     assert check_local_workers(too_many - 1) == too_many - 1  # the limit itself is accepted
     assert check_local_workers(too_many, "ray", "head:6379") == too_many  # a Ray cluster's workers are not local
+
+
+def test_errors_show_yaml_values_as_yaml_writes_them():
+    """Scenario and --set values are YAML: a bad null or boolean is shown as the user wrote it."""
+    assert str(ConfigError("cluster.gpus_per_node", None, "must be a whole number >= 1")) == \
+        "cluster.gpus_per_node: got null; must be a whole number >= 1"
+    assert str(ConfigError("parallelism.tp", True, "x")).startswith("parallelism.tp: got true;")
+    assert str(ConfigError("parallelism.tp", "8x", "x")).startswith("parallelism.tp: got '8x';")
