@@ -353,7 +353,8 @@ def apply_overrides(d: dict, overrides: Iterable[str]) -> dict:
 
     ``parallelism.tp=8`` sets an int, ``parallelism.dp=null`` sets None, ``name=x`` a top-level
     value. Setting a model field drops its aliases (``model.num_experts=16`` replaces a
-    ``num_local_experts`` written in the file).
+    ``num_local_experts`` written in the file). ``model=<Hugging Face id>`` replaces the whole model
+    with a catalog model, as ``model: <id>`` in the file does.
     """
     out = _copy_data(d)
     for item in overrides:
@@ -386,8 +387,12 @@ def apply_overrides(d: dict, overrides: Iterable[str]) -> dict:
             continue
         if head not in SECTIONS:
             raise _unknown(key, value, [*TOP_LEVEL_SCALARS, *(f"{s}.<key>" for s in (*SECTIONS, FAULTS))])
+        if key == "model" and isinstance(value, str) and value.strip():
+            out["model"] = value.strip()  # a catalog id, checked where the model is built
+            continue
         if len(parts) != 2:
-            raise ConfigError(key, value, f"expected {head}.<key>; valid keys: {', '.join(valid_keys(head))}")
+            ids = "a Hugging Face id (model=meta-llama/Llama-3.1-8B) or " if key == "model" else ""
+            raise ConfigError(key, value, f"expected {ids}{head}.<key>; valid keys: {', '.join(valid_keys(head))}")
         name = parts[1]
         if name not in valid_keys(head):
             raise _unknown(key, value, valid_keys(head))

@@ -147,6 +147,14 @@ def test_override_creates_a_missing_section():
     assert "parallelism" not in d, "the input dict is not mutated"
 
 
+def test_override_model_with_a_catalog_id_replaces_the_inline_model():
+    s = tiny("model=meta-llama/Llama-3.1-8B")
+    assert (s.model.hidden_size, s.model.num_hidden_layers, s.model.vocab_size) == (4096, 32, 128256)
+    assert tiny("model= meta-llama/Llama-3.1-8B ").model == s.model
+    expect_error("model", tiny, "model=nope/Nope")  # not in the catalog
+    expect_error("model", tiny, "model=5")  # neither an id nor model.<key>
+
+
 @pytest.mark.parametrize("item, field", [
     ("parallelism.foo=1", "parallelism.foo"),
     ("bogus.tp=1", "bogus.tp"),
@@ -155,6 +163,7 @@ def test_override_creates_a_missing_section():
     ("name.x=1", "name.x"),
     ("parallelism.tp", "--set"),
     ("=3", "--set"),
+    ("model=", "model"),
 ])
 def test_bad_overrides(item, field):
     expect_error(field, tiny, item)
