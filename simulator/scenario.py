@@ -908,6 +908,15 @@ def validate_plan(s: Scenario) -> list[str]:
     network = c.network_bandwidth_Gbps or spec.network_bandwidth_Gbps
     slower = f"the {network:g} Gb/s network instead of {nvlink:g} GB/s NVLink"
     warnings = []
+    if not m.is_moe:
+        default = MoEConfig()
+        unused = [(f"moe.{f.name}", getattr(s.moe, f.name)) for f in fields(MoEConfig)
+                  if getattr(s.moe, f.name) != getattr(default, f.name)]
+        unused += [("parallelism.etp", p.etp)] if p.etp is not None else []
+        if unused:
+            (key, value), names = unused[0], ", ".join(k for k, _ in unused)
+            warnings.append(f"{key}: got {_yaml_text(value)}; the model is dense (model.num_experts is 0), so "
+                            f"{names} {'has' if len(unused) == 1 else 'have'} no effect")
     built_for = get_gpu(spec.gpu) if _known_gpu(spec.gpu) else None
     if built_for is not None and built_for.nvlink_generation != gpu.nvlink_generation:
         warnings.append(f"cluster.gpu: got {c.gpu}; topology {c.topology} is a node of {spec.gpu} (NVLink "
@@ -927,6 +936,11 @@ def validate_plan(s: Scenario) -> list[str]:
         warnings.append(f"parallelism.ep: got {p.ep}; EP group spans nodes (ep x etp = {p.ep * p.expert_tp} consecutive "
                         f"ranks, {c.gpus_per_node} GPUs per node): its all-to-alls cross {slower}")
     return warnings
+
+
+def _yaml_text(value: object) -> str:
+    """A scenario value as YAML writes it (null, true, 2.0)."""
+    return "null" if value is None else str(value).lower() if isinstance(value, bool) else repr(value)
 
 
 def _known_gpu(name: str) -> bool:

@@ -387,6 +387,16 @@ def test_a_gpu_of_another_generation_than_the_topologys_node_warns():
     assert "cluster.gpu: got H100" in validate_plan(tiny("cluster.gpu=H100", "cluster.topology=dgx-a100"))[0]
 
 
+def test_moe_settings_on_a_dense_model_warn_that_they_do_nothing():
+    (warning,) = validate_plan(tiny("moe.imbalance=2"))
+    assert warning == ("moe.imbalance: got 2.0; the model is dense (model.num_experts is 0), so moe.imbalance "
+                       "has no effect")
+    (warning,) = validate_plan(tiny("moe.token_dispatcher=flex", "parallelism.etp=2"))
+    assert "so moe.token_dispatcher, parallelism.etp have no effect" in warning
+    moe = tiny("model.num_experts=8", "model.num_experts_per_tok=2", "moe.imbalance=2")
+    assert not any("dense" in w for w in validate_plan(moe))
+
+
 def test_validate_plan_rechecks_replaced_fields():
     s = tiny()
     bad = dataclasses.replace(s, parallelism=dataclasses.replace(s.parallelism, tp=0))
