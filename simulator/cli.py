@@ -6,6 +6,7 @@ import argparse
 import functools
 import json
 import math
+import re
 import sys
 
 from simulator import limits, units
@@ -21,6 +22,13 @@ TOLERANCE_HELP_DEFAULT = "0%"
 
 
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # A value that starts with a minus and a digit (-1%, -1GiB, -0.5) is a value, so its flag's
+        # own check names what is valid; argparse's default takes only plain negative numbers and
+        # otherwise reports "expected one argument". No stepsim option looks like a number.
+        self._negative_number_matcher = re.compile(r"^-\.?\d")
+
     def error(self, message: str):
         self.exit(2, f"stepsim: error: {message}\n")
 

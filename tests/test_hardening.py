@@ -112,6 +112,9 @@ def test_an_existing_result_file_is_overwritten_but_a_read_only_one_is_refused(t
     (["whatif", TINY, "--factor", "1e300"], "--factor"),
     (["validate", str(ROOT / "tests/data/nemo-2407-runs.yaml"), "--workers", "0"], "--workers"),
     (["plan", TINY, "--workers", "0"], "--workers"),
+    # a value starting with a minus is a value, checked by its flag (argparse said "expected one argument")
+    (["plan", TINY, "--tolerance", "-1%"], "--tolerance: got '-1%'; must be a fraction"),
+    (["collective", "--sizes", "-1GiB"], "--sizes: got '-1GiB'; expected a byte count"),
     (["plan", TINY, "--workers", "-3"], "--workers"),
     # a thousand forked processes at once would exhaust the memory (``workers.check_local_workers``)
     (["sweep", TINY, "--vary", "parallelism.tp=1,2", "--workers", "100000"], "--workers"),
