@@ -11,10 +11,10 @@ class ConfigError(ValueError):
         self.field = field
         self.value = value
         self.valid = valid
-        super().__init__(f"{field}: got {_shown(value)}; {valid}")
+        super().__init__(f"{field}: got {yaml_text(value)}; {valid}")
 
 
-def _shown(value: object) -> str:
+def yaml_text(value: object) -> str:
     """The bad value as the user wrote it: YAML's null, true and false rather than Python's None,
     True and False (scenarios and ``--set`` values are YAML); anything else by its repr."""
     if value is None:

@@ -34,7 +34,7 @@ from simulator.config import (OPTIMIZER_STATE_DTYPES, QUANTIZED_PRECISIONS, TOKE
                               FrameworkOptions, LinkFault, ModelConfig, MoEConfig, OverlapConfig, ParallelConfig,
                               Scenario, Straggler, TrainingConfig)
 from simulator import limits
-from simulator.errors import ConfigError
+from simulator.errors import ConfigError, yaml_text
 from simulator.yamlfile import load_yaml_file
 from simulator.step.plan import vstage_layers
 from simulator.step.schedules import SCHEDULES, check_schedule_args
@@ -915,7 +915,7 @@ def validate_plan(s: Scenario) -> list[str]:
         unused += [("parallelism.etp", p.etp)] if p.etp is not None else []
         if unused:
             (key, value), names = unused[0], ", ".join(k for k, _ in unused)
-            warnings.append(f"{key}: got {_yaml_text(value)}; the model is dense (model.num_experts is 0), so "
+            warnings.append(f"{key}: got {yaml_text(value)}; the model is dense (model.num_experts is 0), so "
                             f"{names} {'has' if len(unused) == 1 else 'have'} no effect")
     built_for = get_gpu(spec.gpu) if _known_gpu(spec.gpu) else None
     if built_for is not None and built_for.nvlink_generation != gpu.nvlink_generation:
@@ -936,11 +936,6 @@ def validate_plan(s: Scenario) -> list[str]:
         warnings.append(f"parallelism.ep: got {p.ep}; EP group spans nodes (ep x etp = {p.ep * p.expert_tp} consecutive "
                         f"ranks, {c.gpus_per_node} GPUs per node): its all-to-alls cross {slower}")
     return warnings
-
-
-def _yaml_text(value: object) -> str:
-    """A scenario value as YAML writes it (null, true, 2.0)."""
-    return "null" if value is None else str(value).lower() if isinstance(value, bool) else repr(value)
 
 
 def _known_gpu(name: str) -> bool:
