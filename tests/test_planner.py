@@ -272,6 +272,32 @@ def test_fsdp_contention_bound_is_its_closed_form_and_below_the_step():
 
 
 
+def test_blocking_ep_all_to_alls_are_two_per_moe_pass_and_keep_the_bound_below_the_step():
+    """Mixtral 8x7B on 64 H100, EP8 inside a node: each MoE layer's forward and backward wait for a
+    dispatch and a combine all-to-all (full recompute: the forward's again), each at least its
+    time alone on an idle node; none with moe.overlap_a2a or with EP across nodes. The bound
+    rises by them and stays below the simulated step."""
+    from simulator.step.bound import blocking_ep_s
+
+    base = load_scenario("scenarios/mixtral-8x7b-64xh100.yaml")
+    for recompute in ("none", "full"):
+        s = apply_layout(base, replace(layout_of(base), recompute=recompute))
+        w = build_workload(s, gpu_of(s.cluster, s.training.precision))
+        node = planner.node_collective_time(s)
+        one = node("all_to_all", 8, w.ep_bytes)  # one all-to-all over 8 GPUs of an idle node
+        assert one > 0
+        assert blocking_ep_s(s, w, node) == pytest.approx((2 * one, (4 if recompute == "full" else 2) * one))
+        overlapped = replace(s, moe=replace(s.moe, overlap_a2a=True))
+        assert blocking_ep_s(overlapped, w, node) == (0.0, 0.0)
+        bound = step_lower_bound(s, w, node, planner.cluster_collective_time(s))
+        without = step_lower_bound(overlapped, w, node, planner.cluster_collective_time(s))
+        assert without < bound < simulate(s).step_time_s
+    wide = apply_layout(base, replace(layout_of(base), tp=2, dp=8, etp=2, sequence_parallel=True))
+    assert wide.parallelism.ep * wide.parallelism.expert_tp == 16  # ep x etp over two nodes
+    assert blocking_ep_s(wide, build_workload(wide, gpu_of(wide.cluster, "bf16")),
+                         planner.node_collective_time(wide)) == (0.0, 0.0)
+
+
 def test_stage_fsdp_busy_is_the_busiest_link_of_its_collectives():
     """One stage's FSDP busy time is the busiest link's seconds of, per layer and micro-batch, two
     parameter all-gathers and one gradient reduce-scatter over its group: checked against the

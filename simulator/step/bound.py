@@ -23,11 +23,12 @@ stream waits on as soon as it starts them (``program._Builder.collective``: laun
 which nothing overlaps. Per layer and micro-batch (``blocking_tp_s``): forward, the all-reduce after
 attention and after a dense MLP, or with sequence parallelism the all-gather before and the
 reduce-scatter after each; backward, with sequence parallelism, the all-gathers before the dense
-MLP's and the attention's backward; full recompute repeats the forward's. (MoE layers' expert
-collectives, the overlapped backward TP collectives and all CP, EP, PP and DP traffic are left
-out.) Each takes at least its time alone on an idle node (``collectives.time_collective``): under
+MLP's and the attention's backward; full recompute repeats the forward's. On MoE layers, unless
+``moe.overlap_a2a``, also the EP dispatch and combine all-to-alls of each (``blocking_ep_s``).
+(MoE layers' expert-TP collectives, the overlapped backward TP collectives and all CP, PP and DP
+traffic are left out.) Each takes at least its time alone on an idle node (``collectives.time_collective``): under
 max-min fair sharing a flow never runs faster than its bottleneck link alone lets it, and a ring
-waits for its slowest edge. TP groups wider than a node are not counted.
+waits for its slowest edge. TP and EP groups wider than a node are not counted.
 
 With ZeRO-3 (FSDP, ``program.build_program``) the compute stream also waits, before
 every layer's forward and backward, for that layer's parameter all-gather over DP x CP, which is
@@ -98,7 +99,30 @@ GroupTime = Callable[[str, tuple, float], tuple]
 def blocking_tp_s(s: Scenario, w: Workload, collective_time: CollectiveTime | None
                   ) -> dict[bool, tuple[float, float]]:
     """Seconds per layer and micro-batch of TP collectives the compute stream waits on at once,
-    {is MoE layer: (forward, backward)}; the backward includes full recompute's forward ones."""
+    {is MoE layer: (forward, backward)}, and on MoE layers the EP all-to-alls (``blocking_ep_s``);
+    the backward includes full recompute's forward ones."""
+    out = _blocking_tp(s, w, collective_time)
+    fwd, bwd = blocking_ep_s(s, w, collective_time)
+    out[True] = (out[True][0] + fwd, out[True][1] + bwd)
+    return out
+
+
+def blocking_ep_s(s: Scenario, w: Workload, collective_time: CollectiveTime | None) -> tuple[float, float]:
+    """Seconds per MoE layer and micro-batch of the EP all-to-alls the compute stream waits on,
+    (forward, backward): without ``moe.overlap_a2a`` the program's MoE block launches the dispatch
+    and the combine and waits for each at once (``program._Builder.moe_block``), in the forward,
+    in the backward and in full recompute's forward again. Each takes at least its time alone on
+    an idle node (the argument of the TP collectives in the module docstring; the engine moves
+    the same ``ep_bytes`` over the same op). EP groups wider than a node are not counted."""
+    par = s.parallelism
+    if (collective_time is None or not s.model.is_moe or par.ep < 2 or s.moe.overlap_a2a
+            or par.ep * par.expert_tp > s.cluster.gpus_per_node or w.ep_bytes <= 0):
+        return 0.0, 0.0
+    pair = 2 * collective_time("all_to_all", par.ep, w.ep_bytes)  # dispatch and combine
+    return pair, pair + (pair if s.training.recompute == "full" else 0.0)
+
+
+def _blocking_tp(s: Scenario, w: Workload, collective_time: CollectiveTime | None) -> dict[bool, tuple[float, float]]:
     tp = s.parallelism.tp
     if collective_time is None or tp < 2 or tp > s.cluster.gpus_per_node:
         return {False: (0.0, 0.0), True: (0.0, 0.0)}
