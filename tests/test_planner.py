@@ -276,7 +276,8 @@ def test_blocking_ep_all_to_alls_are_two_per_moe_pass_and_keep_the_bound_below_t
     """Mixtral 8x7B on 64 H100, EP8 inside a node: each MoE layer's forward and backward wait for a
     dispatch and a combine all-to-all (full recompute: the forward's again), each at least its
     time alone on an idle node; none with moe.overlap_a2a or with EP across nodes. The bound
-    rises by them and stays below the simulated step."""
+    rises by them and stays below the simulated step. With TP the MoE block's own TP collectives
+    count in both passes."""
     from simulator.step.bound import blocking_ep_s
 
     base = load_scenario("scenarios/mixtral-8x7b-64xh100.yaml")
@@ -292,6 +293,18 @@ def test_blocking_ep_all_to_alls_are_two_per_moe_pass_and_keep_the_bound_below_t
         bound = step_lower_bound(s, w, node, planner.cluster_collective_time(s))
         without = step_lower_bound(overlapped, w, node, planner.cluster_collective_time(s))
         assert without < bound < simulate(s).step_time_s
+    # TP2 with sequence parallelism: the attention's all-gather and reduce-scatter, the MoE block's own
+    # (expert TP = tp), and the two all-to-alls of EP4, in each pass
+    from simulator.step.bound import blocking_tp_s
+
+    tp2 = apply_layout(base, replace(layout_of(base), tp=2, dp=8, ep=4, etp=None, sequence_parallel=True))
+    w = build_workload(tp2, gpu_of(tp2.cluster, "bf16"))
+    node = planner.node_collective_time(tp2)
+    ag, rs = node("all_gather", 2, w.tp_bytes), node("reduce_scatter", 2, w.tp_bytes)
+    a2a = node("all_to_all", 4, w.ep_bytes)
+    fwd, bwd = blocking_tp_s(tp2, w, node)[True]
+    assert fwd == pytest.approx((ag + rs) + (ag + rs) + 2 * a2a)
+    assert bwd == pytest.approx(ag + (ag + rs) + 2 * a2a)
     wide = apply_layout(base, replace(layout_of(base), tp=2, dp=8, etp=2, sequence_parallel=True))
     assert wide.parallelism.ep * wide.parallelism.expert_tp == 16  # ep x etp over two nodes
     assert blocking_ep_s(wide, build_workload(wide, gpu_of(wide.cluster, "bf16")),

@@ -24,9 +24,9 @@ which nothing overlaps. Per layer and micro-batch (``blocking_tp_s``): forward, 
 attention and after a dense MLP, or with sequence parallelism the all-gather before and the
 reduce-scatter after each; backward, with sequence parallelism, the all-gathers before the dense
 MLP's and the attention's backward; full recompute repeats the forward's. On MoE layers, unless
-``moe.overlap_a2a``, also the EP dispatch and combine all-to-alls of each (``blocking_ep_s``).
-(MoE layers' expert-TP collectives, the overlapped backward TP collectives and all CP, PP and DP
-traffic are left out.) Each takes at least its time alone on an idle node (``collectives.time_collective``): under
+``moe.overlap_a2a``, also the EP dispatch and combine all-to-alls of each (``blocking_ep_s``),
+and in both passes the TP (or expert-TP) collectives around the MoE block, which nothing overlaps.
+(The overlapped backward TP collectives and all CP, PP and DP traffic are left out.) Each takes at least its time alone on an idle node (``collectives.time_collective``): under
 max-min fair sharing a flow never runs faster than its bottleneck link alone lets it, and a ring
 waits for its slowest edge. TP and EP groups wider than a node are not counted.
 
@@ -136,11 +136,28 @@ def _blocking_tp(s: Scenario, w: Workload, collective_time: CollectiveTime | Non
     else:
         per_block_fwd, per_block_bwd = collective_time("all_reduce", tp, w.tp_bytes), 0.0
     out = {}
-    for moe, blocks in ((False, 2), (True, 1)):  # attention and a dense MLP; MoE: attention only
-        fwd = blocks * per_block_fwd
-        bwd = blocks * per_block_bwd + (fwd if s.training.recompute == "full" else 0.0)
+    mlp = _moe_mlp_tp(s, w, collective_time)
+    for moe, blocks in ((False, 2), (True, 1)):  # attention and a dense MLP; MoE: attention, its MLP's own
+        fwd = blocks * per_block_fwd + (mlp if moe else 0.0)
+        bwd = blocks * per_block_bwd + (mlp if moe else 0.0) + (fwd if s.training.recompute == "full" else 0.0)
         out[moe] = (fwd, bwd)
     return out
+
+
+def _moe_mlp_tp(s: Scenario, w: Workload, collective_time: CollectiveTime) -> float:
+    """Seconds of the TP collectives around an MoE block, per pass (the forward's and the
+    backward's are alike): ``program._Builder.mlp_forward`` and ``layer_backward`` wait at once on
+    an all-gather before and a reduce-scatter after the block with sequence parallelism (async TP
+    or not: the MoE MLP is not micro-pipelined), an all-reduce after it without; over the TP group,
+    or with expert TP below tp over the etp group with etp / tp of the bytes, none at etp 1
+    (``mlp_tp_collective``)."""
+    par = s.parallelism
+    if not s.model.is_moe or par.expert_tp < 2:
+        return 0.0
+    n, size = par.expert_tp, w.tp_bytes * par.expert_tp / par.tp
+    if par.sequence_parallel:
+        return collective_time("all_gather", n, size) + collective_time("reduce_scatter", n, size)
+    return collective_time("all_reduce", n, size)
 
 
 def split_backward(s: Scenario) -> bool:
