@@ -14,7 +14,7 @@ next to it in the scenario override the file's. ``model: deepseek-ai/DeepSeek-V3
 id as a plain string, or ``hf_id:`` inside the mapping) loads the shipped copy of that model's
 config.json from ``simulator/workload/catalog`` (:mod:`simulator.workload.catalog_models`).
 
-Cluster fields left out (``gpu``, ``gpus_per_node``) come from the topology file, so a
+Cluster fields left out or null (``gpu``, ``gpus_per_node``) come from the topology file, so a
 ``dgx-a100`` cluster gets A100s without saying so twice.
 """
 
@@ -632,6 +632,9 @@ def _cluster(raw: dict, base: Path) -> ClusterConfig:
         candidate = base / topology
         if candidate.is_file():
             raw["topology"] = str(candidate)
+    for key in ("gpu", "gpus_per_node"):  # null, like leaving it out: the topology's
+        if key in raw and raw[key] is None:
+            del raw[key]
     if "gpu" not in raw or "gpus_per_node" not in raw:
         spec = load_topology(_text("cluster.topology", raw.get("topology", topology)))
         raw.setdefault("gpu", spec.gpu)

@@ -285,6 +285,9 @@ def test_cluster_defaults_come_from_the_topology():
     d["cluster"] = {"topology": "dgx-a100", "num_nodes": 1}
     s = scenario_from_dict(d)
     assert (s.cluster.gpu, s.cluster.gpus_per_node) == ("A100-SXM4-80GB", 8)
+    d["cluster"] = {"topology": "dgx-a100", "num_nodes": 1, "gpu": None, "gpus_per_node": None}
+    assert scenario_from_dict(d).cluster == s.cluster  # null, like leaving the field out
+    assert tiny("cluster.gpus_per_node=null", "cluster.gpu=null").cluster == tiny().cluster
 
 
 # --- plan validation: one test per rule -----------------------------------------------------------
