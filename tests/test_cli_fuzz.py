@@ -73,7 +73,7 @@ WHOLE = {  # key: (minimum, maximum) as documented in README / simulator.limits
     "model.intermediate_size": (1, limits.INTERMEDIATE_SIZE.maximum),
     "model.vocab_size": (1, limits.VOCAB_SIZE.maximum), "model.num_experts": (0, limits.NUM_EXPERTS.maximum),
     "model.num_experts_per_tok": (0, limits.NUM_EXPERTS.maximum),
-    "cluster.num_nodes": (1, limits.NUM_GPUS.maximum), "cluster.gpus_per_node": (1, limits.GPUS_PER_NODE.maximum),
+    "cluster.num_nodes": (1, limits.NUM_GPUS.maximum),
     "training.seq_length": (1, limits.SEQ_LENGTH.maximum), "training.micro_batch_size": (1, limits.MICRO_BATCH.maximum),
     "training.global_batch_size": (1, limits.GLOBAL_BATCH.maximum),
     "parallelism.tp": (1, limits.NUM_GPUS.maximum), "parallelism.pp": (1, limits.NUM_GPUS.maximum),
@@ -81,6 +81,7 @@ WHOLE = {  # key: (minimum, maximum) as documented in README / simulator.limits
     "parallelism.vp": (1, limits.NUM_LAYERS.maximum),
 }
 OPTIONAL_WHOLE = {"model.num_key_value_heads": (1, limits.HIDDEN_SIZE.maximum),  # null: as many as heads
+                  "cluster.gpus_per_node": (1, limits.GPUS_PER_NODE.maximum),  # null: the topology's
                   "parallelism.dp": (1, limits.NUM_GPUS.maximum), "parallelism.etp": (1, limits.NUM_GPUS.maximum),
                   "model.moe_intermediate_size": (1, limits.INTERMEDIATE_SIZE.maximum)}
 OPTIONAL_NUMBER = {  # key: (minimum, inclusive, maximum)
