@@ -39,7 +39,7 @@ from simulator.yamlfile import load_yaml_file
 from simulator.step.plan import vstage_layers
 from simulator.step.schedules import SCHEDULES, check_schedule_args
 from simulator.physical.faults import effective_spec, node_links
-from simulator.physical.topology import LINK_CLASSES, gpu_nvlink_GBps, load_topology
+from simulator.physical.topology import LINK_CLASSES, load_topology, nvlink_GBps, nvlink_generation
 from simulator.workload.attention import ATTENTION_BACKENDS
 from simulator.workload.frameworks import CROSS_ENTROPY_IMPLS, FP8_RECIPES, framework_names
 
@@ -907,7 +907,7 @@ def validate_plan(s: Scenario) -> list[str]:
                           "the schedule over an equal share)")
     check_schedule_args(s.pipeline_schedule, p.pp, s.microbatches_per_pass, p.vp)
 
-    nvlink = c.nvlink_bandwidth_GBps or gpu_nvlink_GBps(c.gpu, spec) or spec.nvlink_bandwidth_GBps
+    nvlink = nvlink_GBps(spec, c.gpu, c.nvlink_bandwidth_GBps)
     network = c.network_bandwidth_Gbps or spec.network_bandwidth_Gbps
     slower = f"the {network:g} Gb/s network instead of {nvlink:g} GB/s NVLink"
     warnings = []
@@ -920,10 +920,10 @@ def validate_plan(s: Scenario) -> list[str]:
             (key, value), names = unused[0], ", ".join(k for k, _ in unused)
             warnings.append(f"{key}: got {yaml_text(value)}; the model is dense (model.num_experts is 0), so "
                             f"{names} {'has' if len(unused) == 1 else 'have'} no effect")
-    built_for = get_gpu(spec.gpu) if _known_gpu(spec.gpu) else None
-    if built_for is not None and built_for.nvlink_generation != gpu.nvlink_generation:
+    built_for = nvlink_generation(spec.gpu)  # 0: a GPU the catalog lacks
+    if built_for and built_for != gpu.nvlink_generation:
         warnings.append(f"cluster.gpu: got {c.gpu}; topology {c.topology} is a node of {spec.gpu} (NVLink "
-                        f"{built_for.nvlink_generation}), so its NVSwitch, NICs and PCIe are another generation's "
+                        f"{built_for}), so its NVSwitch, NICs and PCIe are another generation's "
                         f"than this GPU's (NVLink {gpu.nvlink_generation}): simulated as that node with this "
                         f"GPU; a topology of this GPU's generation is the real machine")
     if c.gpus_per_node % p.tp:
@@ -939,16 +939,6 @@ def validate_plan(s: Scenario) -> list[str]:
         warnings.append(f"parallelism.ep: got {p.ep}; EP group spans nodes (ep x etp = {p.ep * p.expert_tp} consecutive "
                         f"ranks, {c.gpus_per_node} GPUs per node): its all-to-alls cross {slower}")
     return warnings
-
-
-def _known_gpu(name: str) -> bool:
-    from simulator.physical.hardware import get_gpu
-
-    try:
-        get_gpu(name)
-    except ConfigError:
-        return False
-    return True
 
 
 def _check_tp_splits(m: ModelConfig, p: ParallelConfig) -> None:

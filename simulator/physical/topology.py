@@ -525,27 +525,28 @@ def _nvlink_efficiency(gpu: str) -> float:
         return 1.0
 
 
-def _nvlink_generation(gpu: str) -> int:
+def nvlink_generation(gpu: str) -> int:
     try:
         return get_gpu(gpu).nvlink_generation
     except ConfigError:
         return 0
 
 
-def gpu_nvlink_GBps(gpu: str | None, spec: TopologySpec) -> float | None:
-    """The NVLink rate (GB/s per direction) of a GPU other than the one the topology was built for:
-    NVLink ports belong to the GPU, so an H800 or A800 in a DGX-H100 or DGX-A100 node runs at its own
-    400 GB/s bidirectional (``hardware.GPU_CATALOG``), not the topology's H100 / A100 rate. None
-    (the topology's rate stands) for the topology's own GPU, a GPU the catalog lacks, or a topology
-    whose NVLink rate is not its GPU's (a file that sets its own links keeps them)."""
-    if gpu is None:
-        return None
+def nvlink_GBps(spec: TopologySpec, gpu: str | None = None, override: float | None = None) -> float:
+    """The nominal NVLink rate (GB/s per direction) of a node of ``spec`` holding ``gpu``: the
+    scenario's ``override``, else the GPU's own rate when it is not the GPU the topology was built
+    for, else the topology's. NVLink ports belong to the GPU, so an H800 or A800 in a DGX-H100 or
+    DGX-A100 node runs at its own 400 GB/s bidirectional (``hardware.GPU_CATALOG``), not the
+    topology's H100 / A100 rate; the topology's rate stands for its own GPU, a GPU the catalog
+    lacks, or a topology whose NVLink rate is not its GPU's (a file that sets its own links)."""
+    if override is not None:
+        return override
     try:
         own, built_for = get_gpu(gpu), get_gpu(spec.gpu)
     except ConfigError:
-        return None
+        return spec.nvlink_bandwidth_GBps
     if own is built_for or not math.isclose(spec.nvlink_bandwidth_GBps * 1e9, built_for.nvlink_bandwidth_Bps):
-        return None
+        return spec.nvlink_bandwidth_GBps
     return own.nvlink_bandwidth_Bps / 1e9
 
 
@@ -559,8 +560,7 @@ def build_cluster(spec: TopologySpec, num_nodes: int, *, gpus_per_node: int | No
     ``gpu``, else the topology's; ``simulator.physical.hardware``), what NCCL transfers sustain."""
     if not isinstance(num_nodes, int) or isinstance(num_nodes, bool) or num_nodes < 1:
         raise ConfigError("cluster.num_nodes", num_nodes, "must be a whole number >= 1")
-    if nvlink_bandwidth_GBps is None:
-        nvlink_bandwidth_GBps = gpu_nvlink_GBps(gpu, spec)
+    nvlink_bandwidth_GBps = nvlink_GBps(spec, gpu, nvlink_bandwidth_GBps)
     overrides = {k: v for k, v in dict(
         gpus_per_node=gpus_per_node, nvlink_bandwidth_GBps=nvlink_bandwidth_GBps,
         network_bandwidth_Gbps=network_bandwidth_Gbps, oversubscription=oversubscription).items()
@@ -606,7 +606,7 @@ def build_cluster(spec: TopologySpec, num_nodes: int, *, gpus_per_node: int | No
                     leaf_slot=leaf_slot)
     names = _LinkNames(spec, num_nodes, link_bw, link_lat, link_cls)
     cluster = Cluster(spec=spec, num_nodes=num_nodes, link_bw=link_bw, link_lat=link_lat, link_cls=link_cls,
-                      _names=names, _route_cache={}, _ix=ix, nvlink_generation=_nvlink_generation(gpu or spec.gpu))
+                      _names=names, _route_cache={}, _ix=ix, nvlink_generation=nvlink_generation(gpu or spec.gpu))
     _check_links(cluster)
     return cluster
 

@@ -451,7 +451,7 @@ def plan(scenario: str | Path | Scenario | dict, *, sets: Sequence[str] = (), sp
     folder = Path(out) if out is not None else None
     lock = log = None
     try:
-        # the structural shapes in 4 interleaved parts per local process, validated in the pool
+        # the structural shapes, then the memory screen, in 4 interleaved parts per local process
         parts = 4 * runner.local if runner.pool is not None else 1
         enum = merge_enumerations(runner.map_local(_enumerate_part, [(s, values, (i, parts)) for i in range(parts)]))
         if not enum.valid:
@@ -470,7 +470,7 @@ def plan(scenario: str | Path | Scenario | dict, *, sets: Sequence[str] = (), sp
             if damaged:
                 atomic_write_text(folder / LOG, "".join(json.dumps(r, sort_keys=True) + "\n" for r in done.values()))
             log = open(folder / LOG, "a")
-        chunks = [enum.valid[i::4 * runner.local] for i in range(4 * runner.local)]
+        chunks = [enum.valid[i::parts] for i in range(parts)]
         screened_chunks = runner.map_local(_screen, [(s, c, max_memory_fraction) for c in chunks])
         by_layout = {}
         for chunk, results in zip(chunks, screened_chunks):
