@@ -212,18 +212,6 @@ GPU_CATALOG: dict[str, GPUSpec] = {
         num_sms=108,
         **_AMPERE,
     ),
-    "A800-SXM4-80GB": GPUSpec(
-        name="A800-SXM4-80GB",
-        peak_flops=_A100_PEAK,
-        hbm_bandwidth_Bps=GBps(2039),
-        hbm_capacity_bytes=80 * GiB,
-        nvlink_bandwidth_Bps=GBps(200),
-        source="NVIDIA's export-compliant A100 for China (NVIDIA statement of 2022-11-07; Reuters, "
-        "2022-11-08): the A100 SXM4 80GB (GA100, same compute, HBM2e and 400 W SXM TDP) with NVLink "
-        "limited to 400 GB/s bidirectional instead of 600",
-        num_sms=108,
-        **_AMPERE,
-    ),
     "H100-SXM5-80GB": GPUSpec(
         name="H100-SXM5-80GB",
         peak_flops=_H100_PEAK,
@@ -373,6 +361,11 @@ GPU_CATALOG: dict[str, GPUSpec] = {
         **{**_HOPPER, "tdp_w": 400.0},
     ),
 }
+# NVIDIA's export-compliant A100 for China: the A100 SXM4 80GB with less NVLink, nothing else changed.
+GPU_CATALOG["A800-SXM4-80GB"] = replace(
+    GPU_CATALOG["A100-SXM4-80GB"], name="A800-SXM4-80GB", nvlink_bandwidth_Bps=GBps(200),
+    source="NVIDIA statement of 2022-11-07 (Reuters, 2022-11-08): the A100 SXM4 80GB (GA100, same compute, "
+    "HBM2e and 400 W SXM TDP) with NVLink limited to 400 GB/s bidirectional instead of 600")
 
 _ALIASES = {
     "a100": "A100-SXM4-80GB",
