@@ -519,3 +519,38 @@ def test_a_graphed_router_and_attention_leave_only_their_launches_before_the_syn
     assert eager == pytest.approx(moe.host_sync_time(gpu_before, gpu_after,
                                                      len(base.attn_fwd.ops) + sum(map(counted, ops[:i])) + before,
                                                      ops_after, moe.HOST_OP_S * gpu.host_overhead))
+
+
+def test_a_weight_gradient_accumulated_into_fp32_main_grad_moves_eight_bytes_per_weight_element():
+    """Megatron-core's fused wgrad accumulation reads and writes the fp32 main_grad (4 + 4 bytes per
+    weight element) where a fresh 16-bit gradient writes 2: the same FLOPs, 6 more bytes per
+    element of every expert's weight. With few tokens per expert (TP4 x EP8 with sequence
+    parallelism: 1024 tokens x top-8 over 8 ranks' 16 local experts, 512 each) the wgrad is then
+    memory-bound, its time those bytes at the HBM rate; a dense wgrad over a whole micro-batch stays
+    compute-bound and does not change."""
+    m = model("Qwen/Qwen3-235B-A22B")
+    t = TrainingConfig(seq_length=4096)
+    par = ParallelConfig(tp=4, ep=8, etp=1, sequence_parallel=True)
+    fresh = layer_cost(m, t, par, H100, 0, MoEConfig(), wgrad_bytes=2)
+    fused = layer_cost(m, t, par, H100, 0, MoEConfig(), wgrad_bytes=8)
+    op = lambda c, name: next(o for o in c.mlp_bwd.ops + c.attn_bwd.ops if o.name == name)  # noqa: E731
+    local = 128 // 8
+    for name, n, k in (("expert_up_wgrad", 2 * 1536, 4096), ("expert_down_wgrad", 4096, 1536)):
+        a, b = op(fresh, name), op(fused, name)
+        assert b.flops == a.flops
+        assert b.bytes - a.bytes == pytest.approx(6 * local * n * k)
+        # 512 tokens per expert: memory-bound, so the time is the bytes at the HBM rate
+        assert b.time_s == pytest.approx(b.bytes / (H100.hbm_bandwidth_Bps * H100.memory_efficiency)
+                                         + H100.launch_overhead_s)
+        assert b.time_s > 1.5 * a.time_s
+    # the attention's projections see the micro-batch's 4096 tokens: compute-bound either way
+    assert op(fused, "qkv_proj_wgrad").time_s == op(fresh, "qkv_proj_wgrad").time_s
+
+
+def test_framework_profiles_say_where_the_weight_gradient_goes():
+    from simulator.workload.frameworks import load_profile
+
+    assert load_profile("megatron-core")["optimizer"]["wgrad_bytes_per_param"] == 8
+    assert load_profile("nemo")["optimizer"]["wgrad_bytes_per_param"] == 8
+    for fsdp in ("torchtitan", "automodel", "composer"):
+        assert load_profile(fsdp)["optimizer"]["wgrad_bytes_per_param"] == 2

@@ -146,16 +146,18 @@ GEMM_OPERAND_BYTES = {"fp8": 1.0, "mxfp8": 1.0 + 1 / 32, "nvfp4": 0.5 + 1 / 16}
 
 def _gemm(
     name: str, m: float, n: float, k: float, gpu: GPUSpec, precision: str, groups: int = 1,
-    streams: int | None = None,
+    streams: int | None = None, out_bytes: float = ACT_BYTES,
 ) -> Op:
     """``groups`` equal GEMMs: one grouped kernel over all their tiles (``streams`` None), or one
     kernel per GEMM issued round-robin onto ``streams`` concurrent streams (Transformer Engine's
     ``multi_stream_cublas_gemm``), so only min(streams, groups) GEMMs share the SMs at a time:
     the wave occupancy is that of min(streams, groups) GEMMs' tiles. The per-GEMM launches come
-    from one C++ loop in a single host op, so the op counts as one host-issued kernel."""
+    from one C++ loop in a single host op, so the op counts as one host-issued kernel.
+    ``out_bytes``: HBM bytes per output element (a 16-bit write; a weight gradient accumulated
+    into an fp32 buffer reads and writes 4 + 4, ``_gemm_bwd``)."""
     in_bytes = GEMM_OPERAND_BYTES.get(precision, ACT_BYTES)
     flops = 2.0 * groups * m * n * k
-    nbytes = groups * (in_bytes * (m * k + k * n) + ACT_BYTES * m * n)
+    nbytes = groups * (in_bytes * (m * k + k * n) + out_bytes * m * n)
     together = groups if streams is None else min(streams, groups)
     rate = peak(gpu, precision) * gemm_efficiency(m, n, k, gpu, precision, together)
     return Op(name, flops, nbytes, _roofline(flops, nbytes, gpu, rate))
@@ -163,12 +165,19 @@ def _gemm(
 
 def _gemm_bwd(
     name: str, m: float, n: float, k: float, gpu: GPUSpec, precision: str, groups: int = 1,
-    streams: int | None = None,
+    streams: int | None = None, wgrad_bytes: float = ACT_BYTES,
 ) -> tuple[Op, Op]:
-    """dgrad (m x n)(n x k) and wgrad (k x m)(m x n) of the forward GEMM (m x k)(k x n)."""
+    """dgrad (m x n)(n x k) and wgrad (k x m)(m x n) of the forward GEMM (m x k)(k x n).
+
+    ``wgrad_bytes``: what the wgrad's k x n output moves per element (the framework profile's
+    ``optimizer.wgrad_bytes_per_param``): 2 when it writes a fresh 16-bit gradient; 8 when it
+    accumulates into an fp32 main_grad (Megatron-core's gradient_accumulation_fusion: read 4,
+    write 4). The output is the size of the weight whatever the tokens m, so with few tokens
+    (an MoE expert's share of a micro-batch) those bytes, not the FLOPs, set the wgrad's time:
+    2 m FLOPs against 8 bytes per element is memory-bound below m of about a thousand on an H100."""
     return (
         _gemm(f"{name}_dgrad", m, k, n, gpu, precision, groups, streams),
-        _gemm(f"{name}_wgrad", k, n, m, gpu, precision, groups, streams),
+        _gemm(f"{name}_wgrad", k, n, m, gpu, precision, groups, streams, wgrad_bytes),
     )
 
 
@@ -428,6 +437,7 @@ def _run(
     par: ParallelConfig,
     gpu: GPUSpec,
     backward: bool,
+    wgrad_bytes: float = ACT_BYTES,
 ) -> BlockCost:
     ops: list[Op] = []
     steps = reversed(plan) if backward else plan
@@ -440,7 +450,7 @@ def _run(
                 if quantize:
                     ops.append(_quantize_op(f"{step.name}_quantize_bwd", step.groups * step.m * step.n, precision, gpu))
                 ops.extend(_gemm_bwd(step.name, step.m, step.n, step.k, gpu, precision, step.groups,
-                                     step.streams))
+                                     step.streams, wgrad_bytes))
             else:
                 fused = (isinstance(previous, _Mem) and previous.name.endswith("norm")
                          and precision not in QUANTIZE_AMAX_PASSES)
@@ -472,7 +482,7 @@ def _local_tokens(training: TrainingConfig, par: ParallelConfig) -> tuple[float,
 def layer_cost(
     model: ModelConfig, training: TrainingConfig, par: ParallelConfig, gpu: GPUSpec, layer: int,
     moe: MoEConfig | None = None, graphed: bool = False, graph_scope: tuple[str, ...] = (),
-    glu_sync: bool = False,
+    glu_sync: bool = False, wgrad_bytes: float = ACT_BYTES,
 ) -> LayerCost:
     """Forward, backward and recompute cost of transformer layer ``layer`` on one GPU.
 
@@ -484,6 +494,7 @@ def layer_cost(
     ``graph_scope``: the modules replayed from CUDA graphs otherwise, whose host ops before the sync
     cost one launch. ``glu_sync``: the experts' activation starts with a blocking host-to-device
     copy (Megatron-core's clamped GLU, ``moe.GLU_PRE_SYNC_OPS``), a second sync in the layer.
+    ``wgrad_bytes``: HBM bytes per weight element of each weight-gradient GEMM's output (``_gemm_bwd``).
     """
     if training.recompute not in RECOMPUTE_MODES:
         raise ConfigError("training.recompute", training.recompute, f"valid: {', '.join(RECOMPUTE_MODES)}")
@@ -515,8 +526,8 @@ def layer_cost(
     return LayerCost(
         attn_fwd=attn_fwd,
         mlp_fwd=mlp_fwd,
-        attn_bwd=_run(attn, model, training, par, gpu, backward=True),
-        mlp_bwd=_run(mlp, model, training, par, gpu, backward=True),
+        attn_bwd=_run(attn, model, training, par, gpu, backward=True, wgrad_bytes=wgrad_bytes),
+        mlp_bwd=_run(mlp, model, training, par, gpu, backward=True, wgrad_bytes=wgrad_bytes),
         attn_recompute=attn_re,
         mlp_recompute=mlp_re,
     )
@@ -641,9 +652,10 @@ def mem_chain(name: str, nbytes: float, kernels: int, gpu: GPUSpec) -> Op:
 
 def head_cost(
     model: ModelConfig, training: TrainingConfig, par: ParallelConfig, gpu: GPUSpec,
-    loss: tuple[float, int, float, int, float] = MEGATRON_CROSS_ENTROPY,
+    loss: tuple[float, int, float, int, float] = MEGATRON_CROSS_ENTROPY, wgrad_bytes: float = ACT_BYTES,
 ) -> tuple[BlockCost, BlockCost]:
-    """Final norm, LM head GEMM (T x h) @ (h x V / tp) and the vocab-parallel cross-entropy.
+    """Final norm, LM head GEMM (T x h) @ (h x V / tp) and the vocab-parallel cross-entropy
+    (``wgrad_bytes``: the LM head's weight-gradient output, ``_gemm_bwd``).
 
     The cross-entropy is memory-bound over the T x V / tp logits, ``loss`` bytes and kernels per
     logit forward and backward (``MEGATRON_CROSS_ENTROPY`` by default; a framework's implementation
@@ -658,7 +670,7 @@ def head_cost(
     fwd_bytes, fwd_kernels, bwd_bytes, bwd_kernels, _kept = loss
     logits = tokens * vocab
     fwd = _run(plan, model, training, par, gpu, backward=False)
-    bwd = _run(plan, model, training, par, gpu, backward=True)
+    bwd = _run(plan, model, training, par, gpu, backward=True, wgrad_bytes=wgrad_bytes)
     return (
         BlockCost(fwd.ops + (mem_chain("cross_entropy", fwd_bytes * logits, fwd_kernels, gpu),)),
         BlockCost((mem_chain("cross_entropy_bwd", bwd_bytes * logits, bwd_kernels, gpu),) + bwd.ops),

@@ -37,7 +37,7 @@ def routing_graphed(scope: tuple[str, ...]) -> bool:
     whole layer (``moe``) or as ``moe_router`` with ``moe_preprocess``."""
     return "moe" in scope or {"moe_router", "moe_preprocess"} <= set(scope)
 FP8_KEYS = ("recipe", "casts_fused_into_producers", "weight_cast_once_per_step")
-OPTIMIZER_KEYS = ("adam_bytes_per_param", "clip_bytes_per_param", "zero_grad_bytes_per_param")
+OPTIMIZER_KEYS = ("adam_bytes_per_param", "clip_bytes_per_param", "zero_grad_bytes_per_param", "wgrad_bytes_per_param")
 SELECTIVE_POLICIES = ("attention_core", "every_second_matmul", "elementwise")
 ATTENTION_KERNELS = ("fa2", "sdpa", "fa3", "cudnn")
 # The language-model loss as the framework computes it (costs in software.CROSS_ENTROPY): Megatron-core's
@@ -79,6 +79,9 @@ class Software:
     adam_bytes_per_param: float
     clip_bytes_per_param: float
     zero_grad_bytes_per_param: float
+    # HBM bytes a weight-gradient GEMM's output moves per weight element and micro-batch: 2 writes a
+    # fresh 16-bit gradient; 8 reads and writes an fp32 main_grad in the GEMM (fused accumulation)
+    wgrad_bytes_per_param: float = 2.0
     selective_recompute: str = "attention_core"  # what training.recompute: selective re-runs (SELECTIVE_POLICIES)
     attention_kernel: str = "cudnn"  # the fused kernel training.attention: flash runs (simulator.workload.attention)
     cp_comm_type: str = "p2p"  # how K/V cross the CP group: ring (p2p) or gathered first (all_gather)
@@ -167,6 +170,7 @@ def resolve(s) -> Software:
         adam_bytes_per_param=float(op["adam_bytes_per_param"]),
         clip_bytes_per_param=float(op["clip_bytes_per_param"]),
         zero_grad_bytes_per_param=float(op["zero_grad_bytes_per_param"]),
+        wgrad_bytes_per_param=float(op["wgrad_bytes_per_param"]),
         selective_recompute=prof["recompute"]["selective"],
         attention_kernel=prof["attention"]["kernel"],
         cp_comm_type=s.parallelism.cp_comm_type or prof["attention"]["cp_comm_type"],

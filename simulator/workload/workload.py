@@ -96,7 +96,8 @@ def build_workload(s: Scenario, gpu: GPUSpec) -> Workload:
         moe = m.is_moe_layer(layer)
         kind = (moe, m.attention_window(layer))
         if kind not in costs:
-            cost = layer_cost(m, t, par, gpu, layer, s.moe, sw.cuda_graphs, sw.graph_scope, glu_sync(m, sw))
+            cost = layer_cost(m, t, par, gpu, layer, s.moe, sw.cuda_graphs, sw.graph_scope, glu_sync(m, sw),
+                              sw.wgrad_bytes_per_param)
             costs[kind] = layer_with_software(cost, m, t, par, gpu, layer, sw)
         layer_costs[layer] = costs[kind]
         if moe:
@@ -173,24 +174,26 @@ def _head_with_mtp(s: Scenario, t: TrainingConfig, gpu: GPUSpec, sw: Software) -
 
     m, par = s.model, s.parallelism
     loss = CROSS_ENTROPY[sw.cross_entropy]
-    fwd, bwd = head_cost(m, t, par, gpu, loss)
+    fwd, bwd = head_cost(m, t, par, gpu, loss, sw.wgrad_bytes_per_param)
     if not m.num_nextn_predict_layers:
         return fwd, bwd
     tokens = t.micro_batch_size * t.seq_length / par.cp
     h = m.hidden_size
     last = m.num_hidden_layers - 1
-    layer = layer_cost(m, t, par, gpu, last, s.moe, sw.cuda_graphs, sw.graph_scope, glu_sync(m, sw))
+    layer = layer_cost(m, t, par, gpu, last, s.moe, sw.cuda_graphs, sw.graph_scope, glu_sync(m, sw),
+                       sw.wgrad_bytes_per_param)
     for _ in range(m.num_nextn_predict_layers):
         norms = 2 * 2 * ACT_BYTES * tokens * h
         proj_f = BlockCost((_mem("mtp_norms", norms, gpu), _gemm("mtp_proj", tokens, h / par.tp, 2 * h, gpu, t.precision)))
-        proj_b = BlockCost((*_gemm_bwd("mtp_proj", tokens, h / par.tp, 2 * h, gpu, t.precision),
+        proj_b = BlockCost((*_gemm_bwd("mtp_proj", tokens, h / par.tp, 2 * h, gpu, t.precision,
+                                      wgrad_bytes=sw.wgrad_bytes_per_param),
                             _mem("mtp_norms_bwd", 2 * norms, gpu)))
         layer_f = BlockCost(tuple(Op(f"mtp_{op.name}", op.flops, op.bytes, op.time_s)
                                   for op in layer.attn_fwd.ops + layer.mlp_fwd.ops))
         layer_b = BlockCost(tuple(Op(f"mtp_{op.name}", op.flops, op.bytes, op.time_s)
                                   for blk in (layer.mlp_recompute, layer.attn_recompute, layer.mlp_bwd, layer.attn_bwd)
                                   for op in blk.ops))
-        head_f, head_b = head_cost(m, t, par, gpu, loss)
+        head_f, head_b = head_cost(m, t, par, gpu, loss, sw.wgrad_bytes_per_param)
         fwd = joined(joined(joined(fwd, proj_f), layer_f), head_f)
         bwd = joined(joined(joined(head_b, layer_b), proj_b), bwd)
     return fwd, bwd
