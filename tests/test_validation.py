@@ -254,15 +254,15 @@ def test_nemo_24_03_runs_state_the_early_2024_cudnn():
 
 
 def test_llm_foundry_attn_impl_picks_the_kernel_and_an_unpriced_one_is_said():
-    """llm-foundry's ``attn_impl``: flash runs the profile's kernel, torch the unfused attention;
-    its Triton kernel has no measured curve, so the case is priced with the fused kernel and the
-    validation notes say so (no silent substitution)."""
+    """llm-foundry's ``attn_impl``: flash runs the profile's kernel, torch the unfused attention,
+    triton llm-foundry's Triton FlashAttention (``attention.py``'s ``triton``); a kernel with no
+    curve is priced with the fused kernel and the validation notes say so (no silent substitution)."""
     cases = yaml.safe_load((Path(__file__).parent / "data" / "framework-runs.yaml").read_text())["cases"]
     triton = next(c for c in cases if c["id"] == "lf-mpt7b-h100-bf16-8-64k")
     assert triton["framework_options"]["attn_impl"] == "triton"
     notes: list[str] = []
-    assert case_to_scenario_dict(triton, notes)["training"]["attention"] == "flash"
-    assert any(n.startswith("attn_impl triton (llm-foundry's Triton FlashAttention") for n in notes)
+    assert case_to_scenario_dict(triton, notes)["training"]["attention"] == "triton"
+    assert not any("attn_impl" in n for n in notes)
     flash = next(c for c in cases if c["id"] == "lf-mpt70b-h100-bf16-128")
     notes = []
     assert case_to_scenario_dict(flash, notes)["training"]["attention"] == "flash"
@@ -271,6 +271,9 @@ def test_llm_foundry_attn_impl_picks_the_kernel_and_an_unpriced_one_is_said():
     torch_impl["framework_options"]["attn_impl"] = "torch"
     assert case_to_scenario_dict(torch_impl)["training"]["attention"] == "unfused"
     a100_2k = next(c for c in cases if c["id"] == "lf-mpt7b-a100-40g-bf16-128")
+    assert case_to_scenario_dict(a100_2k)["training"]["attention"] == "triton"  # "triton (submit_benchmarks ...)"
+    other = copy.deepcopy(flash)
+    other["framework_options"]["attn_impl"] = "xformers"
     notes = []
-    case_to_scenario_dict(a100_2k, notes)  # "triton (submit_benchmarks default at the time)"
-    assert any(n.startswith("attn_impl triton") for n in notes)
+    assert case_to_scenario_dict(other, notes)["training"]["attention"] == "flash"
+    assert any(n.startswith("attn_impl xformers (no measured curve)") for n in notes)

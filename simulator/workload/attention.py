@@ -62,10 +62,20 @@ What runs where (each framework's default; a scenario picks another with ``train
   A scenario (or a published run's ``framework_options.attention``) names it for a run of that
   era; ``cudnn`` stays the current kernel. On Ampere it is FA2 like every TE kernel, on
   Blackwell (which no 2024 cuDNN ran) ``cudnn``.
+- ``triton``: llm-foundry's FlashAttention in Triton (``attn_config.attn_impl: triton``,
+  llmfoundry/models/layers/flash_attn_triton.py), a copy of the flash-attention repository's
+  flash_attn/flash_attn_triton.py of late 2022, built on triton-pre-mlir. The FlashAttention-2 paper
+  measured "FlashAttention in Triton" beside FA2 (Dao 2023, Sec. 4.1 and Fig. 4, A100, lengths 512
+  to 16k, head dims 64 and 128, with and without the causal mask): FA2 is "around 1.3-1.5x faster
+  than FlashAttention in Triton in the forward pass and around 2x faster in the backward pass". So
+  the curve is FA2's times ``TRITON_FA2_RATIO``: 1 / 1.4 forward (the middle of the range; the text
+  gives no length dependence) and 1 / 2 backward, on every GPU (Ampere-style code without
+  wgmma/TMA, like FA2 on Hopper; no Hopper measurement of it is published). Beyond 16k the
+  ratio is held, as the curves are.
 - ``flash``: the framework's default fused kernel: ``cudnn`` on Hopper and Blackwell (FA3 does not
   run on Blackwell; cuDNN and FlashAttention-4 do, at a similar fraction of the new peak), ``fa2``
   on Ampere.
-On Ampere every fused kernel but ``flex`` is FlashAttention-2 (FA3 needs Hopper; TE on sm80 uses FA2), whose
+On Ampere every fused kernel but ``flex`` and ``triton`` is FlashAttention-2 (FA3 needs Hopper; TE on sm80 uses FA2), whose
 A100 curve (FlashAttention-2 paper, Fig. 5: up to 73% of peak forward, 63% backward) is given by
 ``A100_*`` below in the same form.
 
@@ -88,7 +98,11 @@ from simulator.physical.hardware import power_factor
 H100_PEAK_TFLOPS = 989.0
 A100_PEAK_TFLOPS = 312.0
 SEQ_POINTS = (512, 1024, 2048, 4096, 8192, 16384)
-ATTENTION_BACKENDS = ("flash", "fa2", "sdpa", "fa3", "cudnn", "cudnn91", "flex", "unfused")
+ATTENTION_BACKENDS = ("flash", "fa2", "sdpa", "fa3", "cudnn", "cudnn91", "flex", "triton", "unfused")
+
+# llm-foundry's Triton FlashAttention over FlashAttention-2, by direction (module docstring,
+# ``triton``): FA2 is 1.3-1.5x faster forward and about 2x backward (Dao 2023, Sec. 4.1).
+TRITON_FA2_RATIO = {"fwd": 1 / 1.4, "bwd": 1 / 2}
 
 # PyTorch SDPA flash backend / flash_attn FA2, non-causal forward, head dim 128, at SEQ_POINTS:
 # pytorch/benchmark#2296 (287.457, 293.208, 298.428, 287.696, 304.199 TFLOP/s at 1k..16k) over the
@@ -159,7 +173,7 @@ def resolve_backend(attention: str, gpu_name: str, framework_default: str = "cud
     """The kernel that runs for ``training.attention`` on this GPU (see the module docstring)."""
     arch = architecture(gpu_name)
     if arch == "ampere":
-        return "flex" if attention == "flex" else "fa2"
+        return attention if attention in ("flex", "triton") else "fa2"
     kernel = framework_default if attention == "flash" else attention
     if arch == "blackwell" and kernel in ("fa3", "cudnn91"):
         return "cudnn"
@@ -195,6 +209,9 @@ def h100_tflops(k: AttentionKernel) -> float:
     if k.backend == "sdpa":
         ratio = _interp_log2(SEQ_POINTS, SDPA_FA2_RATIO, k.kv_len)
         return ratio * h100_tflops(AttentionKernel("fa2", k.direction, k.causal, k.head_dim, k.kv_len))
+    if k.backend == "triton":
+        return TRITON_FA2_RATIO[k.direction] * h100_tflops(AttentionKernel("fa2", k.direction, k.causal, k.head_dim,
+                                                                           k.kv_len))
     if k.backend == "flex":
         return FLEX_FA3_RATIO[k.direction] * h100_tflops(AttentionKernel("fa3", k.direction, k.causal, k.head_dim,
                                                                          k.kv_len))
@@ -216,8 +233,8 @@ def peak_fraction(k: AttentionKernel, gpu_name: str) -> float:
         shape = h100_tflops(AttentionKernel("fa2", k.direction, k.causal, k.head_dim, k.kv_len))
         top = h100_tflops(AttentionKernel("fa2", k.direction, False, k.head_dim, SEQ_POINTS[-1]))
         plateau = A100_FWD_PLATEAU if k.direction == "fwd" else A100_BWD_PLATEAU
-        flex = FLEX_FA2_RATIO[k.direction] if k.backend == "flex" else 1.0
-        return flex * plateau * shape / top
+        kernel = {"flex": FLEX_FA2_RATIO[k.direction], "triton": TRITON_FA2_RATIO[k.direction]}.get(k.backend, 1.0)
+        return kernel * plateau * shape / top
     return h100_tflops(k) / H100_PEAK_TFLOPS
 
 
