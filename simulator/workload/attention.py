@@ -70,7 +70,7 @@ What runs where (each framework's default; a scenario picks another with ``train
   than FlashAttention in Triton in the forward pass and around 2x faster in the backward pass". So
   the curve is FA2's times ``TRITON_FA2_RATIO``: 1 / 1.4 forward (the middle of the range; the text
   gives no length dependence) and 1 / 2 backward, on every GPU (Ampere-style code without
-  wgmma/TMA, like FA2 on Hopper; no Hopper measurement of it is published). Beyond 16k the
+  wgmma/TMA, like FA2 on Hopper; no published Hopper measurement of it was found). Beyond 16k the
   ratio is held, as the curves are.
 - ``flash``: the framework's default fused kernel: ``cudnn`` on Hopper and Blackwell (FA3 does not
   run on Blackwell; cuDNN and FlashAttention-4 do, at a similar fraction of the new peak), ``fa2``
