@@ -246,7 +246,7 @@ def _plan(args) -> int:
         print(json.dumps(result, indent=2) if args.json else format_check(result))
         _none_ran(result["rows"], lambda r: "error" in r, args.scenario, "planned")
         return 0
-    result = plan(args.scenario, sets=args.set or [], space=args.space or [], top=args.top,
+    result = plan(args.scenario, sets=args.set or [], space=args.space or [], top=args.top, prove=args.prove,
                   objective=args.objective, max_memory_fraction=args.max_memory_fraction, out=args.out,
                   pareto=args.pareto == "exact",
                   tolerance=args.tolerance,
@@ -403,7 +403,10 @@ def build_parser() -> argparse.ArgumentParser:
     v.set_defaults(func=_validate)
 
     pl = _scenario_parser(sub, "plan", "find the fastest layout of a scenario's model on its cluster, by simulation")
-    pl.add_argument("--top", type=int, default=5, help="layouts in the table, ranked exactly up to --tolerance (default 5)")
+    pl.add_argument("--top", type=int, default=5, help="layouts in the table (default 5)")
+    pl.add_argument("--prove", type=int, default=1,
+                    help="ranks proven exact up to --tolerance (default 1, the best); the table's other rows are the "
+                         "fastest of the layouts simulated, shown as >=rank unless no unsimulated layout could beat them")
     pl.add_argument("--json", action="store_true", help="print the result as JSON")
     pl.add_argument("--emit", metavar="FILE", help="write the best layout as a scenario file")
     pl.add_argument("--out", default=None, help="folder for plan.jsonl (a rerun skips what is done) and pareto.png")
@@ -417,9 +420,9 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--objective", default="step_time", choices=("step_time", "tokens_per_s_per_gpu"))
     pl.add_argument("--max-memory-fraction", type=float, default=1.0,
                     help="a layout fits if its peak memory is at most this fraction of the GPU's (default 1)")
-    pl.add_argument("--pareto", default="exact", choices=("exact", "simulated"),
-                    help="exact: simulate what the Pareto front needs (default); simulated: the front of the "
-                         "layouts the top N needed (faster)")
+    pl.add_argument("--pareto", default="simulated", choices=("exact", "simulated"),
+                    help="simulated: the front of the layouts the plan simulated (default); exact: also simulate "
+                         "what the exact Pareto front needs (slower)")
     pl.add_argument("--tolerance", default=None, metavar="T",
                     help="prune a layout unless it could beat the shown one at its rank (or on the Pareto front) by "
                          f"more than T, a fraction or a percentage: 0 is exact (default {TOLERANCE_HELP_DEFAULT})")

@@ -100,7 +100,7 @@ def test_planner_best_and_top_equal_brute_force_slow(key):
     spaces): the best, the top 3 and the Pareto front are brute force's."""
     raw, space = SPACES[key]
     truth = _brute_force(key)
-    result = plan(raw, space=space, top=3, workers=2, progress=None, tolerance=0)
+    result = plan(raw, space=space, top=3, prove=3, pareto=True, workers=2, progress=None, tolerance=0)
     c = result["candidates"]
     assert c["enumerated"] == c["pruned_rules"] + c["pruned_memory"] + c["pruned_bound"] + c["simulated"]
     assert c["simulated"] < len(truth)  # the bound pruned something, yet:
@@ -122,9 +122,10 @@ def test_planner_tolerance_guarantee_against_brute_force_slow(key):
     raw, space = SPACES[key]
     rows = _brute_force_rows(key)
     capacity = _capacity(key)
-    exact = plan(raw, space=space, top=3, workers=1, progress=None, tolerance=0)
+    exact = plan(raw, space=space, top=3, prove=3, pareto=True, workers=1, progress=None, tolerance=0)
     for t in (0.01, 0.05, 0.2):
-        result = plan(raw, space=space, top=3, workers=1, progress=None, tolerance=f"{t:.0%}")
+        result = plan(raw, space=space, top=3, prove=3, pareto=True, workers=1, progress=None,
+                      tolerance=f"{t:.0%}")
         assert result["tolerance"] == pytest.approx(t)
         c = result["candidates"]
         assert c["enumerated"] == c["pruned_rules"] + c["pruned_memory"] + c["pruned_bound"] + c["simulated"]
@@ -139,6 +140,44 @@ def test_planner_tolerance_guarantee_against_brute_force_slow(key):
             assert any(fb <= b and fs <= (1 + t) * step for fs, fb in front), (step, mem)
     if key == "gpt1.3b-8gpu":  # there the widest tolerance prunes more, so the guarantee is exercised
         assert c["simulated"] < exact["candidates"]["simulated"]
+
+
+@pytest.mark.parametrize("key", list(SPACES))
+def test_default_plan_proves_the_best_and_marks_what_it_did_not_prove_slow(key):
+    """The default plan (``prove`` 1, the front of the simulated layouts) proves the best only: its
+    best is brute force's, and every ranked row it marks ``rank_exact`` is brute force's row at that
+    rank; a row it does not mark is at least as slow as brute force's at its rank (a layout the plan
+    pruned or stopped may sit before it). It simulates no more than proving the top 3 does."""
+    raw, space = SPACES[key]
+    rows = _brute_force_rows(key)
+    result = plan(raw, space=space, top=3, workers=1, progress=None)
+    proved = plan(raw, space=space, top=3, prove=3, workers=1, progress=None)
+    assert result["prove"] == 1 and not result["pareto_exact"] and result["tolerance"] == 0
+    assert (result["best"]["step_time_s"], result["best"]["layout"]) == rows[0][:2]
+    assert result["ranked"][0]["rank_exact"]
+    for e in result["ranked"]:
+        step, label, _ = rows[e["rank"] - 1]
+        if e["rank_exact"]:
+            assert (e["step_time_s"], e["layout"]) == (step, label)
+        else:
+            assert e["step_time_s"] >= step
+    assert all(e["rank_exact"] for e in proved["ranked"][:3])
+    assert result["candidates"]["simulated"] <= proved["candidates"]["simulated"]
+    text = planner.format_plan(result)
+    marked = [e for e in result["ranked"][:3] if not e["rank_exact"]]
+    assert all(f">={e['rank']}" in text for e in marked)
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "6", "two", "1.5"])
+def test_bad_prove_is_a_one_line_error(value, capsys):
+    """--prove counts ranks from 1 to --top (5 by default)."""
+    try:
+        code = main(["plan", "scenarios/tiny.yaml", "--prove", value])
+    except SystemExit as exc:  # argparse's own one-line error for a value that is not a whole number
+        code = exc.code
+    assert code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--prove" in err, err
 
 
 @pytest.mark.parametrize("value", ["-1%", "51%", "0.6", "abc", "nan", "inf", True])
@@ -409,15 +448,15 @@ def test_two_workers_plan_alike_every_time_and_as_one_worker_at_the_top(tmp_path
     (ZeRO twins in the space, so some submissions share a simulation), a rerun on the first one's
     log simulates nothing new, and the exact top 3 is one worker's."""
     space = ["tp=1,2", "pp=1,2", "micro_batch_size=1", "recompute=none,full", "zero_stage=1,2"]
-    first = plan("scenarios/tiny.yaml", space=space, out=tmp_path, workers=2, progress=None, tolerance=0)
+    first = plan("scenarios/tiny.yaml", space=space, out=tmp_path, workers=2, progress=None, tolerance=0, prove=3)
     assert first["candidates"]["shared_with_zero_twin"] > 0
-    second = plan("scenarios/tiny.yaml", space=space, workers=2, progress=None, tolerance=0)
+    second = plan("scenarios/tiny.yaml", space=space, workers=2, progress=None, tolerance=0, prove=3)
     assert json.dumps(second, sort_keys=True) == json.dumps(first, sort_keys=True)
     lines = len((tmp_path / "plan.jsonl").read_text().splitlines())
-    again = plan("scenarios/tiny.yaml", space=space, out=tmp_path, workers=2, progress=None, tolerance=0)
+    again = plan("scenarios/tiny.yaml", space=space, out=tmp_path, workers=2, progress=None, tolerance=0, prove=3)
     assert json.dumps(again, sort_keys=True) == json.dumps(first, sort_keys=True)
     assert len((tmp_path / "plan.jsonl").read_text().splitlines()) == lines
-    one = plan("scenarios/tiny.yaml", space=space, workers=1, progress=None, tolerance=0)
+    one = plan("scenarios/tiny.yaml", space=space, workers=1, progress=None, tolerance=0, prove=3)
     assert [(e["layout"], e["step_time_s"]) for e in one["ranked"][:3]] == \
         [(e["layout"], e["step_time_s"]) for e in first["ranked"][:3]]
 
@@ -630,8 +669,9 @@ def test_stopped_simulations_are_sound_and_rerun_when_a_resumed_plan_needs_more(
         assert row["step_time_s"] is None and row["error"] is None
         assert row["stopped_above_s"] < row["step_at_least_s"] <= full
         assert full > first["best"]["step_time_s"]
-    again = plan("scenarios/tiny.yaml", space=space, top=3, out=tmp_path, workers=1, progress=None)
-    fresh = plan("scenarios/tiny.yaml", space=space, top=3, out=tmp_path / "fresh", workers=1, progress=None)
+    again = plan("scenarios/tiny.yaml", space=space, top=3, prove=3, out=tmp_path, workers=1, progress=None)
+    fresh = plan("scenarios/tiny.yaml", space=space, top=3, prove=3, out=tmp_path / "fresh", workers=1,
+                 progress=None)
     assert json.dumps(again, sort_keys=True) == json.dumps(fresh, sort_keys=True)
     assert len(again["ranked"]) == again["candidates"]["simulated"] - again["candidates"]["stopped_early"]
 

@@ -2,7 +2,8 @@
 
 Every case of a public-runs file (``shared/validation/public-runs.yaml`` format) becomes a scenario
 as ``stepsim validate`` builds it (``validate.case_to_scenario_dict``), and is planned with its
-published layout as the given one (top 5, Pareto pruning off: only the ranking matters here). A row
+published layout as the given one (the top 5 proven, ``prove`` 5, and the Pareto front of the simulated
+layouts: only the ranking matters here). A row
 reports whether the best fits, its predicted gain over the published layout (a negative gain would
 be a planner failure: the published layout is itself a candidate when it lies in the default
 space), the published layout's rank, and the best's one-line "why".
@@ -50,7 +51,7 @@ def check_case(case: dict, workers: int | None = None, space=(), narrow: bool = 
         raw = case_to_scenario_dict(case)
         if narrow:
             space = narrow_space(raw)
-        result = plan(raw, space=space, top=TOP, pareto=False, workers=workers, progress=None)
+        result = plan(raw, space=space, top=TOP, prove=TOP, pareto=False, workers=workers, progress=None)
     except ConfigError as err:
         row["error"] = str(err)
         return row
