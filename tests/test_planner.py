@@ -708,3 +708,21 @@ def test_kill_9_of_a_plan_kills_its_workers_and_the_rerun_reuses_its_log(tmp_pat
     assert len(rows) == result["candidates"]["simulated"] + (0 if result["given"]["in_space"] else 1)
     for row in logged:  # the rows logged before the kill are reused as they were, not simulated again
         assert rows[row["point_id"]] == row
+
+
+def test_a_scenario_with_recompute_modules_plans_every_recompute():
+    """A base scenario whose selective recompute names its modules (``training.recompute_modules``,
+    as ``validate`` writes for Megatron-Bridge's DeepSeek-V3 rows) plans recompute none and full
+    too: the modules go with selective only (the scenario checks refuse them otherwise), and the
+    planner's fast scenario is still ``apply_layout``'s."""
+    s = load_scenario("scenarios/tiny.yaml", ["training.recompute=selective", "training.recompute_modules=[mlp]"])
+    space = ["tp=2", "pp=1", "cp=1", "vp=1", "schedule=1f1b", "sequence_parallel=false", "micro_batch_size=1",
+             "recompute=none,selective,full", "zero_stage=1"]
+    enum = enumerate_layouts(s, parse_space(space, s))
+    assert sorted(x.recompute for x in enum.valid) == ["full", "none", "selective"], enum.pruned_rules
+    for layout in enum.valid:
+        fast = candidate_scenario(s, layout)
+        assert fast == apply_layout(s, layout)
+        assert fast.training.recompute_modules == (("mlp",) if layout.recompute == "selective" else None)
+    result = plan(scenario_to_dict(s), space=space, workers=1, progress=None)
+    assert result["candidates"]["simulated"] >= 1

@@ -59,7 +59,7 @@ def check_case(case: dict, workers: int | None = None, space=(), narrow: bool = 
     row.update(
         best=best["layout"], best_step_s=best["step_time_s"], best_fits=best["fits"],
         best_memory_gib=best["memory_gib_per_gpu"], given=given["layout"], given_step_s=given["step_time_s"],
-        given_fits=given["fits"], given_in_space=given["in_space"], given_rank=given["rank"],
+        given_fits=given["fits"], given_memory_gib=given["memory_gib_per_gpu"], given_in_space=given["in_space"], given_rank=given["rank"],
         given_rank_exact=given["rank_exact"], gain=given["step_time_s"] / best["step_time_s"] - 1,
         no_slower=best["step_time_s"] <= given["step_time_s"], why=best["why"], candidates=result["candidates"],
         beats=beats(given, best),
@@ -122,9 +122,15 @@ def format_check(result: dict) -> str:
         if "error" in r:
             lines.append(f"{r['id']:<34} error: {r['error']}")
             continue
-        if r["gain"] <= 0:
+        if r["gain"] == 0:
             rank = str(r["given_rank"]) if r["given_rank_exact"] else f">={r['given_rank']}"
             lines.append(f"{r['id']:<34} {r['given']:<34} {rank:>5} (published layout is the best)")
+            continue
+        if r["gain"] < 0:  # the best is slower: the published layout is not among the fitting ones
+            why = (f"published layout needs {r['given_memory_gib']:.1f} GiB: over the memory model's capacity"
+                   if not r["given_fits"] else "published layout not in the planned space")
+            lines.append(f"{r['id']:<34} {r['given'] + ' (OOM)' * (not r['given_fits']):<34} {'-':>5} "
+                         f"{r['best']:<40} {r['gain']:>+7.1%}  {why}")
             continue
         rank = str(r["given_rank"]) if r["given_rank_exact"] else f">={r['given_rank']}"
         fits = "" if r["given_fits"] else " (OOM)"

@@ -71,6 +71,10 @@ class Layout:
         out.append("parallelism.dp_replicate=1")  # the space shards over all of dp x cp (no HSDP search)
         out += [f"training.micro_batch_size={self.micro_batch_size}", f"training.recompute={self.recompute}",
                 f"schedule={self.schedule}"]
+        if self.recompute != "selective":
+            # the modules a selective recompute re-runs (a base scenario's recompute_modules) mean
+            # nothing without it, and the scenario checks refuse them there
+            out.append("training.recompute_modules=null")
         return tuple(out)
 
     def label(self) -> str:
@@ -116,7 +120,9 @@ def candidate_scenario(s: Scenario, layout: Layout) -> Scenario:
                   etp=layout.etp, vp=layout.vp, sequence_parallel=layout.sequence_parallel,
                   zero_stage=layout.zero_stage, first_pipeline_num_layers=layout.first_pipeline_num_layers,
                   last_pipeline_num_layers=layout.last_pipeline_num_layers, dp_replicate=1)
-    training = replace(s.training, micro_batch_size=layout.micro_batch_size, recompute=layout.recompute)
+    modules = s.training.recompute_modules if layout.recompute == "selective" else None
+    training = replace(s.training, micro_batch_size=layout.micro_batch_size, recompute=layout.recompute,
+                       recompute_modules=modules)
     return replace(s, parallelism=par, training=training, schedule=layout.schedule)
 
 
