@@ -505,3 +505,57 @@ def test_one_f_one_b_gpipe_and_interleaved_in_flight_are_read_without_building_t
         with pytest.raises(ValueError, match="outside"):
             microbatches_in_flight(name, 4, 4, 8, 2 if name == "interleaved" else 1)
     assert checked > 500
+
+
+# --- FP8 recipes that keep the quantized GEMM inputs (profile fp8.saves_quantized_inputs) --------
+
+def test_quantized_inputs_save_one_byte_per_gemm_input_element_by_hand():
+    """Transformer Engine's Linear keeps its FP8 input for the weight gradient: on a SwiGLU layer
+    the QKV, output-projection, FC1 and FC2 inputs drop from 2 bytes to 1, and nothing else does
+    (norm inputs, Q, K, V and the FC1 outputs stay 16-bit)."""
+    h, a, kv, f, s, b, t = 64, 4, 2, 256, 32, 1, 2
+    model = ModelConfig(hidden_size=h, num_hidden_layers=1, num_attention_heads=a, num_key_value_heads=kv,
+                        intermediate_size=f, vocab_size=100, hidden_act="silu")
+    d = h // a
+    for sp in (False, True):
+        rep = 1 / t if sp else 1
+        bf16 = layer_activation_bytes(model, 0, s, b, t, sp, "none", flash_attention=True, dropout=False)
+        fp8 = layer_activation_bytes(model, 0, s, b, t, sp, "none", flash_attention=True, dropout=False,
+                                     quantized_inputs=True)
+        gemm_inputs = s * b * (h * rep + a * d / t + h * rep + f / t)  # QKV, proj, FC1, FC2: one element each
+        assert bf16 - fp8 == pytest.approx(gemm_inputs * (2 - 1), rel=1e-12)
+        # full recompute keeps the layer input only, 16-bit either way
+        assert layer_activation_bytes(model, 0, s, b, t, sp, "full", quantized_inputs=True) == \
+            layer_activation_bytes(model, 0, s, b, t, sp, "full")
+
+
+def test_quantized_inputs_on_an_moe_layer_count_each_routed_copy_once():
+    """MoE: each routed copy's expert input and FC2 input, and the shared expert's FC2 input, drop
+    to 1 byte; the router (a 16-bit GEMM) still keeps the 16-bit norm output, so the shared expert's
+    FP8 copy of it is one byte more, not one less."""
+    k, fe, h, tokens, a, d = 2, 32, 64, 32, 4, 16
+    bf16 = layer_activation_bytes(MOE, 1, 32, 1, 1, False, "selective")
+    fp8 = layer_activation_bytes(MOE, 1, 32, 1, 1, False, "selective", quantized_inputs=True)
+    attention = tokens * (h + a * d)  # QKV and output-projection inputs: 2 -> 1 byte
+    routed = tokens * k * (h + fe)  # each copy's expert input and down-projection input: 2 -> 1
+    shared = tokens * fe  # the shared expert's down-projection input: 2 -> 1
+    shared_input_copy = tokens * h  # the shared expert's FP8 copy of the norm output: + 1
+    assert bf16 - fp8 == pytest.approx(attention + routed + shared - shared_input_copy, rel=1e-12)
+
+
+def test_fp8_memory_follows_the_framework_that_saves_quantized_inputs():
+    """The same FP8 layout: a Transformer Engine stack (megatron-core) holds fewer activation bytes
+    than in BF16; torchtitan (torchao's rowwise path keeps the 16-bit input) holds the same."""
+    from simulator.scenario import load_scenario
+    from simulator.workload.frameworks import load_profile
+
+    assert load_profile("megatron-core")["fp8"]["saves_quantized_inputs"] is True
+    assert load_profile("torchtitan")["fp8"]["saves_quantized_inputs"] is False
+
+    def activations(framework, precision):
+        s = load_scenario("scenarios/llama3-70b-64xh100.yaml", [f"framework={framework}",
+                                                               f"training.precision={precision}"])
+        return memory_report(s)["stages"][0]["activations_gib"]
+
+    assert activations("megatron-core", "fp8") < activations("megatron-core", "bf16")
+    assert activations("torchtitan", "fp8") == activations("torchtitan", "bf16")

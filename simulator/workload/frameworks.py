@@ -36,7 +36,7 @@ def routing_graphed(scope: tuple[str, ...]) -> bool:
     """Whether an MoE layer's router and EP preprocess replay from a CUDA graph: captured with the
     whole layer (``moe``) or as ``moe_router`` with ``moe_preprocess``."""
     return "moe" in scope or {"moe_router", "moe_preprocess"} <= set(scope)
-FP8_KEYS = ("recipe", "casts_fused_into_producers", "weight_cast_once_per_step")
+FP8_KEYS = ("recipe", "casts_fused_into_producers", "weight_cast_once_per_step", "saves_quantized_inputs")
 OPTIMIZER_KEYS = ("adam_bytes_per_param", "clip_bytes_per_param", "zero_grad_bytes_per_param", "wgrad_bytes_per_param")
 SELECTIVE_POLICIES = ("attention_core", "every_second_matmul", "elementwise")
 ATTENTION_KERNELS = ("fa2", "sdpa", "fa3", "cudnn")
@@ -82,6 +82,8 @@ class Software:
     # HBM bytes a weight-gradient GEMM's output moves per weight element and micro-batch: 2 writes a
     # fresh 16-bit gradient; 8 reads and writes an fp32 main_grad in the GEMM (fused accumulation)
     wgrad_bytes_per_param: float = 2.0
+    # FP8 GEMMs keep their quantized input for the backward (1 byte per element, memory.layer_activation_bytes)
+    fp8_saves_quantized_inputs: bool = False
     selective_recompute: str = "attention_core"  # what training.recompute: selective re-runs (SELECTIVE_POLICIES)
     attention_kernel: str = "cudnn"  # the fused kernel training.attention: flash runs (simulator.workload.attention)
     cp_comm_type: str = "p2p"  # how K/V cross the CP group: ring (p2p) or gathered first (all_gather)
@@ -167,6 +169,7 @@ def resolve(s) -> Software:
         fp8_recipe=str(_pick(opt.fp8_recipe, f8["recipe"])),
         fp8_casts_fused=bool(f8["casts_fused_into_producers"]),
         fp8_weight_cast_once=bool(f8["weight_cast_once_per_step"]),
+        fp8_saves_quantized_inputs=bool(f8["saves_quantized_inputs"]),
         adam_bytes_per_param=float(op["adam_bytes_per_param"]),
         clip_bytes_per_param=float(op["clip_bytes_per_param"]),
         zero_grad_bytes_per_param=float(op["zero_grad_bytes_per_param"]),

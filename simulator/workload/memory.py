@@ -49,6 +49,10 @@ COMPONENTS = ("weights", "gradients", "optimizer", "activations", "other")
 
 ACT_BYTES = 2
 MASK_BYTES = 1
+# FP8 recipes whose GEMMs keep a quantized copy of their input for the backward (``layer_activation_bytes``):
+# one byte per element (E4M3; MXFP8's E8M0 scales, one byte per 32 elements, are left out)
+FP8_SAVED_INPUT_BYTES = 1.0
+SAVED_INPUT_PRECISIONS = ("fp8", "mxfp8")
 ROUTER_PROB_BYTES = 4  # Megatron-core computes router logits and probabilities in fp32
 
 # Megatron-core DistributedDataParallelConfig.bucket_size default: max(40e6, 1e6 * dp) params.
@@ -111,7 +115,7 @@ def korthikanti_activation_bytes(
 
 def layer_activation_bytes(
     model: ModelConfig, layer: int, s: float, b: float, t: int, sp: bool, recompute: str,
-    flash_attention: bool = False, dropout: bool = True, etp: int | None = None,
+    flash_attention: bool = False, dropout: bool = True, etp: int | None = None, quantized_inputs: bool = False,
 ) -> float:
     """Korthikanti et al. 2022's per-layer accounting (Sec. 4.1) for GQA, SwiGLU and MoE layers.
 
@@ -131,6 +135,17 @@ def layer_activation_bytes(
     scenario's ``training.attention`` as the compute model does: a fused flash-attention
     kernel keeps only its fp32 log-sum-exp statistics (4 a s b / t bytes) instead of the 5 a s^2 b / t
     score term (Dao et al. 2022), and recipes without dropout store no masks.
+
+    ``quantized_inputs``: FP8 training whose GEMMs keep their quantized input for the weight
+    gradient (``FP8_SAVED_INPUT_BYTES`` per element instead of 2): Transformer Engine's Linear saves
+    the FP8 (column-wise) copy of its input for the backward, not the 16-bit one
+    (transformer_engine/pytorch/module/linear.py: ``saved_inputmat = inputmat`` after the input
+    quantizer, at d0067d0; ``inputmat_t`` when ``fp8_wgrad`` at v1.0, 2023). So the inputs of the
+    QKV, output-projection, FC1 and FC2 (and expert) GEMMs take 1 byte per element, while the norm
+    inputs, Q, K, V (the attention kernel's) and the FC1 outputs the activation's backward reads
+    stay 16-bit (profile ``fp8.saves_quantized_inputs``). In an MoE layer the router, a 16-bit
+    GEMM, keeps the norm output as before, each routed copy's expert input and down-projection
+    input take 1 byte, and shared experts keep a 1-byte copy of the norm output besides.
     """
     if recompute not in RECOMPUTE_MODES:
         raise ConfigError("training.recompute", recompute, f"valid: {', '.join(RECOMPUTE_MODES)}")
@@ -140,21 +155,27 @@ def layer_activation_bytes(
     if recompute == "full":
         return ACT_BYTES * tokens * h * rep
     q, kv = a * d, max(model.num_key_value_heads, t) * d
+    gemm_in = FP8_SAVED_INPUT_BYTES if quantized_inputs else ACT_BYTES  # a GEMM's saved input, per element
     mask = MASK_BYTES * tokens * h * rep if dropout else 0.0
-    attn = 2 * ACT_BYTES * tokens * h * rep + ACT_BYTES * tokens * (2 * q + 2 * kv) / t + mask
+    attn = (ACT_BYTES + gemm_in) * tokens * h * rep + (ACT_BYTES * (q + 2 * kv) + gemm_in * q) * tokens / t + mask
     if flash_attention:
         attn += 4 * a * tokens / t
     elif recompute == "none":
         attn += (ACT_BYTES + MASK_BYTES + ACT_BYTES) * a * s * tokens / t
-    mlp = 2 * ACT_BYTES * tokens * h * rep + mask
     if model.is_moe_layer(layer):
+        # the norm input, and its output as the router (a 16-bit GEMM) keeps it; with quantized
+        # inputs the shared experts' first GEMM keeps its own FP8 copy beside it
+        mlp = 2 * ACT_BYTES * tokens * h * rep + mask
+        if quantized_inputs and model.num_shared_experts:
+            mlp += gemm_in * tokens * h * rep
         etp = etp or t
         copies = tokens * model.num_experts_per_tok * etp / t
         mlp += ROUTER_PROB_BYTES * tokens * model.num_experts * rep
-        mlp += ACT_BYTES * copies * h + _ffn_bytes(model, copies, model.expert_intermediate_size, etp)
-        mlp += _ffn_bytes(model, tokens, model.num_shared_experts * model.expert_intermediate_size, t)
+        mlp += gemm_in * copies * h + _ffn_bytes(model, copies, model.expert_intermediate_size, etp, gemm_in)
+        mlp += _ffn_bytes(model, tokens, model.num_shared_experts * model.expert_intermediate_size, t, gemm_in)
     else:
-        mlp += _ffn_bytes(model, tokens, model.intermediate_size, t)
+        mlp = (ACT_BYTES + gemm_in) * tokens * h * rep + mask + _ffn_bytes(model, tokens, model.intermediate_size, t,
+                                                                          gemm_in)
     return attn + mlp
 
 
@@ -210,8 +231,10 @@ def saved_op_activation_bytes(model: ModelConfig, s: float, b: float, t: int, sp
     return kept
 
 
-def _ffn_bytes(model: ModelConfig, tokens: float, f: float, t: int) -> float:
-    return ACT_BYTES * tokens * f * model.mlp_matrices / t
+def _ffn_bytes(model: ModelConfig, tokens: float, f: float, t: int, gemm_in: float = ACT_BYTES) -> float:
+    """The MLP's f-wide tensors: (matrices - 1) outputs into the activation, 16-bit, and the down
+    projection's input at ``gemm_in`` bytes per element."""
+    return (ACT_BYTES * (model.mlp_matrices - 1) + gemm_in) * tokens * f / t
 
 
 @functools.lru_cache(maxsize=4096)
@@ -391,7 +414,8 @@ def _stage_layout_part(s: Scenario, stage: int, layer_kinds: tuple, policy: str,
     place = placement(s.pipeline_schedule, pp, vp)
 
     seq, b, sp, rc = tr.seq_length / par.cp, tr.micro_batch_size, par.sequence_parallel, tr.recompute
-    kernels = {"flash_attention": tr.attention != "unfused", "dropout": tr.attention == "unfused", "etp": par.expert_tp}
+    kernels = {"flash_attention": tr.attention != "unfused", "dropout": tr.attention == "unfused", "etp": par.expert_tp,
+               "quantized_inputs": tr.precision in SAVED_INPUT_PRECISIONS and resolve(s).fp8_saves_quantized_inputs}
     # layer_activation_bytes depends on the layer only through its kind (MoE or not; the
     # attention window kept in the key too): the same values, computed once per kind
     # (``bytes_by_kind``: kind -> saved, working set), summed in the same order.
