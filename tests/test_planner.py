@@ -726,3 +726,23 @@ def test_a_scenario_with_recompute_modules_plans_every_recompute():
         assert fast.training.recompute_modules == (("mlp",) if layout.recompute == "selective" else None)
     result = plan(scenario_to_dict(s), space=space, workers=1, progress=None)
     assert result["candidates"]["simulated"] >= 1
+
+
+def test_a_published_uneven_pipeline_split_is_a_candidate_beside_the_rule_split():
+    """A scenario that sets its own first/last stage layers (as validate does from a Megatron-core
+    pipeline layout) has that split among the candidates at its pp and vp, beside the rule's
+    split, so the given layout ranks as a candidate; other pp keep the rule's split only."""
+    model = dict(LLAMA_8B, num_hidden_layers=61, hidden_size=1024, intermediate_size=4096,
+                 num_attention_heads=8, num_key_value_heads=8)
+    raw = _scenario(model, 8, 64, 1024, {"tp": 1, "pp": 8, "dp": 8, "zero_stage": 1})
+    raw["parallelism"].update(first_pipeline_num_layers=4, last_pipeline_num_layers=9)
+    s = scenario_from_dict(raw)
+    space = ["tp=1", "pp=4,8", "cp=1", "vp=1", "micro_batch_size=1", "recompute=none", "zero_stage=1"]
+    enum = enumerate_layouts(s, parse_space(space, s))
+    ends = sorted((x.pp, x.first_pipeline_num_layers, x.last_pipeline_num_layers) for x in enum.valid)
+    assert ends == [(4, 15, 14), (8, 4, 9), (8, 7, 6)], enum.pruned_rules
+    assert layout_of(s) in enum.valid
+    assert "ends4/9" in layout_of(s).label() and "ends7/6" in next(
+        x for x in enum.valid if x.first_pipeline_num_layers == 7).label()
+    result = plan(raw, space=space, workers=1, progress=None)
+    assert result["given"]["in_space"]

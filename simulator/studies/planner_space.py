@@ -10,6 +10,8 @@ parallelism only with tp > 1, the interleaved schedule only with vp > 1 (vp 1 is
 etp only on MoE models and only below tp (etp = tp is the default). When pp x vp does not divide
 the layers, the first and last virtual stages take fewer (``validate.pipeline_ends``: equal ends as BLOOM and
 Llama 3 405B balanced theirs, else Megatron-core's unequal first/last split as DeepSeek-V3 needs).
+A scenario that sets its own first and last stage layers (a published pipeline layout) adds that
+split as a second candidate at its own pp and vp, so the given layout is one of the candidates.
 
 Whether a layout can run at all is ``scenario.validate_plan``'s verdict and nothing else; its
 error, by field and rule, is the reason a layout is pruned. The verdict does not depend on
@@ -90,6 +92,9 @@ class Layout:
             parts.append("SP")
         if self.schedule not in ("1f1b", "interleaved"):
             parts.append(self.schedule)
+        if self.first_pipeline_num_layers or self.last_pipeline_num_layers:
+            # an uneven split: layers on the first and last (virtual) stage
+            parts.append(f"ends{self.first_pipeline_num_layers or 0}/{self.last_pipeline_num_layers or 0}")
         return " ".join(parts)
 
     def key(self) -> dict:
@@ -258,27 +263,39 @@ def enumerate_layouts(s: Scenario, space: Mapping[str, tuple], part: tuple[int, 
     enumerated = 0
     structural = itertools.product(space["tp"], space["pp"], space["cp"], space["ep"], space["etp"], space["vp"],
                                    space["schedule"], space["sequence_parallel"], space["micro_batch_size"])
+    given = (s.parallelism.pp, s.parallelism.vp)
+    given_ends = (s.parallelism.first_pipeline_num_layers, s.parallelism.last_pipeline_num_layers)
     for tp, pp, cp, ep, etp, vp, schedule, sp, mbs in itertools.islice(structural, part[0], None, part[1]):
         if (sp and tp == 1) or (etp is not None and etp >= tp) or (schedule == "interleaved") != (vp > 1):
             continue  # not canonical: the same run as another layout of the space
         dp = world // (tp * pp * cp) if world % (tp * pp * cp) == 0 else None
         if space.get("dp") is not None and dp not in space["dp"]:
             continue
-        first, last = pipeline_ends(layers, pp * vp)
-        shape = Layout(tp, pp, dp or 0, cp, ep, etp, vp, mbs, "none", 0, schedule, sp, first, last)
-        n = len(space["recompute"]) * len(space["zero_stage"])
-        enumerated += n
-        try:
-            warns = validate_plan(candidate_scenario(s, shape))
-        except ConfigError as err:
-            reasons[_reason(err)] += n
-            continue
-        for rc, zero in itertools.product(space["recompute"], space["zero_stage"]):
-            layout = Layout(tp, pp, dp, cp, ep, etp, vp, mbs, rc, zero, schedule, sp, first, last)
-            valid.append(layout)
-            if warns:
-                warnings[layout] = warns
+        splits = [pipeline_ends(layers, pp * vp)]
+        if (pp, vp) == given and any(given_ends) and given_ends not in splits:
+            splits.append(given_ends)
+        for first, last in splits:
+            enumerated += _enumerate_shape(s, space, Layout(tp, pp, dp or 0, cp, ep, etp, vp, mbs, "none", 0, schedule,
+                                                            sp, first, last), dp, valid, reasons, warnings)
     return Enumeration(sorted(valid, key=layout_order), enumerated, reasons, warnings)
+
+
+def _enumerate_shape(s: Scenario, space: Mapping[str, tuple], shape: Layout, dp: int | None, valid: list,
+                     reasons: Counter, warnings: dict) -> int:
+    """Check one structural shape (recompute and ZeRO stage aside) and add its layouts to ``valid``
+    (or its rule to ``reasons``); returns how many layouts it stands for."""
+    n = len(space["recompute"]) * len(space["zero_stage"])
+    try:
+        warns = validate_plan(candidate_scenario(s, shape))
+    except ConfigError as err:
+        reasons[_reason(err)] += n
+        return n
+    for rc, zero in itertools.product(space["recompute"], space["zero_stage"]):
+        layout = replace(shape, dp=dp, recompute=rc, zero_stage=zero)
+        valid.append(layout)
+        if warns:
+            warnings[layout] = warns
+    return n
 
 
 def merge_enumerations(parts: list[Enumeration]) -> Enumeration:
