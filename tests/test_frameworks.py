@@ -323,3 +323,24 @@ def test_framework_options_cross_entropy_overrides_the_profile_and_sets_what_the
     with pytest.raises(ConfigError) as err:
         scenario_from_dict(d)
     assert "\n" not in str(err.value) and "framework_options.cross_entropy" in str(err.value) and "megatron-fused" in str(err.value)
+
+
+@pytest.mark.parametrize("bad", ["yes", 1, None])
+def test_a_profile_flag_that_is_not_true_or_false_is_a_one_line_error(bad, tmp_path, monkeypatch):
+    """fp8.saves_quantized_inputs (like the other FP8 flags) must be true or false: 'yes', 1 or
+    null in a profile file name the file, the key and what is valid."""
+    import yaml as _yaml
+
+    from simulator.errors import ConfigError
+    from simulator.workload import frameworks
+
+    raw = _yaml.safe_load((frameworks.FRAMEWORKS_DIR / "megatron-core.yaml").read_text())
+    raw["fp8"]["saves_quantized_inputs"]["value"] = bad
+    (tmp_path / "megatron-core.yaml").write_text(_yaml.safe_dump(raw))
+    monkeypatch.setattr(frameworks, "FRAMEWORKS_DIR", tmp_path)
+    frameworks.load_profile.cache_clear()
+    try:
+        with pytest.raises(ConfigError, match=r"megatron-core.yaml: fp8.saves_quantized_inputs.*valid: true, false"):
+            frameworks.load_profile("megatron-core")
+    finally:
+        frameworks.load_profile.cache_clear()

@@ -133,6 +133,9 @@ def load_profile(name: str) -> dict:
     for key in ("cross_entropy", "cross_entropy_compiled"):
         if out["fusion"][key] not in CROSS_ENTROPY_IMPLS:
             raise ConfigError(f"{path.name}: fusion.{key}", out["fusion"][key], f"valid: {', '.join(CROSS_ENTROPY_IMPLS)}")
+    for key in ("casts_fused_into_producers", "weight_cast_once_per_step", "saves_quantized_inputs"):
+        if not isinstance(out["fp8"][key], bool):
+            raise ConfigError(f"{path.name}: fp8.{key}", out["fp8"][key], "valid: true, false")
     if out["fp8"]["recipe"] not in FP8_RECIPES:
         raise ConfigError(f"{path.name}: fp8.recipe", out["fp8"]["recipe"], f"valid: {', '.join(FP8_RECIPES)}")
     return out
