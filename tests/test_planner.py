@@ -746,3 +746,22 @@ def test_a_published_uneven_pipeline_split_is_a_candidate_beside_the_rule_split(
         x for x in enum.valid if x.first_pipeline_num_layers == 7).label()
     result = plan(raw, space=space, workers=1, progress=None)
     assert result["given"]["in_space"]
+
+
+def test_plan_check_table_says_why_the_best_is_slower_than_the_published_layout():
+    """A published run whose best is slower than its published layout (gain < 0) is not printed as
+    'the published layout is the best': the row names the memory it needs when it does not fit the
+    memory model, or that it was not in the planned space."""
+    from simulator.studies.plan_check import format_check
+
+    base = dict(given="TP1 PP1 DP64 mbs2 Z3", best="TP1 PP1 DP64 mbs2 Z3 rc-full", given_rank=1, given_rank_exact=True,
+                beats="")
+    rows = [dict(base, id="oom", gain=-0.2, given_fits=False, given_memory_gib=144.7),
+            dict(base, id="outside", gain=-0.03, given_fits=True, given_memory_gib=60.0),
+            dict(base, id="same", gain=0.0, given_fits=True, given_memory_gib=60.0)]
+    summary = dict(planned=3, cases=3, best_fits=3, no_slower=1, given_in_top5=3, planner_wins=0, given_fits=2)
+    lines = format_check({"rows": rows, "summary": summary}).splitlines()
+    oom, outside, same = (next(x for x in lines if x.startswith(k)) for k in ("oom", "outside", "same"))
+    assert "needs 144.7 GiB" in oom and "(OOM)" in oom and "-20.0%" in oom
+    assert "not in the planned space" in outside and "-3.0%" in outside
+    assert "(published layout is the best)" in same
