@@ -122,19 +122,18 @@ def format_check(result: dict) -> str:
         if "error" in r:
             lines.append(f"{r['id']:<34} error: {r['error']}")
             continue
+        rank = str(r["given_rank"]) if r["given_rank_exact"] else f">={r['given_rank']}"
         if r["gain"] == 0:
-            rank = str(r["given_rank"]) if r["given_rank_exact"] else f">={r['given_rank']}"
             lines.append(f"{r['id']:<34} {r['given']:<34} {rank:>5} (published layout is the best)")
             continue
+        given = r["given"] + ("" if r["given_fits"] else " (OOM)")
         if r["gain"] < 0:  # the best is slower: the published layout is not among the fitting ones
+            rank = "-"
             why = (f"published layout needs {r['given_memory_gib']:.1f} GiB: over the memory model's capacity"
                    if not r["given_fits"] else "published layout not in the planned space")
-            lines.append(f"{r['id']:<34} {r['given'] + ' (OOM)' * (not r['given_fits']):<34} {'-':>5} "
-                         f"{r['best']:<40} {r['gain']:>+7.1%}  {why}")
-            continue
-        rank = str(r["given_rank"]) if r["given_rank_exact"] else f">={r['given_rank']}"
-        fits = "" if r["given_fits"] else " (OOM)"
-        lines.append(f"{r['id']:<34} {r['given'] + fits:<34} {rank:>5} {r['best']:<40} {r['gain']:>+7.1%}  {r['beats']}")
+        else:
+            why = r["beats"]
+        lines.append(f"{r['id']:<34} {given:<34} {rank:>5} {r['best']:<40} {r['gain']:>+7.1%}  {why}")
     s = result["summary"]
     lines.append(f"{s['planned']} of {s['cases']} planned; best fits in {s['best_fits']}, no slower than published in "
                  f"{s['no_slower']}; published layout in the top {TOP} in {s['given_in_top5']}, the planner beats it in "

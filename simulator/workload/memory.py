@@ -390,17 +390,20 @@ def _layout_parts(s: Scenario) -> tuple[tuple[_Params, float, int], ...]:
     """``_stage_layout_part`` of every pipeline stage, by stage: one cache look-up (one hash of the
     scenario) per layout rather than per stage, shared by its ZeRO stages (``s`` has zero_stage 0)."""
     # What every stage of the layout shares: each layer's kind, the selective-recompute policy, and
-    # the per-kind parameters and activation bytes as the stages compute them (the same numbers).
+    # the per-kind parameters and activation bytes as the stages compute them (the same numbers), and
+    # whether FP8 GEMM inputs are kept quantized.
     layer_kinds = _layer_kinds(s.model)
-    policy = resolve(s).selective_recompute if s.training.recompute == "selective" else "attention_core"
+    sw = resolve(s)
+    policy = sw.selective_recompute if s.training.recompute == "selective" else "attention_core"
+    quantized = s.training.precision in SAVED_INPUT_PRECISIONS and sw.fp8_saves_quantized_inputs
     params_by_kind: dict = {}
     bytes_by_kind: dict = {}
-    return tuple(_stage_layout_part(s, stage, layer_kinds, policy, params_by_kind, bytes_by_kind)
+    return tuple(_stage_layout_part(s, stage, layer_kinds, policy, quantized, params_by_kind, bytes_by_kind)
                  for stage in range(s.parallelism.pp))
 
 
-def _stage_layout_part(s: Scenario, stage: int, layer_kinds: tuple, policy: str, params_by_kind: dict,
-                       bytes_by_kind: dict) -> tuple[_Params, float, int]:
+def _stage_layout_part(s: Scenario, stage: int, layer_kinds: tuple, policy: str, quantized: bool,
+                       params_by_kind: dict, bytes_by_kind: dict) -> tuple[_Params, float, int]:
     """(parameters, activation bytes, chunk activations in flight) of ``stage``: the part of
     ``stage_memory`` the ZeRO stage does not change (``s`` has zero_stage 0), with what
     ``_layout_parts`` shares across the layout's stages."""
@@ -415,7 +418,7 @@ def _stage_layout_part(s: Scenario, stage: int, layer_kinds: tuple, policy: str,
 
     seq, b, sp, rc = tr.seq_length / par.cp, tr.micro_batch_size, par.sequence_parallel, tr.recompute
     kernels = {"flash_attention": tr.attention != "unfused", "dropout": tr.attention == "unfused", "etp": par.expert_tp,
-               "quantized_inputs": tr.precision in SAVED_INPUT_PRECISIONS and resolve(s).fp8_saves_quantized_inputs}
+               "quantized_inputs": quantized}
     # layer_activation_bytes depends on the layer only through its kind (MoE or not; the
     # attention window kept in the key too): the same values, computed once per kind
     # (``bytes_by_kind``: kind -> saved, working set), summed in the same order.
