@@ -224,6 +224,9 @@ class FrameworkOptions:
     # the language-model loss implementation (simulator.workload.frameworks.CROSS_ENTROPY_IMPLS);
     # None: the profile's (fusion.cross_entropy, or fusion.cross_entropy_compiled with compile)
     cross_entropy: str | None = None
+    # what training.recompute: selective re-runs (simulator.workload.frameworks.SELECTIVE_POLICIES);
+    # None: the profile's (recompute.selective)
+    selective_recompute: str | None = None
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,7 @@ from simulator.step.schedules import SCHEDULES, check_schedule_args
 from simulator.physical.faults import effective_spec, node_links
 from simulator.physical.topology import LINK_CLASSES, load_topology, nvlink_GBps, nvlink_generation
 from simulator.workload.attention import ATTENTION_BACKENDS
-from simulator.workload.frameworks import CROSS_ENTROPY_IMPLS, FP8_RECIPES, framework_names
+from simulator.workload.frameworks import CROSS_ENTROPY_IMPLS, FP8_RECIPES, SELECTIVE_POLICIES, framework_names
 
 HIDDEN_ACTS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "silu", "swiglu")
 PRECISIONS = ("bf16", "fp16", "fp8", "mxfp8", "nvfp4")  # GEMM precision; attention 16-bit unless training.fp8_attention
@@ -286,6 +286,7 @@ _CHECKS: dict[str, dict[str, Checker]] = {
         "replica_combine_bytes": partial(_optional_number, minimum=0, inclusive=True),
         "te_op_fuser": _optional_boolean,
         "cross_entropy": partial(_optional_choice, choices=CROSS_ENTROPY_IMPLS),
+        "selective_recompute": partial(_optional_choice, choices=SELECTIVE_POLICIES),
     },
     "moe": {
         "imbalance": _imbalance,

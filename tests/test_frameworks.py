@@ -344,3 +344,63 @@ def test_a_profile_flag_that_is_not_true_or_false_is_a_one_line_error(bad, tmp_p
             frameworks.load_profile("megatron-core")
     finally:
         frameworks.load_profile.cache_clear()
+
+
+def test_maxtext_custom_policy_reruns_the_attention_core_and_the_mlp_input_projections():
+    """framework_options.selective_recompute attention_projections (MaxText's custom policy with
+    Q, K, V and out_proj on device, NVIDIA's DGX Cloud 70B recipe): the context and the MLP's input
+    projections are not saved, so the attention core and the gate/up GEMM re-run with every
+    elementwise op; the saved projections (QKV, out) and the down projection do not."""
+    s = dataclasses.replace(scen("maxtext", options=FrameworkOptions(selective_recompute="attention_projections")),
+                            training=dataclasses.replace(TRAIN, recompute="selective"))
+    assert resolve(s).selective_recompute == "attention_projections"
+    base, custom = sw_layer(s)
+    flops = {op.name: op.flops for op in base.attn_fwd.ops + base.mlp_fwd.ops}
+    assert custom.attn_recompute.flops == pytest.approx(flops["attn_core"] + flops["mlp_up"])
+    names = [op.name for op in custom.attn_recompute.ops]
+    assert "attn_core" in names and "mlp_up" in names
+    assert not {"qkv_proj", "out_proj", "mlp_down"} & set(names)
+    # the profile's own policy (minimal_flash) keeps every dot's output: elementwise ops only
+    _, flash = sw_layer(dataclasses.replace(s, framework_options=FrameworkOptions()))
+    assert flash.attn_recompute.flops == 0 and flash.attn_recompute.ops
+
+
+@pytest.mark.parametrize("bad", ["custom", "full", 3])
+def test_an_unknown_selective_recompute_policy_is_a_one_line_error(bad):
+    d = scenario_to_dict(scen("maxtext"))
+    d["framework_options"]["selective_recompute"] = bad
+    with pytest.raises(ConfigError) as err:
+        scenario_from_dict(d)
+    msg = str(err.value)
+    assert "\n" not in msg and "framework_options.selective_recompute" in msg and "attention_projections" in msg
+
+
+def _maxtext_case(saved, policy="custom"):
+    return {"id": "m", "framework": "maxtext",
+            "framework_options": {"remat_policy": policy, "remat_tensors_on_device": saved},
+            "model": {"params_b": None, "layers": 4, "hidden": 1024, "ffn_hidden": 4096, "heads": 8, "vocab": 32000,
+                      "seq_len": 1024},
+            "hardware": {"gpu": "H100-SXM5-80GB", "count": 8},
+            "parallelism": {"tp": 1, "pp": 1, "gbs": 8, "recompute": "selective (MaxText remat_policy custom)"}}
+
+
+@pytest.mark.parametrize("saved,policy", [
+    (["query_proj", "value_proj", "key_proj", "qkv_proj", "out_proj", "mlpwo"], "attention_projections"),  # DGXC bf16
+    (["query_proj", "value_proj", "key_proj", "qkv_proj", "out_proj"], "attention_projections"),  # DGXC fp8
+    (["query_proj", "value_proj", "key_proj", "out_proj", "context", "mlpwi_0", "mlpwi_1"], "elementwise"),
+])
+def test_validate_maps_maxtext_custom_remat_to_the_policy_its_saved_tensors_make(saved, policy):
+    notes = []
+    s = scenario_from_dict(case_to_scenario_dict(_maxtext_case(saved), notes))
+    assert s.training.recompute == "selective" and s.framework_options.selective_recompute == policy
+    assert any(policy in n for n in notes)
+    minimal = scenario_from_dict(case_to_scenario_dict(_maxtext_case(None, "minimal_flash")))
+    assert minimal.framework_options.selective_recompute is None  # the profile's (elementwise)
+
+
+@pytest.mark.parametrize("saved", [None, ["query_proj", "out_proj"], ["query_proj", "key_proj", "value_proj",
+                                                                        "out_proj", "context"], "query_proj"])
+def test_validate_refuses_a_maxtext_custom_remat_it_does_not_model(saved):
+    with pytest.raises(ConfigError) as err:
+        case_to_scenario_dict(_maxtext_case(saved))
+    assert "\n" not in str(err.value) and "remat_tensors_on_device" in str(err.value)

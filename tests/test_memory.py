@@ -559,3 +559,20 @@ def test_fp8_memory_follows_the_framework_that_saves_quantized_inputs():
 
     assert activations("megatron-core", "fp8") < activations("megatron-core", "bf16")
     assert activations("torchtitan", "fp8") == activations("torchtitan", "bf16")
+
+
+@pytest.mark.parametrize("t,sp", [(1, False), (4, True)])
+def test_maxtext_custom_policy_keeps_the_layer_input_qkv_and_the_output_projection(t, sp):
+    """attention_projections (MaxText custom, DGX Cloud 70B recipe): the layer input 2sbh, Q, K, V
+    2sb(q + 2kv)/t and out_proj's result 2sbh (/t with SP each); no context, log-sum-exp or MLP
+    tensor. It keeps less than minimal_flash's elementwise policy, more than full recompute."""
+    from simulator.workload.memory import saved_op_activation_bytes
+
+    s, b = 8192, 2
+    h, q, kv = LLAMA8B.hidden_size, LLAMA8B.num_attention_heads * LLAMA8B.head_dim, max(
+        LLAMA8B.num_key_value_heads, t) * LLAMA8B.head_dim
+    rep = 1 / t if sp else 1
+    kept = saved_op_activation_bytes(LLAMA8B, s, b, t, sp, "attention_projections")
+    assert kept == pytest.approx(2 * s * b * (2 * h * rep + (q + 2 * kv) / t), rel=1e-12)
+    full = layer_activation_bytes(LLAMA8B, 0, s, b, t, sp, "full", flash_attention=True, dropout=False)
+    assert full < kept < saved_op_activation_bytes(LLAMA8B, s, b, t, sp, "elementwise")

@@ -59,8 +59,8 @@ only, so predictions are the same with them removed. Documented defaults for unk
   torchtitan, deepspeed, composer, maxtext, automodel), ``megatron-core`` when the case does not say (the
   stack of the calibration runs). An unknown name makes that case an error row naming the valid ones.
 - framework_options (each absent key takes the profile's default): ``compile``, ``cuda_graphs``,
-  ``fp8_recipe`` (delayed, tensorwise, rowwise, blockwise, mxfp8), ``cross_entropy`` and ``replica_combine_bytes``
-  (hybrid sharding's combined cross-copy all-reduces) go to the scenario's
+  ``fp8_recipe`` (delayed, tensorwise, rowwise, blockwise, mxfp8), ``cross_entropy``, ``selective_recompute``
+  and ``replica_combine_bytes`` (hybrid sharding's combined cross-copy all-reduces) go to the scenario's
   ``framework_options`` (a ``cuda_graphs`` scope written out: "full iteration" is true, a list of
   captured modules in parentheses becomes ``cuda_graph_scope``, those of Megatron-core's modules it
   names); ``async_tp`` and the ``overlap:`` mapping (tp_comm, grad_reduce,
@@ -72,7 +72,9 @@ only, so predictions are the same with them removed. Documented defaults for unk
   ``pipeline_passes`` sets ``training.pipeline_passes`` (a gradient-accumulation loop that calls
   the pipeline schedule once per accumulation step: NeMo AutoModel's GA column with PP > 1).
   ``cutedsl_fused_grouped_mlp`` (Megatron-Bridge) or ``use_transformer_engine_op_fuser`` sets
-  ``framework_options.te_op_fuser``. ``cross_entropy`` (megatron, megatron-fused, te, torch,
+  ``framework_options.te_op_fuser``. A MaxText case's ``remat_policy: custom`` with
+  ``remat_tensors_on_device`` (the tensor names its run set to ``device``) becomes a selective
+  recompute policy (``maxtext_selective_policy``); ``minimal_flash`` is the profile's own. ``cross_entropy`` (megatron, megatron-fused, te, torch,
   torch-compiled, triton, xla) is the run's loss implementation (absent: the profile's; the rows
   state what their recipe at its release tag set). Other keys (pp_p2p, fsdp_*, ...) describe the run but are not
   modelled and are ignored.
@@ -336,7 +338,8 @@ def source_year(case: dict) -> int | None:
 
 
 OVERLAP_OPTIONS = ("tp_comm", "grad_reduce", "param_gather", "param_prefetch_depth", "async_tp", "cp_comm")
-FRAMEWORK_OPTIONS = ("compile", "cuda_graphs", "fp8_recipe", "replica_combine_bytes", "te_op_fuser", "cross_entropy")
+FRAMEWORK_OPTIONS = ("compile", "cuda_graphs", "fp8_recipe", "replica_combine_bytes", "te_op_fuser", "cross_entropy",
+                     "selective_recompute")
 
 
 def _fp8_attention(case: dict) -> bool:
@@ -556,7 +559,43 @@ def case_to_scenario_dict(case: dict, notes: list[str] | None = None) -> dict:
     modules = _recompute_modules(case) if recompute == "selective" else None
     if modules:
         out["training"]["recompute_modules"] = modules
+    policy = maxtext_selective_policy(case) if recompute == "selective" else None
+    if policy:
+        out["framework_options"]["selective_recompute"] = policy
+        notes.append(f"MaxText remat_policy {case['framework_options']['remat_policy']}: selective recompute "
+                     f"{policy}")
     return out
+
+
+# MaxText's remat tensor names (src/maxtext/configs/types.py RematAndOffload; base.yml): what its
+# custom policy saves when set to "device" (``remat_tensors_on_device`` in a case, MaxText's
+# cfg.tensors_on_device). decoder_layer_input is "device" by default; mlpwo's output is not a
+# residual of the backward, so saving it changes nothing.
+_ATTENTION_PROJECTIONS = {"query_proj", "key_proj", "value_proj", "out_proj"}
+_MLP_INPUTS = {"mlpwi", "mlpwi_0", "mlpwi_1"}
+
+
+def maxtext_selective_policy(case: dict) -> str | None:
+    """The selective-recompute policy (``frameworks.SELECTIVE_POLICIES``) a MaxText case's
+    ``framework_options.remat_policy`` is, when it is not the profile's (``minimal_flash``):
+    ``custom`` with Q, K, V and the output projection on device and neither the context nor the MLP
+    inputs is ``attention_projections``; with all of them it is ``elementwise``. Any other custom set
+    is a one-line error naming what stepsim models."""
+    opts = case.get("framework_options") or {}
+    if case.get("framework") != "maxtext" or str(opts.get("remat_policy") or "") != "custom":
+        return None
+    saved = opts.get("remat_tensors_on_device")
+    if not isinstance(saved, list) or not all(isinstance(n, str) for n in saved):
+        raise ConfigError(f"{case.get('id')}: framework_options.remat_tensors_on_device", saved,
+                          "remat_policy custom needs the list of MaxText tensor names set to device")
+    names = set(saved)
+    if _ATTENTION_PROJECTIONS <= names and "context" not in names and not names & _MLP_INPUTS:
+        return "attention_projections"
+    if _ATTENTION_PROJECTIONS | {"context"} <= names and ({"mlpwi"} <= names or {"mlpwi_0", "mlpwi_1"} <= names):
+        return "elementwise"
+    raise ConfigError(f"{case.get('id')}: framework_options.remat_tensors_on_device", sorted(names),
+                      "stepsim models query_proj, key_proj, value_proj and out_proj saved with neither context nor "
+                      "mlpwi* (attention_projections), or with both (elementwise)")
 
 
 def _hopper(gpu: str) -> bool:

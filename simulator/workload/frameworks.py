@@ -38,7 +38,11 @@ def routing_graphed(scope: tuple[str, ...]) -> bool:
     return "moe" in scope or {"moe_router", "moe_preprocess"} <= set(scope)
 FP8_KEYS = ("recipe", "casts_fused_into_producers", "weight_cast_once_per_step", "saves_quantized_inputs")
 OPTIMIZER_KEYS = ("adam_bytes_per_param", "clip_bytes_per_param", "zero_grad_bytes_per_param", "wgrad_bytes_per_param")
-SELECTIVE_POLICIES = ("attention_core", "every_second_matmul", "elementwise")
+# What training.recompute: selective re-runs, per framework (software.recompute_shares,
+# memory.saved_op_activation_bytes): Megatron's attention core, torchtitan's per-op SAC, MaxText's
+# minimal_flash (elementwise ops only) and MaxText's custom policy saving Q, K, V and the output
+# projection (attention core, MLP input projections and elementwise ops re-run)
+SELECTIVE_POLICIES = ("attention_core", "every_second_matmul", "elementwise", "attention_projections")
 ATTENTION_KERNELS = ("fa2", "sdpa", "fa3", "cudnn")
 # The language-model loss as the framework computes it (costs in software.CROSS_ENTROPY): Megatron-core's
 # vocab_parallel_cross_entropy unfused or with cross_entropy_loss_fusion (impl native), Transformer
@@ -177,7 +181,7 @@ def resolve(s) -> Software:
         clip_bytes_per_param=float(op["clip_bytes_per_param"]),
         zero_grad_bytes_per_param=float(op["zero_grad_bytes_per_param"]),
         wgrad_bytes_per_param=float(op["wgrad_bytes_per_param"]),
-        selective_recompute=prof["recompute"]["selective"],
+        selective_recompute=str(_pick(opt.selective_recompute, prof["recompute"]["selective"])),
         attention_kernel=prof["attention"]["kernel"],
         cp_comm_type=s.parallelism.cp_comm_type or prof["attention"]["cp_comm_type"],
         kv_heads_expanded=bool(prof["attention"]["kv_heads_expanded"]),

@@ -207,8 +207,17 @@ def saved_op_activation_bytes(model: ModelConfig, s: float, b: float, t: int, sp
       /t with SP: the residual sum the MLP's norm is recomputed from) and the MLP's gate and up
       projections (2sbf/t each; 2sbf/t for one up projection with a 2-matrix MLP). The down
       projection's output is not a residual of the backward and is not kept.
+    - ``attention_projections``, MaxText's ``custom`` remat policy with query_proj, key_proj,
+      value_proj, qkv_proj and out_proj (and mlpwo) set to ``device``, as NVIDIA's DGX Cloud
+      Llama 2 70B recipe runs it (dgxc-benchmarking maxtext/configure.sh at v24.11.1; decoders.py
+      ``get_remat_policy``: ``save_and_offload_only_these_names(names_which_can_be_saved=
+      cfg.tensors_on_device, ...)``; base.yml / types.py: decoder_layer_input ``device``, context
+      and mlpwi* ``remat`` by default): Q, K, V (2sb(q + 2kv)/t) and the output projection's result
+      (2sbh, /t with SP). The context is not saved (the attention core re-runs, so its log-sum-exp
+      is not kept either), nor the MLP's input projections; the down projection's output, even when
+      named, is not a residual of the backward.
     """
-    if policy not in ("every_second_matmul", "elementwise") or model.is_mla:
+    if policy not in ("every_second_matmul", "elementwise", "attention_projections") or model.is_mla:
         return None
     h, d, a = model.hidden_size, model.head_dim, model.num_attention_heads
     tokens = s * b
@@ -216,6 +225,8 @@ def saved_op_activation_bytes(model: ModelConfig, s: float, b: float, t: int, sp
     q, kv = a * d, max(model.num_key_value_heads, t) * d
     f = model.intermediate_size
     kept = ACT_BYTES * tokens * h * rep  # the layer's input
+    if policy == "attention_projections":
+        return kept + ACT_BYTES * tokens * (q + 2 * kv) / t + ACT_BYTES * tokens * h * rep
     kept += ACT_BYTES * tokens * q / t + 4 * a * tokens / t  # attention output and log-sum-exp
     if policy == "every_second_matmul":
         kept += ACT_BYTES * tokens * (q + kv) / t  # wq, wv (wk and wo are the 2nd and 4th mm)

@@ -77,7 +77,9 @@ as its own named :class:`Op` (so a ``megatron-core`` profile adds nothing):
   Llama block (mm order wq, wk, wv, wo, w1, w3, w2) wk, wo and w3 (the K share of the fused QKV
   GEMM, the output projection, half of the fused up-projection; for GeLU, mm order wq, wk, wv,
   wo, w1, w2: wk, wo and w2) plus every elementwise op; ``elementwise`` (MaxText minimal_flash) re-runs
-  only the elementwise ops. All of it runs before the attention backward; MoE layers keep the
+  only the elementwise ops; ``attention_projections`` (MaxText's custom policy saving Q, K, V and the
+  output projection, NVIDIA's DGX Cloud Llama 2 70B recipe) re-runs the attention core and the MLP's
+  input projections (gate and up, or the one up projection) besides the elementwise ops. All of it runs before the attention backward; MoE layers keep the
   reference.
 - Context-parallel merges per framework (profile ``attention.cp_merge``, cp > 1): the reference
   (``te``, Transformer Engine's fused correction kernels) is compute.py's ``attn_cp_merge`` (10
@@ -157,8 +159,8 @@ from dataclasses import replace
 from simulator.config import ModelConfig, ParallelConfig, TrainingConfig
 from simulator.physical.hardware import GPUSpec
 from simulator.workload.compute import (
-    ACT_BYTES, MEGATRON_CROSS_ENTROPY, BlockCost, LayerCost, Op, _Gemm, _attn_plan, _local_tokens, _mlp_plan,
-    mem_chain,
+    ACT_BYTES, MEGATRON_CROSS_ENTROPY, RECOMPUTE_MODULE_OPS, BlockCost, LayerCost, Op, _Gemm, _attn_plan,
+    _local_tokens, _mlp_plan, mem_chain,
 )
 from simulator.workload.frameworks import Software
 from simulator.workload.moe import local_experts
@@ -373,7 +375,11 @@ def layer_with_software(cost: LayerCost, model: ModelConfig, training: TrainingC
 
 
 def recompute_shares(model: ModelConfig, tp: int, policy: str) -> dict[str, float]:
-    """Share of each forward GEMM a selective policy re-runs (elementwise ops re-run whole)."""
+    """Share of each forward GEMM a selective policy re-runs (elementwise ops re-run whole);
+    ``attention_projections`` re-runs the attention core (its context is not saved) and the MLP's
+    input projections (their outputs are not saved), every op of both at full share."""
+    if policy == "attention_projections":
+        return dict.fromkeys(RECOMPUTE_MODULE_OPS["core_attn"] + ("mlp_up",), 1.0)
     if policy != "every_second_matmul":
         return {}
     q = model.num_attention_heads * model.head_dim
