@@ -46,7 +46,7 @@ SMALL_MOE = {"hidden_size": 1024, "num_hidden_layers": 8, "num_attention_heads":
 SPACES = {
     "llama8b-16gpu": (_scenario(LLAMA_8B, 2, 8, 1024, {"tp": 4, "pp": 2, "zero_stage": 1}),
                       ["tp=4,8", "pp=1,2", "cp=1", "vp=1,2", "micro_batch_size=1", "recompute=none,full",
-                       "zero_stage=1,3", "sequence_parallel=true"]),
+                       "zero_stage=1,3", "sequence_parallel=true", "dp_replicate=1,2"]),
     "gpt1.3b-8gpu": (_scenario(GPT_1_3B, 1, 16, 2048, {"tp": 2, "pp": 1}),
                      ["tp=1,2,4", "pp=1,2", "cp=1,2", "vp=1,3", "micro_batch_size=1,2", "recompute=none,selective",
                       "zero_stage=1", "sequence_parallel=false"]),
@@ -396,6 +396,37 @@ def test_candidate_scenarios_equal_the_checked_ones():
     assert candidate_scenario(s, layout_of(s)) == s
 
 
+def test_hybrid_sharding_is_an_axis_with_the_scenarios_own_copies_and_zero_stages_1_to_3():
+    """A scenario's own dp_replicate (hybrid sharding, as MaxText's DGX Cloud 70B runs shard FSDP
+    over 128 GPUs in 16 copies) joins 1 in the default space, so the given layout is a candidate;
+    copies pair only with ZeRO stages 1-3, a count that does not divide dp is pruned by its rule,
+    and the layouts run what their overrides say."""
+    s = load_scenario("scenarios/llama3-70b-64xh100.yaml", ["parallelism.zero_stage=3", "parallelism.dp_replicate=2"])
+    assert default_space(s)["dp_replicate"] == (1, 2)
+    values = parse_space(["tp=4,8", "pp=1,4", "cp=2", "vp=1,5", "micro_batch_size=1", "recompute=none",
+                          "zero_stage=0,3", "sequence_parallel=true", "dp_replicate=1,2,3"], s)
+    enum = enumerate_layouts(s, values)
+    assert layout_of(s) in enum.valid and layout_of(s).dp_replicate == 2
+    hybrid = [x for x in enum.valid if x.dp_replicate > 1]
+    assert hybrid and all(x.zero_stage == 3 and x.dp % x.dp_replicate == 0 for x in hybrid)
+    assert {x.dp_replicate for x in hybrid} == {2}  # dp is 8, 4, 2 or 1 here: 3 divides none
+    assert any(r.startswith("parallelism.dp_replicate") for r in enum.pruned_rules)
+    assert all(f"HSDP{x.dp_replicate}" in x.label() for x in hybrid)
+    for x in hybrid[:3]:
+        cs = candidate_scenario(s, x)
+        assert cs == apply_layout(s, x) and cs.parallelism.dp_replicate == x.dp_replicate
+    # a dp_replicate 1 scenario keeps the default space as before
+    assert default_space(load_scenario("scenarios/llama3-70b-64xh100.yaml"))["dp_replicate"] == (1,)
+
+
+def test_hybrid_sharding_on_an_moe_model_is_a_one_line_error(capsys):
+    args = ["plan", "scenarios/tiny.yaml", "--set", "model.num_experts=4", "--set", "model.num_experts_per_tok=2",
+            "--space", "dp_replicate=1,2"]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("stepsim: error: --space dp_replicate")
+
+
 def test_default_space_holds_the_published_layouts():
     for path in ("scenarios/llama3-70b-64xh100.yaml", "scenarios/llama3-405b-16384xh100.yaml"):
         s = load_scenario(path)
@@ -492,6 +523,8 @@ def test_json_keys_are_the_issue_contract():
     (["zero_stage=4"], "--space zero_stage"), (["schedule=chimera"], "--space schedule"),
     (["etp=1"], "--space etp"), (["tp=2", "tp=4"], "--space"), (["tp=2,2"], "--space tp"),
     (["vp=1000"], "--space vp"), (["micro_batch_size=100000"], "--space micro_batch_size"),
+    (["dp_replicate=0"], "--space dp_replicate"), (["dp_replicate=two"], "--space dp_replicate"),
+    (["dp_replicate=1.5"], "--space dp_replicate"),
 ])
 def test_impossible_space_values_are_one_line_errors(space, field, capsys):
     args = ["plan", "scenarios/tiny.yaml"] + [x for v in space for x in ("--space", v)]

@@ -24,8 +24,9 @@ TOP = 5
 def narrow_space(raw: dict) -> list[str]:
     """A small space around a published layout, for checking every run in CI time: its tp, pp, cp,
     ep, etp, vp, schedule and sequence parallelism as published; recompute none / selective / full,
-    its micro-batch size and twice it, its ZeRO stage and 1 (Megatron's distributed optimizer):
-    at most 12 layouts, the published one among them."""
+    its micro-batch size and twice it, its ZeRO stage and 1 (Megatron's distributed optimizer),
+    and (the default space's) its hybrid-sharding copies and 1: at most 12 layouts, 24 with hybrid
+    sharding, the published one among them."""
     from simulator.scenario import scenario_from_dict
 
     s = scenario_from_dict(raw)

@@ -151,7 +151,7 @@ class _Bounds:
         self.collective_time = node_collective_time(s)
         self.group_time = cluster_collective_time(s)
         self._per_key: dict[tuple, tuple] = {}
-        self._groups: dict[tuple, tuple] = {}  # stage 0's DP x CP group by (tp, pp, dp, cp, ep, etp)
+        self._groups: dict[tuple, tuple] = {}  # stage 0's ZeRO shard group by (tp, pp, dp, cp, ep, etp, dp_replicate)
         self._busy: dict[tuple, float] = {}
         self._gathered_once: bool | None = None  # ZeRO-3 layers kept gathered under a pipeline
 
@@ -215,7 +215,7 @@ class _Bounds:
             self._gathered_once = fsdp_gathered_once(candidate_scenario(self.s, layout))
         if layout.pp > 1 and self._gathered_once:
             return 0.0
-        gkey = (layout.tp, layout.pp, layout.dp, layout.cp, layout.ep, layout.etp)
+        gkey = (layout.tp, layout.pp, layout.dp, layout.cp, layout.ep, layout.etp, layout.dp_replicate)
         if gkey not in self._groups:
             cs = candidate_scenario(self.s, layout)
             par = cs.parallelism

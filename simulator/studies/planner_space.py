@@ -1,7 +1,8 @@
 """The planner's search space: layouts of one model on one cluster, and the rules that prune them.
 
 A :class:`Layout` is one choice of every axis ``stepsim plan`` searches: tp, pp, cp, ep, etp, vp,
-micro-batch size, recompute, ZeRO stage, schedule and sequence parallelism; dp is derived from
+micro-batch size, recompute, ZeRO stage, schedule, sequence parallelism and hybrid sharding
+(``dp_replicate``: copies of the ZeRO-sharded state, with ZeRO stage 1-3 only); dp is derived from
 the GPU count (tp x pp x dp x cp = GPUs). The default space (``default_space``) holds the values
 worth trying for the scenario (powers of two up to a node for tp, the GPU count's divisors up to
 the layer count for pp, ...) plus the scenario's own values; ``--space key=v1,v2`` replaces an
@@ -11,7 +12,9 @@ etp only on MoE models and only below tp (etp = tp is the default). When pp x vp
 the layers, the first and last virtual stages take fewer (``validate.pipeline_ends``: equal ends as BLOOM and
 Llama 3 405B balanced theirs, else Megatron-core's unequal first/last split as DeepSeek-V3 needs).
 A scenario that sets its own first and last stage layers (a published pipeline layout) adds that
-split as a second candidate at its own pp and vp, so the given layout is one of the candidates.
+split as a second candidate at its own pp and vp, and its own dp_replicate (hybrid sharding, e.g.
+FSDP over 128 GPUs in 16 copies) is tried beside 1 on every layout it divides, so the given layout
+is one of the candidates.
 
 Whether a layout can run at all is ``scenario.validate_plan``'s verdict and nothing else; its
 error, by field and rule, is the reason a layout is pruned. The verdict does not depend on
@@ -36,14 +39,14 @@ from simulator.step.schedules import SCHEDULES
 from simulator.studies.validate import pipeline_ends
 
 AXES = ("tp", "pp", "dp", "cp", "ep", "etp", "vp", "micro_batch_size", "recompute", "zero_stage",
-        "schedule", "sequence_parallel")
+        "schedule", "sequence_parallel", "dp_replicate")
 # Schedules searched by default; any schedule in ``schedules.SCHEDULES`` may be asked for with
 # --space schedule=..., and new ones (zero-bubble, DualPipe) join the default here.
 DEFAULT_SCHEDULES = ("1f1b", "interleaved")
 MICRO_BATCH_SIZES = (1, 2, 4)
 CP_SIZES = (1, 2, 4, 8)
 MAX_VP = 8
-_INT_AXES = ("tp", "pp", "dp", "cp", "ep", "vp", "micro_batch_size")
+_INT_AXES = ("tp", "pp", "dp", "cp", "ep", "vp", "micro_batch_size", "dp_replicate")
 
 
 @dataclass(frozen=True)
@@ -64,13 +67,14 @@ class Layout:
     sequence_parallel: bool
     first_pipeline_num_layers: int | None = None
     last_pipeline_num_layers: int | None = None
+    dp_replicate: int = 1  # hybrid sharding: copies of the ZeRO-sharded state (1: one shard group)
 
     def overrides(self) -> tuple[str, ...]:
         """The ``--set`` overrides that turn the base scenario into this layout."""
         par = {k: getattr(self, k) for k in ("tp", "pp", "dp", "cp", "ep", "etp", "vp", "sequence_parallel",
-                                              "zero_stage", "first_pipeline_num_layers", "last_pipeline_num_layers")}
+                                              "zero_stage", "first_pipeline_num_layers", "last_pipeline_num_layers",
+                                              "dp_replicate")}
         out = [f"parallelism.{k}={_yaml(v)}" for k, v in par.items()]
-        out.append("parallelism.dp_replicate=1")  # the space shards over all of dp x cp (no HSDP search)
         out += [f"training.micro_batch_size={self.micro_batch_size}", f"training.recompute={self.recompute}",
                 f"schedule={self.schedule}"]
         if self.recompute != "selective":
@@ -86,6 +90,8 @@ class Layout:
             parts.append(f"ETP{self.etp}")
         parts.append(f"mbs{self.micro_batch_size}")
         parts.append(f"Z{self.zero_stage}")
+        if self.dp_replicate > 1:
+            parts.append(f"HSDP{self.dp_replicate}")  # the sharded state in that many copies
         if self.recompute != "none":
             parts.append(f"rc-{self.recompute}")
         if self.sequence_parallel:
@@ -109,7 +115,8 @@ def layout_of(s: Scenario) -> Layout:
     """The layout a scenario runs (its ``parallelism``, micro-batch size, recompute and schedule)."""
     p, t = s.parallelism, s.training
     return Layout(p.tp, p.pp, s.dp, p.cp, p.ep, p.etp, p.vp, t.micro_batch_size, t.recompute, p.zero_stage,
-                  s.pipeline_schedule, p.sequence_parallel, p.first_pipeline_num_layers, p.last_pipeline_num_layers)
+                  s.pipeline_schedule, p.sequence_parallel, p.first_pipeline_num_layers, p.last_pipeline_num_layers,
+                  p.dp_replicate)
 
 
 def apply_layout(s: Scenario, layout: Layout) -> Scenario:
@@ -124,7 +131,7 @@ def candidate_scenario(s: Scenario, layout: Layout) -> Scenario:
     par = replace(s.parallelism, tp=layout.tp, pp=layout.pp, dp=layout.dp or None, cp=layout.cp, ep=layout.ep,
                   etp=layout.etp, vp=layout.vp, sequence_parallel=layout.sequence_parallel,
                   zero_stage=layout.zero_stage, first_pipeline_num_layers=layout.first_pipeline_num_layers,
-                  last_pipeline_num_layers=layout.last_pipeline_num_layers, dp_replicate=1)
+                  last_pipeline_num_layers=layout.last_pipeline_num_layers, dp_replicate=layout.dp_replicate)
     modules = s.training.recompute_modules if layout.recompute == "selective" else None
     training = replace(s.training, micro_batch_size=layout.micro_batch_size, recompute=layout.recompute,
                        recompute_modules=modules)
@@ -161,6 +168,8 @@ def default_space(s: Scenario) -> dict[str, tuple]:
         "recompute": RECOMPUTE, "zero_stage": ZERO_STAGES,
         "schedule": tuple(dict.fromkeys((*DEFAULT_SCHEDULES, s.pipeline_schedule))),
         "sequence_parallel": (False, True),
+        # hybrid sharding of MoE models is not modelled (scenario checks)
+        "dp_replicate": (1,) if m.is_moe else tuple(sorted({1, p.dp_replicate})),
     }
 
 
@@ -169,7 +178,8 @@ def parse_space(items: Sequence[str] | Mapping[str, Sequence], s: Scenario) -> d
 
     Impossible: an unknown axis, a value of the wrong kind, a group size below 1 or above the GPU
     count (vp above the layer count, a micro-batch above the global batch),
-    a recompute mode, ZeRO stage or schedule that does not exist, etp on a dense model.
+    a recompute mode, ZeRO stage or schedule that does not exist, etp on a dense model, dp_replicate
+    above 1 on an MoE model.
     """
     space = default_space(s)
     pairs = list(items.items()) if isinstance(items, Mapping) else [_split(item) for item in items]
@@ -196,6 +206,9 @@ def parse_space(items: Sequence[str] | Mapping[str, Sequence], s: Scenario) -> d
                     raise ConfigError(f"--space {axis}", v, f"must be a whole number from 1 to {what} ({top})")
                 if axis == "etp" and not s.model.is_moe:
                     raise ConfigError("--space etp", v, "expert tensor parallelism needs an MoE model (num_experts > 0)")
+                if axis == "dp_replicate" and v > 1 and s.model.is_moe:
+                    raise ConfigError("--space dp_replicate", v, "hybrid sharding of expert weights is not modelled: "
+                                      "use 1 for MoE models")
             elif axis == "recompute" and v not in RECOMPUTE:
                 raise ConfigError("--space recompute", v, f"valid: {', '.join(RECOMPUTE)}")
             elif axis == "zero_stage" and v not in ZERO_STAGES:
@@ -282,19 +295,31 @@ def enumerate_layouts(s: Scenario, space: Mapping[str, tuple], part: tuple[int, 
 
 def _enumerate_shape(s: Scenario, space: Mapping[str, tuple], shape: Layout, dp: int | None, valid: list,
                      reasons: Counter, warnings: dict) -> int:
-    """Check one structural shape (recompute and ZeRO stage aside) and add its layouts to ``valid``
-    (or its rule to ``reasons``); returns how many layouts it stands for."""
-    n = len(space["recompute"]) * len(space["zero_stage"])
+    """Check one structural shape (recompute, ZeRO stage and hybrid sharding aside) and add its
+    layouts to ``valid`` (or its rule to ``reasons``); returns how many layouts it stands for.
+    Hybrid sharding (dp_replicate > 1) pairs only with ZeRO stages 1-3: with stage 0 every DP rank
+    is already a replica, the same run as dp_replicate 1."""
+    sharded = [z for z in space["zero_stage"] if z > 0]
+    counts = {r: len(space["recompute"]) * (len(space["zero_stage"]) if r == 1 else len(sharded))
+              for r in space["dp_replicate"]}
+    n = sum(counts.values())
     try:
         warns = validate_plan(candidate_scenario(s, shape))
     except ConfigError as err:
         reasons[_reason(err)] += n
         return n
-    for rc, zero in itertools.product(space["recompute"], space["zero_stage"]):
-        layout = replace(shape, dp=dp, recompute=rc, zero_stage=zero)
-        valid.append(layout)
-        if warns:
-            warnings[layout] = warns
+    for r in space["dp_replicate"]:
+        if r > 1 and sharded:
+            try:  # does r divide this shape's dp (its rule, one check for every ZeRO stage)
+                validate_plan(candidate_scenario(s, replace(shape, dp=dp or 0, dp_replicate=r, zero_stage=sharded[0])))
+            except ConfigError as err:
+                reasons[_reason(err)] += counts[r]
+                continue
+        for rc, zero in itertools.product(space["recompute"], space["zero_stage"] if r == 1 else sharded):
+            layout = replace(shape, dp=dp, recompute=rc, zero_stage=zero, dp_replicate=r)
+            valid.append(layout)
+            if warns:
+                warnings[layout] = warns
     return n
 
 
