@@ -576,3 +576,64 @@ def test_maxtext_custom_policy_keeps_the_layer_input_qkv_and_the_output_projecti
     assert kept == pytest.approx(2 * s * b * (2 * h * rep + (q + 2 * kv) / t), rel=1e-12)
     full = layer_activation_bytes(LLAMA8B, 0, s, b, t, sp, "full", flash_attention=True, dropout=False)
     assert full < kept < saved_op_activation_bytes(LLAMA8B, s, b, t, sp, "elementwise")
+
+
+def _dsv3():
+    from simulator.scenario import scenario_from_dict
+
+    return scenario_from_dict({"model": "deepseek-ai/DeepSeek-V3"}).model
+
+
+def test_megatron_recompute_modules_free_the_outputs_they_recompute():
+    """recompute_modules (CheckpointWithoutOutput): mla_up_proj frees Q, K, V (2sb(q + 2kv)/t as
+    counted), moe_act the experts' activation output (copies x f / etp at the GEMM's saved-input
+    bytes), layernorm the two norms' 16-bit outputs (with FP8-quantized GEMM inputs only the
+    router's, a 16-bit GEMM), each a closed form on DeepSeek-V3's layers."""
+    from simulator.workload.memory import recompute_module_savings
+
+    m = _dsv3()
+    s, b, t, h = 4096, 1, 1, m.hidden_size
+    moe_layer, dense_layer = 10, 0
+    assert m.is_moe_layer(moe_layer) and not m.is_moe_layer(dense_layer) and m.is_mla
+    q = kv = m.num_attention_heads * m.head_dim
+    assert recompute_module_savings(m, moe_layer, s, b, t, False, ("mla_up_proj",)) == pytest.approx(
+        2 * (q + 2 * kv) * s * b)
+    copies = s * b * m.num_experts_per_tok
+    assert recompute_module_savings(m, moe_layer, s, b, t, False, ("moe_act",), quantized_inputs=True) == pytest.approx(
+        1 * copies * m.expert_intermediate_size)
+    assert recompute_module_savings(m, moe_layer, s, b, t, False, ("moe_act",)) == pytest.approx(
+        2 * copies * m.expert_intermediate_size)
+    assert recompute_module_savings(m, dense_layer, s, b, t, False, ("moe_act",)) == 0
+    assert recompute_module_savings(m, dense_layer, s, b, t, False, ("layernorm",)) == pytest.approx(2 * 2 * s * b * h)
+    assert recompute_module_savings(m, dense_layer, s, b, t, False, ("layernorm",), quantized_inputs=True) == 0
+    assert recompute_module_savings(m, moe_layer, s, b, t, False, ("layernorm",), quantized_inputs=True) == \
+        pytest.approx(2 * s * b * h)
+    # none frees more than the layer keeps
+    for layer in (dense_layer, moe_layer):
+        kept = layer_activation_bytes(m, layer, s, b, t, False, "selective", flash_attention=True, dropout=False,
+                                      quantized_inputs=True)
+        every = recompute_module_savings(m, layer, s, b, t, False, ("layernorm", "mla_up_proj", "moe_act",
+                                                                     "shared_experts"), quantized_inputs=True)
+        assert 0 < every < kept
+
+
+def test_deepseek_v3s_report_layout_fits_its_h800s_with_the_modules_it_recomputes():
+    """The report's layout (PP16 DualPipe, EP64, ZeRO-1, FP8, BF16 moments) recomputes RMSNorm, the
+    MLA up-projections and the MoE SwiGLU (Sec. 3.2.3, 3.3.3): with those modules the memory model
+    keeps it within the H800's 80 GiB; with the attention core recomputed instead it does not."""
+    from pathlib import Path
+
+    import yaml
+
+    from simulator.scenario import scenario_from_dict
+    from simulator.studies.validate import case_to_scenario_dict
+
+    cases = yaml.safe_load((Path(__file__).parent / "data" / "moe-runs.yaml").read_text())["cases"]
+    case = next(c for c in cases if c["id"] == "deepseek-v3-report-2048xh800")
+    d = case_to_scenario_dict(case)
+    assert d["training"]["recompute_modules"] == ["layernorm", "mla_up_proj", "moe_act"]
+    with_modules = scenario_from_dict(d)
+    d["training"]["recompute_modules"] = None
+    core_attn = scenario_from_dict(d)
+    peak = max(stage_memory(with_modules, st).total for st in range(16))
+    assert peak < 80 * GiB < max(stage_memory(core_attn, st).total for st in range(16))

@@ -26,7 +26,9 @@ first stage, the LM-head input and what the loss keeps of the logits on the last
 for Megatron's vocab-parallel cross entropy, which keeps the fp32 softmax; 2 for the
 implementations that keep the bf16 logits or write the gradient into them,
 ``software.CROSS_ENTROPY``), plus the recompute working set: the tensors of one
-layer and one micro-batch that recompute re-materialises during its backward.
+layer and one micro-batch that recompute re-materialises during its backward. Megatron-core's
+``recompute_modules`` free the outputs they recompute (``recompute_module_savings``); frameworks
+with their own selective policy keep what it saves (``saved_op_activation_bytes``).
 """
 
 from __future__ import annotations
@@ -177,6 +179,57 @@ def layer_activation_bytes(
         mlp = (ACT_BYTES + gemm_in) * tokens * h * rep + mask + _ffn_bytes(model, tokens, model.intermediate_size, t,
                                                                           gemm_in)
     return attn + mlp
+
+
+def recompute_module_savings(model: ModelConfig, layer: int, s: float, b: float, t: int, sp: bool,
+                             modules: tuple[str, ...], etp: int | None = None, quantized_inputs: bool = False) -> float:
+    """Activation bytes per micro-batch that Megatron-core's ``recompute_modules`` free in layer
+    ``layer``, against ``layer_activation_bytes``' selective accounting (whose attention core,
+    ``core_attn``, already re-runs). Each module other than core_attn runs under
+    ``CheckpointWithoutOutput`` (megatron/core/transformer/transformer_layer.py,
+    multi_latent_attention.py, moe/experts.py at Megatron-LM 1e057005 and d7288711): its output,
+    which the next op saved for its backward, is freed once that op has run and is recomputed
+    before the backward needs it. So each frees the bytes counted for that output:
+
+    - ``layernorm``: the two norms' outputs, 2sbh (/t with SP) each, kept 16-bit as the QKV GEMM's
+      and the MLP's (or router's) input. With quantized GEMM inputs (FP8 Transformer Engine) the
+      GEMM keeps its own 1-byte copy, which the recompute does not free; in an MoE layer the router
+      (a 16-bit GEMM) still frees its input.
+    - ``mla_up_proj`` (MLA layers): the query and key/value up-projections' outputs that the
+      attention kernel saved, Q, K and V, 2sb(q + 2kv)/t as counted.
+    - ``moe_act`` (MoE layers): the experts' activation output, the down projection's input, per
+      routed copy (copies x f / etp at the GEMM's saved-input bytes).
+    - ``shared_experts`` (MoE layers): the shared experts' tensors but their input (the norm output,
+      kept for the router): their f-wide tensors and, quantized, their 1-byte input copy.
+    - ``mlp`` (dense layers): every MLP tensor but the norm's input: the norm output (the GEMM's
+      input) and the f-wide tensors.
+    """
+    h, d, a = model.hidden_size, model.head_dim, model.num_attention_heads
+    tokens = s * b
+    rep = 1 / t if sp else 1.0
+    gemm_in = FP8_SAVED_INPUT_BYTES if quantized_inputs else ACT_BYTES
+    moe = model.is_moe_layer(layer)
+    freed = 0.0
+    if "layernorm" in modules:
+        if not quantized_inputs:
+            freed += ACT_BYTES * tokens * h * rep  # the attention norm's output
+        if moe or not quantized_inputs:
+            freed += ACT_BYTES * tokens * h * rep  # the MLP's (or the router's) norm output
+    if "mla_up_proj" in modules and model.is_mla:
+        q, kv = a * d, max(model.num_key_value_heads, t) * d
+        freed += ACT_BYTES * (q + 2 * kv) * tokens / t
+    if moe and "moe_act" in modules:
+        copies = tokens * model.num_experts_per_tok * (etp or t) / t
+        freed += gemm_in * copies * model.expert_intermediate_size / (etp or t)
+    if moe and "shared_experts" in modules and model.num_shared_experts:
+        freed += _ffn_bytes(model, tokens, model.num_shared_experts * model.expert_intermediate_size, t, gemm_in)
+        if quantized_inputs:
+            freed += gemm_in * tokens * h * rep
+    if not moe and "mlp" in modules:
+        freed += gemm_in * tokens * h * rep + _ffn_bytes(model, tokens, model.intermediate_size, t, gemm_in)
+        if "layernorm" in modules and not quantized_inputs:
+            freed -= ACT_BYTES * tokens * h * rep  # the MLP norm's output, counted once
+    return freed
 
 
 def saved_op_activation_bytes(model: ModelConfig, s: float, b: float, t: int, sp: bool, policy: str) -> float | None:
@@ -438,8 +491,16 @@ def _stage_layout_part(s: Scenario, stage: int, layer_kinds: tuple, policy: str,
         kind = layer_kinds[layer]
         if kind not in bytes_by_kind:
             a = layer_activation_bytes(m, layer, seq, b, tp, sp, rc, **kernels)
+            saved_op = None
             if rc == "selective" and policy != "attention_core" and not kind[0]:
-                a = saved_op_activation_bytes(m, seq, b, tp, sp, policy) or a
+                saved_op = saved_op_activation_bytes(m, seq, b, tp, sp, policy)
+            if saved_op is not None:
+                a = saved_op
+            elif rc == "selective" and tr.recompute_modules:
+                if "core_attn" not in tr.recompute_modules and not kernels["flash_attention"]:
+                    a = layer_activation_bytes(m, layer, seq, b, tp, sp, "none", **kernels)  # scores kept
+                a -= recompute_module_savings(m, layer, seq, b, tp, sp, tr.recompute_modules, par.expert_tp,
+                                              quantized)
             bytes_by_kind[kind] = (a, layer_activation_bytes(m, layer, seq, b, tp, sp, "none", **kernels) - a)
         per_mb.append(bytes_by_kind[kind][0])
         working_set.append(bytes_by_kind[kind][1])
