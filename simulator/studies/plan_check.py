@@ -118,23 +118,33 @@ def check_runs(path: str | Path, workers: int | None = None, ids: list[str] | No
 
 
 def format_check(result: dict) -> str:
-    lines = [f"{'case':<34} {'given':<34} {'rank':>5} {'best':<40} {'gain':>7}  why the best wins"]
-    for r in result["rows"]:
+    rows = result["rows"]
+    ok = [r for r in rows if "error" not in r]
+
+    def given_of(r: dict) -> str:
+        return r["given"] + ("" if r["gain"] == 0 or r["given_fits"] else " (OOM)")
+
+    # columns as wide as their longest entry (layout labels grow with HSDP, CP, EP, ends)
+    wid = max([len("case")] + [len(r["id"]) for r in rows])
+    wgiven = max([len("given")] + [len(given_of(r)) for r in ok])
+    wbest = max([len("best")] + [len(r["best"]) for r in ok])
+    lines = [f"{'case':<{wid}} {'given':<{wgiven}} {'rank':>5} {'best':<{wbest}} {'gain':>7}  why the best wins"]
+    for r in rows:
         if "error" in r:
-            lines.append(f"{r['id']:<34} error: {r['error']}")
+            lines.append(f"{r['id']:<{wid}} error: {r['error']}")
             continue
         rank = str(r["given_rank"]) if r["given_rank_exact"] else f">={r['given_rank']}"
+        given = given_of(r)
         if r["gain"] == 0:
-            lines.append(f"{r['id']:<34} {r['given']:<34} {rank:>5} (published layout is the best)")
+            lines.append(f"{r['id']:<{wid}} {given:<{wgiven}} {rank:>5} (published layout is the best)")
             continue
-        given = r["given"] + ("" if r["given_fits"] else " (OOM)")
         if r["gain"] < 0:  # the best is slower: the published layout is not among the fitting ones
             rank = "-"
             why = (f"published layout needs {r['given_memory_gib']:.1f} GiB: over the memory model's capacity"
                    if not r["given_fits"] else "published layout not in the planned space")
         else:
             why = r["beats"]
-        lines.append(f"{r['id']:<34} {given:<34} {rank:>5} {r['best']:<40} {r['gain']:>+7.1%}  {why}")
+        lines.append(f"{r['id']:<{wid}} {given:<{wgiven}} {rank:>5} {r['best']:<{wbest}} {r['gain']:>+7.1%}  {why}")
     s = result["summary"]
     lines.append(f"{s['planned']} of {s['cases']} planned; best fits in {s['best_fits']}, no slower than published in "
                  f"{s['no_slower']}; published layout in the top {TOP} in {s['given_in_top5']}, the planner beats it in "
