@@ -524,7 +524,7 @@ def test_json_keys_are_the_issue_contract():
     (["etp=1"], "--space etp"), (["tp=2", "tp=4"], "--space"), (["tp=2,2"], "--space tp"),
     (["vp=1000"], "--space vp"), (["micro_batch_size=100000"], "--space micro_batch_size"),
     (["dp_replicate=0"], "--space dp_replicate"), (["dp_replicate=two"], "--space dp_replicate"),
-    (["dp_replicate=1.5"], "--space dp_replicate"),
+    (["dp_replicate=1.5"], "--space dp_replicate"), (["dp_replicate=2", "zero_stage=0"], "--space dp_replicate"),
 ])
 def test_impossible_space_values_are_one_line_errors(space, field, capsys):
     args = ["plan", "scenarios/tiny.yaml"] + [x for v in space for x in ("--space", v)]

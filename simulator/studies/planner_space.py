@@ -179,7 +179,7 @@ def parse_space(items: Sequence[str] | Mapping[str, Sequence], s: Scenario) -> d
     Impossible: an unknown axis, a value of the wrong kind, a group size below 1 or above the GPU
     count (vp above the layer count, a micro-batch above the global batch),
     a recompute mode, ZeRO stage or schedule that does not exist, etp on a dense model, dp_replicate
-    above 1 on an MoE model.
+    above 1 on an MoE model or with ZeRO stage 0 only.
     """
     space = default_space(s)
     pairs = list(items.items()) if isinstance(items, Mapping) else [_split(item) for item in items]
@@ -221,6 +221,9 @@ def parse_space(items: Sequence[str] | Mapping[str, Sequence], s: Scenario) -> d
                 raise ConfigError(f"--space {axis}", v, "value given twice")
             out.append(v)
         space[axis] = tuple(out)
+    if min(space["dp_replicate"]) > 1 and not any(z > 0 for z in space["zero_stage"]):
+        raise ConfigError("--space dp_replicate", ",".join(map(str, space["dp_replicate"])),
+                          "hybrid sharding replicates a sharded state: add 1, or a zero_stage of 1, 2 or 3")
     return space
 
 
