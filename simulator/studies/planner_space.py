@@ -314,7 +314,7 @@ def _enumerate_shape(s: Scenario, space: Mapping[str, tuple], shape: Layout, dp:
     for r in space["dp_replicate"]:
         if r > 1 and sharded:
             try:  # does r divide this shape's dp (its rule, one check for every ZeRO stage)
-                validate_plan(candidate_scenario(s, replace(shape, dp=dp or 0, dp_replicate=r, zero_stage=sharded[0])))
+                validate_plan(candidate_scenario(s, replace(shape, dp_replicate=r, zero_stage=sharded[0])))
             except ConfigError as err:
                 reasons[_reason(err)] += counts[r]
                 continue

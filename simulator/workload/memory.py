@@ -490,7 +490,8 @@ def _stage_layout_part(s: Scenario, stage: int, layer_kinds: tuple, policy: str,
     for layer in layers:
         kind = layer_kinds[layer]
         if kind not in bytes_by_kind:
-            a = layer_activation_bytes(m, layer, seq, b, tp, sp, rc, **kernels)
+            none = layer_activation_bytes(m, layer, seq, b, tp, sp, "none", **kernels)
+            a = none if rc == "none" else layer_activation_bytes(m, layer, seq, b, tp, sp, rc, **kernels)
             saved_op = None
             if rc == "selective" and policy != "attention_core" and not kind[0]:
                 saved_op = saved_op_activation_bytes(m, seq, b, tp, sp, policy)
@@ -498,10 +499,10 @@ def _stage_layout_part(s: Scenario, stage: int, layer_kinds: tuple, policy: str,
                 a = saved_op
             elif rc == "selective" and tr.recompute_modules:
                 if "core_attn" not in tr.recompute_modules and not kernels["flash_attention"]:
-                    a = layer_activation_bytes(m, layer, seq, b, tp, sp, "none", **kernels)  # scores kept
+                    a = none  # the attention scores are kept
                 a -= recompute_module_savings(m, layer, seq, b, tp, sp, tr.recompute_modules, par.expert_tp,
                                               quantized)
-            bytes_by_kind[kind] = (a, layer_activation_bytes(m, layer, seq, b, tp, sp, "none", **kernels) - a)
+            bytes_by_kind[kind] = (a, none - a)
         per_mb.append(bytes_by_kind[kind][0])
         working_set.append(bytes_by_kind[kind][1])
     # in flight within one pass of the schedule (passes run one after another)

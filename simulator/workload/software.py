@@ -79,8 +79,8 @@ as its own named :class:`Op` (so a ``megatron-core`` profile adds nothing):
   wo, w1, w2: wk, wo and w2) plus every elementwise op; ``elementwise`` (MaxText minimal_flash) re-runs
   only the elementwise ops; ``attention_projections`` (MaxText's custom policy saving Q, K, V and the
   output projection, NVIDIA's DGX Cloud Llama 2 70B recipe) re-runs the attention core and the MLP's
-  input projections (gate and up, or the one up projection) besides the elementwise ops. All of it runs before the attention backward; MoE layers keep the
-  reference.
+  input projections (gate and up, or the one up projection) besides the elementwise ops. All of it
+  runs before the attention backward; MoE layers keep the reference.
 - Context-parallel merges per framework (profile ``attention.cp_merge``, cp > 1): the reference
   (``te``, Transformer Engine's fused correction kernels) is compute.py's ``attn_cp_merge`` (10
   bytes per merged output element, 2x backward). PyTorch's ``context_parallel`` (``torch``,
