@@ -13,6 +13,11 @@ class ConfigError(ValueError):
         self.valid = valid
         super().__init__(f"{field}: got {yaml_text(value)}; {valid}")
 
+    def __reduce__(self):
+        # rebuilt from its three parts when it crosses a process boundary (a worker of validate,
+        # sweep or plan): the default pickling passes only the message and cannot call __init__
+        return (ConfigError, (self.field, self.value, self.valid))
+
 
 def yaml_text(value: object) -> str:
     """The bad value as the user wrote it: YAML's null, true and false rather than Python's None,

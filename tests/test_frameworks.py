@@ -3,6 +3,7 @@
 import dataclasses
 
 import pytest
+import yaml
 
 from simulator.config import (ClusterConfig, FrameworkOptions, ModelConfig, OverlapConfig, ParallelConfig, Scenario,
                               TrainingConfig)
@@ -404,3 +405,26 @@ def test_validate_refuses_a_maxtext_custom_remat_it_does_not_model(saved):
     with pytest.raises(ConfigError) as err:
         case_to_scenario_dict(_maxtext_case(saved))
     assert "\n" not in str(err.value) and "remat_tensors_on_device" in str(err.value)
+
+
+def test_a_case_validate_cannot_describe_is_an_error_row_even_from_a_worker(tmp_path):
+    """A MaxText custom remat list stepsim does not model raises in ``case_to_scenario_dict``: the
+    case becomes an error row beside the others, also when a worker process raised it (a
+    ConfigError survives pickling with its field, value and message)."""
+    import pickle
+
+    from simulator.studies.validate import predict, validate_file
+
+    err = ConfigError("x: framework_options.remat_tensors_on_device", ["foo"], "valid: ...")
+    back = pickle.loads(pickle.dumps(err))
+    assert (back.field, back.value, back.valid, str(back)) == (err.field, err.value, err.valid, str(err))
+    bad = _maxtext_case(["foo"])
+    row = predict(bad)
+    assert "remat_tensors_on_device" in row["error"] and "\n" not in row["error"]
+    good = dict(_maxtext_case(["query_proj", "key_proj", "value_proj", "out_proj"]), id="good",
+                measured={"step_time_s": 1.0})
+    path = tmp_path / "runs.yaml"
+    path.write_text(yaml.safe_dump({"cases": [bad, good]}))
+    result = validate_file(path, workers=2, progress=None)
+    rows = {r["id"]: r for r in result["rows"]}
+    assert isinstance(rows["m"]["error"], str) and isinstance(rows["good"]["error"], float)

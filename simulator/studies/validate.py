@@ -660,7 +660,10 @@ def predict(case: dict) -> dict:
     from simulator.reports.report import step_report
 
     notes: list[str] = []
-    d = case_to_scenario_dict(case, notes)
+    try:
+        d = case_to_scenario_dict(case, notes)
+    except ConfigError as err:  # a case its fields cannot describe (e.g. an unmodelled MaxText remat list)
+        return {"id": case["id"], "error": str(err)}
     row = {"id": case["id"], "groups": groups_of(case, d)}
     if notes:
         row["assumed"] = notes
