@@ -277,3 +277,20 @@ def test_llm_foundry_attn_impl_picks_the_kernel_and_an_unpriced_one_is_said():
     notes = []
     assert case_to_scenario_dict(other, notes)["training"]["attention"] == "flash"
     assert any(n.startswith("attn_impl xformers (no measured curve)") for n in notes)
+
+
+def test_a_case_states_sequence_parallelism_beside_its_recompute_text():
+    from simulator.errors import ConfigError
+    from simulator.studies.validate import case_to_scenario_dict
+
+    case = {"id": "x", "precision": "bf16",
+            "model": {"hf_id": "meta-llama/Llama-3.1-405B", "layers": 126, "hidden": 16384, "ffn_hidden": 53248,
+                      "heads": 128, "kv_heads": 8, "vocab": 128256, "seq_len": 8192},
+            "hardware": {"gpu": "H100-SXM5-80GB", "count": 1024, "gpus_per_node": 8},
+            "parallelism": {"tp": 8, "pp": 16, "dp": 8, "gbs": 128, "recompute": "none (no checkpointing)"}}
+    assert case_to_scenario_dict(case)["parallelism"]["sequence_parallel"] is False  # the text does not say SP
+    case["parallelism"]["sequence_parallel"] = True
+    assert case_to_scenario_dict(case)["parallelism"]["sequence_parallel"] is True
+    case["parallelism"]["sequence_parallel"] = "yes"
+    with pytest.raises(ConfigError, match="parallelism.sequence_parallel"):
+        case_to_scenario_dict(case)

@@ -26,8 +26,8 @@ only, so predictions are the same with them removed. Documented defaults for unk
   selective, the Megatron-core ``recompute_modules`` the case names (``framework_options.
   recompute_modules``, or module names in the recompute text: ``selective (layernorm, moe_act)``)
   become ``training.recompute_modules``; naming none keeps Megatron's default (core_attn); sequence
-  parallelism when the recompute field says so, or when recompute is unknown and tp > 1 (the
-  NeMo default), else off.
+  parallelism as the case's ``parallelism.sequence_parallel`` states it, else when the recompute
+  field says so, or when recompute is unknown and tp > 1 (the NeMo default), else off.
 - hybrid sharding: the case's ``parallelism.dp_replicate`` (torchtitan
   ``data_parallel_replicate_degree``, MaxText ``dcn_data_parallelism`` with FSDP inside, Megatron-core
   ``num_distributed_optimizer_instances``), else 1 (ZeRO/FSDP over all of dp x cp).
@@ -467,6 +467,10 @@ def case_to_scenario_dict(case: dict, notes: list[str] | None = None) -> dict:
     else:
         recompute = "none"
     sp = "sequence-parallel" in sp_text or (not sp_text and par["tp"] > 1)
+    if par.get("sequence_parallel") is not None:
+        if not isinstance(par["sequence_parallel"], bool):
+            raise ConfigError("parallelism.sequence_parallel", par["sequence_parallel"], "must be true or false")
+        sp = par["sequence_parallel"]
     pp, cp = par["pp"], par.get("cp") or 1
     base = par["tp"] * pp * cp
     dp = par.get("dp") or hw["count"] // base
