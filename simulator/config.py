@@ -109,6 +109,7 @@ class ClusterConfig:
     gpu_peak_tflops: float | None = None  # dense peak at the run's precision
     gpu_power_limit_W: float | None = None  # board power limit (nvidia-smi -pl); None: the part's default
     storage_bandwidth_GBps: float | None = None  # checkpoint write rate per node; None: checkpoint.DEFAULT_STORAGE_GBPS
+    host_link_GBps: float | None = None  # GPU <-> host memory, per GPU and direction (activation offloading); None: the GPU's
 
     @property
     def num_gpus(self) -> int:
@@ -134,6 +135,13 @@ class TrainingConfig:
     # accumulation loop calls the pipeline schedule once per accumulation step (NeMo AutoModel's
     # train_ft.py, torch.distributed.pipelining's schedule.step). 1: one schedule (Megatron).
     pipeline_passes: int = 1
+    # CPU activation offloading (``simulator.workload.offload``). Layer-level: the activations of the
+    # first N transformer layers go to host memory in the forward and come back for the backward
+    # (Megatron-core --cpu-offloading-num-layers, Transformer Engine's get_cpu_offload_context); 0: off.
+    activation_offload_layers: int = 0
+    # Module-level: the inputs of these submodules go to host memory in every layer (Megatron-core
+    # --fine-grained-activation-offloading --offload-modules); None: off.
+    activation_offload_modules: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,7 @@ GPU_MEMORY_GIB = Limit(2**16, "GiB per GPU; 200x B200's 192 GB")
 GPU_PEAK_TFLOPS = Limit(10**6, "TFLOP/s per GPU; 200x B200's dense FP8 peak")
 GPU_POWER_W = Limit(5000, "W per GPU; 3.5x GB300's 1,400 W")
 STORAGE_GBPS = Limit(2**16, "GB/s per node; 600x a node's eight 400 Gb/s NICs")
+HOST_LINK_GBPS = Limit(2**14, "GB/s per GPU and direction; 36x NVLink-C2C's 450")
 PREFETCH_DEPTH = Limit(1024, "layers gathered ahead; deeper than any model has layers to prefetch")
 
 # Simulation work: the engine walks every micro-batch of every stage. Megatron-LM's largest

@@ -165,6 +165,12 @@ def _recompute_modules(field: str, value: object) -> tuple[str, ...] | None:
     return _names(field, value, RECOMPUTE_MODULES)
 
 
+def _offload_modules(field: str, value: object) -> tuple[str, ...] | None:
+    from simulator.workload.offload import OFFLOAD_MODULES
+
+    return _names(field, value, OFFLOAD_MODULES)
+
+
 def _graph_scope(field: str, value: object) -> tuple[str, ...] | None:
     from simulator.workload.frameworks import CUDA_GRAPH_SCOPES
 
@@ -242,6 +248,7 @@ _CHECKS: dict[str, dict[str, Checker]] = {
         "gpu_peak_tflops": partial(_optional_number, minimum=0, inclusive=False, limit=limits.GPU_PEAK_TFLOPS),
         "gpu_power_limit_W": partial(_optional_number, minimum=0, inclusive=False, limit=limits.GPU_POWER_W),
         "storage_bandwidth_GBps": partial(_optional_number, minimum=0, inclusive=False, limit=limits.STORAGE_GBPS),
+        "host_link_GBps": partial(_optional_number, minimum=0, inclusive=False, limit=limits.HOST_LINK_GBPS),
     },
     "training": {
         "seq_length": _upto(limits.SEQ_LENGTH),
@@ -254,6 +261,8 @@ _CHECKS: dict[str, dict[str, Checker]] = {
         "fp8_attention": _boolean,
         "optimizer_state_dtype": partial(_choice, choices=OPTIMIZER_STATE_DTYPES),
         "pipeline_passes": _upto(limits.MICROBATCHES),
+        "activation_offload_layers": _upto(limits.NUM_LAYERS, minimum=0),
+        "activation_offload_modules": _offload_modules,
     },
     "parallelism": {
         "tp": _upto(limits.NUM_GPUS),
@@ -790,6 +799,9 @@ def validate_plan(s: Scenario) -> list[str]:
     m, c, t, p = s.model, s.cluster, s.training, s.parallelism
     gpu = get_gpu(c.gpu)
     peak(gpu, t.precision)
+    from simulator.workload.offload import check_offload
+
+    check_offload(s)
     if t.fp8_attention and (t.precision not in QUANTIZED_PRECISIONS or t.attention not in ("flash", "cudnn")):
         raise ConfigError("training.fp8_attention", True,
                           "needs training.precision fp8, mxfp8 or nvfp4 and the fused cuDNN kernel (training.attention "

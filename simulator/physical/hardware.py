@@ -47,6 +47,7 @@ class GPUSpec:
     tdp_w: float | None = None  # board power the sustained fraction was fitted at; None: not catalogued
     power_limit_w: float | None = None  # the part's default power limit when below its TDP (``gpu_of`` applies it)
     host_overhead: float = 1.0  # host CPU time per framework op against an x86 DGX host's (``GRACE_HOST_OVERHEAD``)
+    host_link_Bps: float = 64e9  # GPU <-> host memory per direction (``HOST_LINK``): PCIe Gen5 x16 unless set
 
     def __hash__(self) -> int:
         return hash(self.name)
@@ -168,6 +169,16 @@ def _blackwell_gemm(bf16: float, fp8: float) -> dict[str, float]:
 # 2.46x; TE's own Linear 99.66 us on GB200). The NVIDIA DeepSeek-V3 GB200 optimization guide
 # (Megatron-LM docs/discussions/deepseek-v3-gb200-optimization) found its baseline host-bound for
 # the same reason. Parts on x86 hosts (B200, B300 in DGX/HGX systems) keep 1.0.
+# The GPU's link to host memory, per direction, which CPU activation offloading copies over
+# (simulator.workload.offload). Transformer Engine's CPU-offloading guide (docs/features/
+# other_optimizations/cpu_offloading/cpu_offloading.rst): PCIe Gen5 x16 128 GB/s bidirectional,
+# NVLink-C2C 900 GB/s bidirectional. A100 (PCIe Gen4 x16): 64 GB/s bidirectional (A100 datasheet).
+# GH200: one Grace per GPU, the whole C2C link. GB200 / GB300: one Grace and its C2C link per two
+# GPUs (GB200 NVL72 datasheet: "two Blackwell GPUs and a Grace CPU ... NVLink-C2C 900 GB/s"), and
+# both GPUs of a superchip run the same program, so each has half of it. Link rates, not measured
+# copy rates: pinned-memory copies come near them.
+HOST_LINK = {"pcie4": 32e9, "pcie5": 64e9, "c2c": 450e9, "c2c_shared": 225e9}
+
 GRACE_HOST_OVERHEAD = 37.08 / 13.48
 GH200_HOST_OVERHEAD = 33.17 / 13.48  # the same benchmark on GH200's Grace
 
@@ -175,7 +186,7 @@ _B200_GEMM = _blackwell_gemm(1745.0 / 2250, 3432.5 / 4500)
 _B300_GEMM = _blackwell_gemm(1769.0 / 2250, 3353.3 / 4500)
 _GB200_GEMM = _blackwell_gemm(1822.0 / 2500, 3615.6 / 5000)
 
-_AMPERE = dict(gemm_efficiency=_A100_GEMM, sustained_fraction=_A100_SUSTAINED, tdp_w=400.0,
+_AMPERE = dict(gemm_efficiency=_A100_GEMM, sustained_fraction=_A100_SUSTAINED, tdp_w=400.0, host_link_Bps=HOST_LINK["pcie4"],
                memory_efficiency=_MEM_EFF, launch_overhead_s=_LAUNCH_S, nvlink_efficiency=_A100_NVLINK,
                nvlink_generation=3)
 _HOPPER = dict(gemm_efficiency=_HOPPER_GEMM, sustained_fraction=_HOPPER_SUSTAINED, tdp_w=700.0,
@@ -274,6 +285,7 @@ GPU_CATALOG: dict[str, GPUSpec] = {
         "132 SMs",
         num_sms=132,
         host_overhead=GH200_HOST_OVERHEAD,
+        host_link_Bps=HOST_LINK["c2c"],
         **_HOPPER,
     ),
     "GH200-144GB": GPUSpec(
@@ -286,6 +298,7 @@ GPU_CATALOG: dict[str, GPUSpec] = {
         "at 4.9 TB/s, NVLink4 900 GB/s bidirectional, Grace CPU over NVLink-C2C; 132 SMs",
         num_sms=132,
         host_overhead=GH200_HOST_OVERHEAD,
+        host_link_Bps=HOST_LINK["c2c"],
         **_HOPPER,
     ),
     "B200-SXM-180GB": GPUSpec(
@@ -331,6 +344,7 @@ GPU_CATALOG: dict[str, GPUSpec] = {
         num_sms=148,
         gemm_efficiency=_GB200_GEMM,
         host_overhead=GRACE_HOST_OVERHEAD,
+        host_link_Bps=HOST_LINK["c2c_shared"],
         **_BLACKWELL,
     ),
     "GB300": GPUSpec(
@@ -347,6 +361,7 @@ GPU_CATALOG: dict[str, GPUSpec] = {
         gemm_efficiency=_B300_GEMM,
         sfu_ex2_per_clk_sm=_BLACKWELL_ULTRA_EX2,
         host_overhead=GRACE_HOST_OVERHEAD,
+        host_link_Bps=HOST_LINK["c2c_shared"],
         **_BLACKWELL,
     ),
     "H20": GPUSpec(

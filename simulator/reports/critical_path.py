@@ -25,11 +25,11 @@ from collections import defaultdict
 
 from simulator.step.trace import Row, SimResult
 
-CATEGORIES = ("compute", "tp", "pp", "dp", "fsdp", "ep", "cp", "waiting")
+CATEGORIES = ("compute", "tp", "pp", "dp", "fsdp", "ep", "cp", "offload", "waiting")
 COMPUTE_KINDS = ("F", "B", "W", "R", "embed", "head", "opt")
 PASS_NAMES = {"F": "forward", "B": "backward", "W": "weight-gradient", "R": "recompute"}
 DEFAULT_OPS = {"tp": "all_reduce", "pp": "send_recv", "dp": "all_reduce", "fsdp": "all_gather",
-               "ep": "all_to_all", "cp": "all_gather"}
+               "ep": "all_to_all", "cp": "all_gather", "offload": "h2d"}
 STREAMS = ("compute", "dp")
 
 

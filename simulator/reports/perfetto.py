@@ -21,16 +21,16 @@ from simulator.step.trace import Row, SimResult
 from simulator.files import atomic_write
 
 THREADS = ("schedule", "compute", "dp")
-_STREAMS = {"step": "schedule", "compute": "compute", "dp": "dp"}  # trace stream -> thread
-_PER_RANK = len(THREADS)
+COPY_THREADS = ("d2h", "h2d")  # CPU activation offloading's copy streams, when the run has them
+_STREAMS = {"step": "schedule", "compute": "compute", "dp": "dp", "d2h": "d2h", "h2d": "h2d"}  # trace stream -> thread
 
 
 def _us(t: float) -> float:
     return round(t * 1e6, 3)
 
 
-def _tid(rank: int, stream: str) -> int:
-    return rank * _PER_RANK + THREADS.index(_STREAMS.get(stream, stream)) + 1
+def _tid(rank: int, stream: str, threads: tuple[str, ...] = THREADS) -> int:
+    return rank * len(threads) + threads.index(_STREAMS.get(stream, stream)) + 1
 
 
 def _name(row: Row) -> str:
@@ -65,10 +65,12 @@ def trace_events(result: SimResult) -> dict:
                        "args": {"name": f"stage {stage}"}})
         events.append({"ph": "M", "name": "process_sort_index", "pid": stage + 1, "tid": 0,
                        "args": {"sort_index": stage}})
+    copies = {row.stream for row in result.trace if row.stream in COPY_THREADS}
+    threads = THREADS + tuple(t for t in COPY_THREADS if t in copies)
     for rank in ranks:
         pid = plan.stage_of(rank) + 1
-        for stream in THREADS:
-            tid = _tid(rank, stream)
+        for stream in threads:
+            tid = _tid(rank, stream, threads)
             events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
                            "args": {"name": f"rank {rank} {stream}"}})
             events.append({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid, "args": {"sort_index": tid}})
@@ -79,7 +81,7 @@ def trace_events(result: SimResult) -> dict:
         ts, end = _us(row.start), _us(row.end)
         cat = "step" if row.stream == "step" else category(row)
         events.append({"ph": "X", "name": _name(row), "cat": cat, "pid": row.stage + 1,
-                       "tid": _tid(row.rank, row.stream), "ts": ts, "dur": round(end - ts, 3), "args": _args(row)})
+                       "tid": _tid(row.rank, row.stream, threads), "ts": ts, "dur": round(end - ts, 3), "args": _args(row)})
         if row.stream == "step":
             steps[(row.rank, end)] = row
     flow = 0
@@ -96,9 +98,9 @@ def trace_events(result: SimResult) -> dict:
         r_ts = round(r_start + min(0.001, (_us(row.end) - r_start) / 2), 3)
         name = f"pp send {'activations' if row.kind == 'F' else 'gradients'}"
         events.append({"ph": "s", "name": name, "cat": "pp", "id": flow, "pid": src.stage + 1,
-                       "tid": _tid(sender, "step"), "ts": s_ts})
+                       "tid": _tid(sender, "step", threads), "ts": s_ts})
         events.append({"ph": "f", "bp": "e", "name": name, "cat": "pp", "id": flow, "pid": row.stage + 1,
-                       "tid": _tid(row.rank, "step"), "ts": r_ts})
+                       "tid": _tid(row.rank, "step", threads), "ts": r_ts})
     return {
         "traceEvents": events,
         "displayTimeUnit": "ms",

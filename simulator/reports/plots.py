@@ -180,7 +180,7 @@ def plot_tornado(result: dict, path: str) -> None:
 
 TIMELINE_COLORS = {"forward": "#4C72B0", "backward": "#55A868", "weight_grad": "#2E6B3A", "recompute": "#8172B2", "optimizer": "#937860",
                    "tp": "#DD8452", "pp": "#C44E52", "dp": "#DA8BC3", "fsdp": "#CCB974", "ep": "#64B5CD",
-                   "cp": "#8C8C8C", "idle": "#F2F2F2"}
+                   "cp": "#8C8C8C", "offload": "#B07AA1", "idle": "#F2F2F2"}
 
 
 def plot_timeline(tl, path: str) -> None:

@@ -28,7 +28,7 @@ from simulator.workload.compute import hardware_flops_per_token, model_flops_per
 from simulator.step.trace import SimResult
 from simulator.physical.hardware import gpu_of, peak
 
-AXES = ("tp", "pp", "dp", "fsdp", "cp", "ep")
+AXES = ("tp", "pp", "dp", "fsdp", "cp", "ep", "offload")  # offload: waits on CPU activation offloading copies
 FLOPS_CONVENTION = ("model FLOPs 6N + 12 L h s per token (PaLM App. B; Megatron-LM): attention counted over the "
                     "full s x s scores, not halved for causal masking; hfu adds activation-recompute FLOPs in the "
                     "same convention")

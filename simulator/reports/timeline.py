@@ -18,7 +18,8 @@ from simulator.errors import ConfigError
 from simulator.step.trace import SimResult
 from simulator.reports.report import step_report
 
-CATEGORIES = ("forward", "backward", "weight_grad", "recompute", "optimizer", "tp", "pp", "dp", "fsdp", "ep", "cp", "idle")
+CATEGORIES = ("forward", "backward", "weight_grad", "recompute", "optimizer", "tp", "pp", "dp", "fsdp", "ep", "cp", "offload",
+              "idle")
 
 
 @dataclass(frozen=True)

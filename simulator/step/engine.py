@@ -62,6 +62,7 @@ class StepEngine:
         self.interrupting: set[int] = set()  # one interrupt at a time re-rates for every change
         self.at: dict[int, tuple[int, float]] = {}  # rank -> (op index it waits in, when it began)
         self.streams: dict[int, list] = {}  # rank -> [its data-parallel stream busy, its queue]
+        self.copy_free: dict[tuple[int, str], float] = {}  # (rank, d2h | h2d) -> when that copy stream is free
 
     # communication ---------------------------------------------------------------------------
 
@@ -214,6 +215,21 @@ class StepEngine:
             done.origin = free
             done.succeed()
 
+    def copy(self, rank: int, op: P.Copy, ends: dict) -> simpy.Event:
+        """A copy between the GPU and host memory (CPU offloading) on the rank's copy stream for its
+        direction: copies of a stream run one after another, each at the GPU's host-link rate
+        (``Workload.host_link_Bps``), not before the copy it follows (``op.after``). Copy engines
+        hold no SMs. The event fires when it ends; its ``origin`` is where the compute issued it."""
+        key = (rank, op.direction)
+        start = max(self.env.now, self.copy_free.get(key, 0.0), ends.get(op.after, 0.0))
+        end = start + op.nbytes / self.work.host_link_Bps
+        self.copy_free[key] = ends[op.handle] = end
+        event = self.env.timeout(end - self.env.now)
+        event.origin = (rank, "compute", self.env.now)
+        self.trace.add(Row(rank, self.plan.stage_of(rank), op.direction, "comm", "offload", start, end, op.microbatch,
+                           op.chunk, op.layer, op.direction, nbytes=op.nbytes))
+        return event
+
     # compute -----------------------------------------------------------------------------------
 
     def compute(self, rank: int, host: list, op: P.Compute, index: int) -> Generator:
@@ -252,6 +268,7 @@ class StepEngine:
         host = [0.0]  # when the rank's CPU has issued every kernel so far
         sender, begun = None, 0.0
         at = self.at
+        copy_ends: dict[int, float] = {}  # handle -> when the copy ends
         for index, op in enumerate(self.programs[stage]):
             if isinstance(op, P.Compute):
                 at[rank] = (index, self.env.now)
@@ -262,6 +279,8 @@ class StepEngine:
             elif isinstance(op, P.Wait):
                 at[rank] = (index, self.env.now)
                 yield from self.wait(rank, [events[h] for h in op.handles], op)
+            elif isinstance(op, P.Copy):
+                events[op.handle] = self.copy(rank, op, copy_ends)
             elif isinstance(op, P.Enqueue):
                 done = self.env.event()
                 done.queued = (rank, "compute", self.env.now)

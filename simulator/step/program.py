@@ -23,6 +23,14 @@ What the ops express, and where each choice comes from:
 - Zero-bubble schedules split a backward into B (input gradient) and W (weight gradient: the
   ``*_wgrad`` GEMMs; Qi et al. 2024, Sec. 2): a split B leaves them out and its W step runs them,
   and a chunk's gradients are reduced after its last W instead of its last B.
+- CPU activation offloading (``workload.offload``): a layer's offloaded activations are copied to
+  the host after its forward and back before its backward, on the rank's two copy streams.
+  Layer-level (Transformer Engine's default scheduling, N of L layers): the forward of layer j
+  waits for layer j - (L - N)'s copy out, layer k's copy back starts after layer k + (L - N)'s
+  backward, and a layer's backward waits for it. Module-level (Megatron-core's fine-grained
+  offloading): the forward never waits; each layer's copy back starts at the backward of the
+  layer before it in backward order (across micro-batches and chunks), and the backward waits for
+  it; a chunk's last layer stays on the GPU when its backward comes right after its forward.
 """
 
 from __future__ import annotations
@@ -85,6 +93,20 @@ class Wait:
 
 
 @dataclass(frozen=True, slots=True)
+class Copy:
+    """Copy activations between the GPU and host memory (CPU offloading, ``workload.offload``) on
+    the rank's copy stream for ``direction`` (d2h, h2d), which runs its copies one after another
+    beside the compute; not before the copy ``after`` (a handle, -1: none) has ended."""
+    handle: int
+    direction: str
+    nbytes: float
+    after: int = -1
+    microbatch: int = -1
+    chunk: int = -1
+    layer: int = -1
+
+
+@dataclass(frozen=True, slots=True)
 class Send:
     """Post activations (kind F) or gradients (B) of ``vstage`` for micro-batch ``microbatch``."""
     dst_stage: int
@@ -129,7 +151,7 @@ class JoinStream:
     pass
 
 
-Op = Compute | Launch | Enqueue | Wait | Send | Recv | StepBegin | StepEnd | HostStart | CloseStream | JoinStream
+Op = Compute | Launch | Enqueue | Wait | Copy | Send | Recv | StepBegin | StepEnd | HostStart | CloseStream | JoinStream
 
 
 def schedule_steps(s: Scenario, stage: int) -> tuple[Step, ...]:
@@ -221,6 +243,12 @@ class _Builder:
         if len(handles) > 1:
             self.multi.update(handles)
         self.ops.append(Wait(handles, axis, label, microbatch, chunk, layer))
+
+    def copy(self, direction, nbytes, after=-1, **at) -> int:
+        h = self.next_handle
+        self.next_handle += 1
+        self.ops.append(Copy(h, direction, nbytes, after, **at))
+        return h
 
     def collective(self, group, op, nbytes, axis, **at):
         self.wait((self.launch(group, op, nbytes, axis),), axis, op, **at)
@@ -500,6 +528,7 @@ class _Builder:
         fsdp_ready: dict = {}
         bucket_of = {vs: {layer: b for b in w.buckets[vs] for layer in b.layers}  # the bucket holding a layer
                      for vs in {place.vstage(stage, c) for c in range(place.chunks)}}
+        off = _Offload(self, steps, place, stage)
 
         def fsdp_gather(layer, key):
             if zero == 3 and key not in fsdp_ready and layer not in gathered:
@@ -538,7 +567,9 @@ class _Builder:
                             fsdp_gather(ahead, fkey(ahead))
                     if zero == 3 and fkey(layer) in fsdp_ready:
                         self.wait(fsdp_ready.pop(fkey(layer)), "fsdp", layer=layer, **at)
+                    off.before_forward(mb, chunk, layer)
                     self.layer_forward(layer, mb, chunk)
+                    off.after_forward(mb, chunk, layer, layers, steps, i)
                 if vs == nvs - 1 and self.extras:
                     self.compute("head", w.head[0], "lm_head+loss", **at)
                 self.ops.append(StepEnd("F", mb, chunk))
@@ -558,7 +589,9 @@ class _Builder:
                             if ahead in layers:
                                 fsdp_gather(ahead, ("B", mb, ahead))
                         self.wait(fsdp_ready.pop(("B", mb, layer)), "fsdp", layer=layer, **at)
+                    off.before_backward(mb, chunk, layer)
                     self.layer_backward(layer, mb, chunk, split)
+                    off.after_backward(mb, chunk, layer)
                     if not split:
                         self.layer_grads_ready(layer, final, grads_of, grads, pending)
                 for op in self.flush_replica():
@@ -676,3 +709,61 @@ class _Builder:
             if i is not None:
                 ops[i] = replace(ops[i], stamp=True)
         return tuple(ops)
+
+
+class _Offload:
+    """The copies and waits of CPU activation offloading for one stage's program (module docstring;
+    ``workload.offload``), issued through the builder as its layer loops reach each layer."""
+
+    def __init__(self, b: _Builder, steps: tuple, place: Placement, stage: int):
+        self.b = b
+        self.bytes = b.w.offload_bytes or {}
+        tr = b.s.training
+        self.layers_n = tr.activation_offload_layers
+        self.window = b.s.model.num_hidden_layers - self.layers_n
+        self.out: dict = {}  # (micro-batch, chunk, layer) -> handle of its copy to the host
+        self.back: dict = {}  # ... of its copy back
+        self.order: list = []  # module-level: the offloaded layers in backward order
+        self.next_of: dict = {}
+        if self.bytes and not self.layers_n:
+            w = b.w
+            for st in steps:
+                if st.kind == "B":
+                    vs = place.vstage(stage, st.chunk)
+                    self.order.extend((st.microbatch, st.chunk, x) for x in reversed(w.layers(vs)) if x in self.bytes)
+            self.next_of = {key: self.order[k + 1] for k, key in enumerate(self.order[:-1])}
+
+    def before_forward(self, mb, chunk, layer):
+        """Layer-level: at most L - N layers' activations on the GPU, so wait for layer j - (L - N)'s copy out."""
+        if self.layers_n:
+            key = (mb, chunk, layer - self.window)
+            if key in self.out:
+                self.b.wait((self.out[key],), "offload", "d2h", microbatch=mb, chunk=chunk, layer=layer)
+
+    def after_forward(self, mb, chunk, layer, layers, steps, i):
+        if layer not in self.bytes:
+            return
+        if (not self.layers_n and layer == layers[-1] and i + 1 < len(steps) and steps[i + 1].kind == "B"
+                and steps[i + 1].microbatch == mb and steps[i + 1].chunk == chunk):
+            return  # its backward comes next: Megatron-core keeps the group (``should_bulk_offload``)
+        self.out[mb, chunk, layer] = self.b.copy("d2h", self.bytes[layer], microbatch=mb, chunk=chunk, layer=layer)
+
+    def reload(self, key):
+        if key in self.out and key not in self.back:
+            mb, chunk, layer = key
+            self.back[key] = self.b.copy("h2d", self.bytes[layer], self.out[key], microbatch=mb, chunk=chunk,
+                                         layer=layer)
+
+    def before_backward(self, mb, chunk, layer):
+        key = (mb, chunk, layer)
+        if not self.layers_n:
+            self.reload(key)  # the first of the order: nothing reloaded it ahead
+            if key in self.next_of:
+                self.reload(self.next_of[key])
+        if key in self.back:
+            self.b.wait((self.back[key],), "offload", "h2d", microbatch=mb, chunk=chunk, layer=layer)
+
+    def after_backward(self, mb, chunk, layer):
+        """Layer-level: layer k's reload starts once layer k + (L - N)'s backward has freed its activations."""
+        if self.layers_n:
+            self.reload((mb, chunk, layer - self.window))

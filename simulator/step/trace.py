@@ -41,7 +41,8 @@ class StepAbove(Exception):
 @dataclass(frozen=True)
 class Row:
     """One interval on one rank's stream. ``kind``: F, B, W (weight gradient of a split backward), R (recompute), embed, head, opt, wait,
-    idle (waiting on a pipeline dependency), comm. ``axis``: tp, pp, dp, cp, ep, fsdp or ''."""
+    idle (waiting on a pipeline dependency), comm. ``axis``: tp, pp, dp, cp, ep, fsdp, offload (CPU activation
+    offloading's copies, on streams d2h and h2d) or ''."""
 
     rank: int
     stage: int

@@ -34,6 +34,7 @@ import yaml
 
 from simulator.config import Scenario
 from simulator.errors import ConfigError
+from simulator.workload.offload import SPLIT_BACKWARD
 from simulator.scenario import RECOMPUTE, ZERO_STAGES, scenario_from_dict, scenario_to_dict, validate_plan
 from simulator.step.schedules import SCHEDULES
 from simulator.studies.validate import pipeline_ends
@@ -81,6 +82,13 @@ class Layout:
             # the modules a selective recompute re-runs (a base scenario's recompute_modules) mean
             # nothing without it, and the scenario checks refuse them there
             out.append("training.recompute_modules=null")
+        # a base scenario's CPU activation offloading goes where the framework can run it
+        # (``offload.check_offload``): layer offloading with pp 1 and no recompute, module
+        # offloading without full recompute or a split backward; elsewhere the layout runs without
+        if self.pp > 1 or self.recompute != "none":
+            out.append("training.activation_offload_layers=0")
+        if self.recompute == "full" or self.schedule in SPLIT_BACKWARD:
+            out.append("training.activation_offload_modules=null")
         return tuple(out)
 
     def label(self) -> str:
@@ -133,8 +141,13 @@ def candidate_scenario(s: Scenario, layout: Layout) -> Scenario:
                   zero_stage=layout.zero_stage, first_pipeline_num_layers=layout.first_pipeline_num_layers,
                   last_pipeline_num_layers=layout.last_pipeline_num_layers, dp_replicate=layout.dp_replicate)
     modules = s.training.recompute_modules if layout.recompute == "selective" else None
-    training = replace(s.training, micro_batch_size=layout.micro_batch_size, recompute=layout.recompute,
-                       recompute_modules=modules)
+    t = s.training
+    off_layers = 0 if layout.pp > 1 or layout.recompute != "none" else t.activation_offload_layers
+    off_modules = (None if layout.recompute == "full" or layout.schedule in SPLIT_BACKWARD
+                   else t.activation_offload_modules)
+    training = replace(t, micro_batch_size=layout.micro_batch_size, recompute=layout.recompute,
+                       recompute_modules=modules, activation_offload_layers=off_layers,
+                       activation_offload_modules=off_modules)
     return replace(s, parallelism=par, training=training, schedule=layout.schedule)
 
 

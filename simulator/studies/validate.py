@@ -69,6 +69,8 @@ only, so predictions are the same with them removed. Documented defaults for unk
   parallelism block's recompute text; ``pp_schedule`` and ``context_parallel_rotate`` as below.
   ``fp8_dot_product_attention`` sets ``training.fp8_attention`` when the run's precision is FP8;
   ``optimizer_state_dtype`` (fp32, bf16) sets ``training.optimizer_state_dtype``;
+  ``cpu_offloading_num_layers`` and ``fine_grained_activation_offloading`` (a list of Megatron-core's
+  offload modules) set ``training.activation_offload_layers`` / ``activation_offload_modules``;
   ``pipeline_passes`` sets ``training.pipeline_passes`` (a gradient-accumulation loop that calls
   the pipeline schedule once per accumulation step: NeMo AutoModel's GA column with PP > 1).
   ``cutedsl_fused_grouped_mlp`` (Megatron-Bridge) or ``use_transformer_engine_op_fuser`` sets
@@ -352,9 +354,17 @@ def _training_options(case: dict) -> dict:
     """The scenario's ``training`` keys a case states in ``framework_options``:
     ``optimizer_state_dtype`` (bf16: Megatron-core's precision-aware optimizer with bf16 Adam
     moments, as the DeepSeek-V3 report and NVIDIA's GB200 guide ran; absent, fp32 moments) and
-    ``pipeline_passes`` (absent, one run of the pipeline schedule per step)."""
+    ``pipeline_passes`` (absent, one run of the pipeline schedule per step); CPU activation
+    offloading as Megatron-core names it: ``cpu_offloading_num_layers`` (Megatron-Bridge's
+    performance recipes) becomes ``activation_offload_layers`` and ``fine_grained_activation_offloading``
+    (the ``--offload-modules`` list) ``activation_offload_modules``."""
     opts = case.get("framework_options") or {}
-    return {key: opts[key] for key in ("optimizer_state_dtype", "pipeline_passes") if opts.get(key) is not None}
+    out = {key: opts[key] for key in ("optimizer_state_dtype", "pipeline_passes") if opts.get(key) is not None}
+    if opts.get("cpu_offloading_num_layers") is not None:
+        out["activation_offload_layers"] = opts["cpu_offloading_num_layers"]
+    if opts.get("fine_grained_activation_offloading") is not None:
+        out["activation_offload_modules"] = opts["fine_grained_activation_offloading"]
+    return out
 
 
 def _framework_keys(case: dict) -> dict:

@@ -508,6 +508,7 @@ def _stage_layout_part(s: Scenario, stage: int, layer_kinds: tuple, policy: str,
     # in flight within one pass of the schedule (passes run one after another)
     in_flight = microbatches_in_flight(s.pipeline_schedule, stage, pp, s.microbatches_per_pass, vp)
     activations = sum(per_mb) / place.chunks * in_flight
+    activations -= _offloaded_bytes(s, layers, per_mb, layer_kinds, kernels, in_flight, place.chunks, bytes_by_kind)
     activations += max(working_set, default=0.0)
     rep = 1 / tp if sp else 1.0
     embeds, heads = _ends(s, stage)
@@ -520,6 +521,59 @@ def _stage_layout_part(s: Scenario, stage: int, layer_kinds: tuple, policy: str,
         activations += head * head_in_flight * heads
 
     return params, activations, in_flight
+
+
+def _offloaded_bytes(s: Scenario, layers: list[int], per_mb: list[float], layer_kinds: tuple, kernels: dict,
+                     in_flight: int, chunks: int, bytes_by_kind: dict) -> float:
+    """Activation bytes CPU offloading keeps off the GPU at the stage's peak (``offload``).
+
+    Layer-level (N of L layers, pp 1): at most L - N layers' activations are on the GPU, so the
+    first N layers' bytes of each micro-batch in flight are not. Module-level: every in-flight
+    layer's offloaded tensors, less two layers' worth back on the GPU: the forward's last group kept
+    as the offload margin and the group being reloaded one ahead of the backward."""
+    tr, par = s.training, s.parallelism
+    if tr.activation_offload_layers:
+        return sum(per_mb[:tr.activation_offload_layers]) / chunks * in_flight
+    if not tr.activation_offload_modules:
+        return 0.0
+    from simulator.workload.offload import module_offload_bytes
+
+    moved = []
+    for layer in layers:
+        key = ("offload", layer_kinds[layer])
+        if key not in bytes_by_kind:
+            bytes_by_kind[key] = module_offload_bytes(
+                s.model, layer, tr.seq_length / par.cp, tr.micro_batch_size, par.tp, par.sequence_parallel,
+                tr.activation_offload_modules, par.expert_tp, kernels["quantized_inputs"],
+                tr.recompute_modules or () if tr.recompute == "selective" else ())
+        moved.append(bytes_by_kind[key])
+    return max(0.0, sum(moved) / chunks * in_flight - 2 * max(moved, default=0.0))
+
+
+def offload_bytes_per_layer(s: Scenario) -> dict[int, float]:
+    """Bytes per micro-batch each layer copies to the host under the scenario's CPU offloading, as
+    the memory model counts them: a whole layer's activations (``layer_activation_bytes``, no
+    recompute) for the first ``activation_offload_layers`` layers, else the listed modules' tensors
+    (``offload.module_offload_bytes``); layers that offload nothing are left out."""
+    from simulator.workload.offload import module_offload_bytes
+
+    tr, par, m = s.training, s.parallelism, s.model
+    sw = resolve(s)
+    quantized = tr.precision in SAVED_INPUT_PRECISIONS and sw.fp8_saves_quantized_inputs
+    seq, b, tp, sp = tr.seq_length / par.cp, tr.micro_batch_size, par.tp, par.sequence_parallel
+    out = {}
+    for layer in range(m.num_hidden_layers):
+        if tr.activation_offload_layers:
+            if layer >= tr.activation_offload_layers:
+                break
+            n = layer_activation_bytes(m, layer, seq, b, tp, sp, "none", flash_attention=tr.attention != "unfused",
+                                       dropout=tr.attention == "unfused", etp=par.expert_tp, quantized_inputs=quantized)
+        else:
+            n = module_offload_bytes(m, layer, seq, b, tp, sp, tr.activation_offload_modules or (), par.expert_tp,
+                                     quantized, tr.recompute_modules or () if tr.recompute == "selective" else ())
+        if n > 0:
+            out[layer] = n
+    return out
 
 
 def stage_memory(

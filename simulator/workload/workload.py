@@ -69,6 +69,10 @@ class Workload:
     ep_bytes: float
     software: Software | None = None  # the resolved framework profile (overlaps, host issue cost)
     ep_payload_bytes: float = 0.0  # dispatch payload before the efficiency division
+    # CPU activation offloading (``offload``): bytes per micro-batch each layer copies to the host
+    # and back (empty: off), and the GPU's host-link rate per direction
+    offload_bytes: dict[int, float] | None = None
+    host_link_Bps: float = 0.0
 
     def layers(self, vstage: int) -> range:
         return self.vstages[vstage]
@@ -157,7 +161,17 @@ def build_workload(s: Scenario, gpu: GPUSpec) -> Workload:
         head=head_with_software(_head_with_mtp(s, t, gpu, sw), gpu, sw),
         optimizer=optimizer, buckets=buckets, layer_dense_params=dense_params,
         layer_expert_params=expert_params, tp_bytes=act, pp_bytes=act / par.tp, cp_bytes=kv,
-        ep_bytes=ep_bytes, ep_payload_bytes=payload, software=sw)
+        ep_bytes=ep_bytes, ep_payload_bytes=payload, software=sw, **_offload(s))
+
+
+def _offload(s: Scenario) -> dict:
+    """The ``Workload`` fields of CPU activation offloading (``offload``), none when it is off."""
+    if not (s.training.activation_offload_layers or s.training.activation_offload_modules):
+        return {}
+    from simulator.workload.memory import offload_bytes_per_layer
+    from simulator.workload.offload import host_link_Bps
+
+    return {"offload_bytes": offload_bytes_per_layer(s), "host_link_Bps": host_link_Bps(s)}
 
 
 def glu_sync(model, sw) -> bool:
