@@ -211,3 +211,15 @@ def test_a_plan_of_an_offloading_scenario_searches_pipelines_without_it():
     enum = enumerate_layouts(s, parse_space(["tp=1", "pp=1,2,4", "cp=1", "vp=1"], s))
     assert {x.pp for x in enum.valid} == {1, 2, 4}
     assert not any("activation_offload" in r for r in enum.pruned_rules)
+
+
+def test_the_shipped_gb300_recipe_fits_only_with_its_offloading():
+    from simulator.scenario import load_scenario
+    from simulator.workload.memory import memory_peak
+
+    s = load_scenario("scenarios/llama3-70b-64xgb300-offload.yaml")
+    peak, capacity = memory_peak(s)
+    assert s.training.activation_offload_layers == 20 and peak < capacity
+    without, _ = memory_peak(load_scenario("scenarios/llama3-70b-64xgb300-offload.yaml",
+                                           ["training.activation_offload_layers=0"]))
+    assert without > capacity
