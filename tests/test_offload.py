@@ -40,6 +40,9 @@ def test_layer_offload_keeps_the_first_n_layers_activations_off_the_gpu():
     # one micro-batch in flight at pp 1: twelve layers' activations leave (report rounds to 1e-4 GiB)
     assert activations(base) - activations(off) == pytest.approx(12 * layer, abs=2e-4 * GiB)
     assert offload_bytes_per_layer(off) == {x: pytest.approx(layer) for x in range(12)}
+    said = memory_report(off)["assumptions"]["activation_offload"]
+    assert said["layers"] == 12 and said["host_link_GBps"] == 64  # an H100 on PCIe Gen5 x16
+    assert "activation_offload" not in memory_report(base)["assumptions"]
 
 
 def test_module_bytes_are_the_tensors_each_module_saves():

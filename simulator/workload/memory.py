@@ -707,9 +707,27 @@ def memory_record(
                              if fsdp_gathered_once(s) else
                              "FSDP: 2 gathered units + 1 unsharded gradient unit") if par.zero_stage >= 3
                             else "one DDP bucket of max(40e6, 1e6 x dp x cp) params",
+            **_offload_assumption(s),
         },
         model_params={"total": counts["total"], "active": counts["active"]},
     )
+
+
+def _offload_assumption(s: Scenario) -> dict:
+    """The ``activation_offload`` entry of the memory assumptions, when the scenario offloads."""
+    from simulator.workload.offload import host_link_Bps
+
+    t = s.training
+    if t.activation_offload_layers:
+        what = {"layers": t.activation_offload_layers,
+                "on_gpu": f"at most {s.model.num_hidden_layers - t.activation_offload_layers} of "
+                          f"{s.model.num_hidden_layers} layers' activations"}
+    elif t.activation_offload_modules:
+        what = {"modules": list(t.activation_offload_modules),
+                "on_gpu": "their tensors of two layers (the offload margin and the reload ahead)"}
+    else:
+        return {}
+    return {"activation_offload": {**what, "host_link_GBps": host_link_Bps(s) / 1e9}}
 
 
 @dataclass(frozen=True)
@@ -758,4 +776,10 @@ def format_memory_table(report: dict) -> str:
         lines.append(f"{r['stage']:>5} {values} {r['capacity_gib']:>9.1f}  {fits:<4}  {r['biggest']}")
     verdict = "fits" if report["fits"] else "does NOT fit"
     lines.append(f"peak {report['peak_gib']:.2f} GiB per GPU: {verdict}")
+    off = report.get("assumptions", {}).get("activation_offload")
+    if off:
+        what = (f"the first {off['layers']} layers" if "layers" in off else
+                f"the saved tensors of {', '.join(off['modules'])}")
+        lines.append(f"CPU activation offloading: {what} to host memory ({off['on_gpu']} on the GPU; "
+                     f"host link {off['host_link_GBps']:g} GB/s per direction)")
     return "\n".join(lines)
