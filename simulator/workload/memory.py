@@ -531,23 +531,28 @@ def _offloaded_bytes(s: Scenario, layers: list[int], per_mb: list[float], layer_
     first N layers' bytes of each micro-batch in flight are not. Module-level: every in-flight
     layer's offloaded tensors, less two layers' worth back on the GPU: the forward's last group kept
     as the offload margin and the group being reloaded one ahead of the backward."""
-    tr, par = s.training, s.parallelism
+    tr = s.training
     if tr.activation_offload_layers:
         return sum(per_mb[:tr.activation_offload_layers]) / chunks * in_flight
     if not tr.activation_offload_modules:
         return 0.0
-    from simulator.workload.offload import module_offload_bytes
-
     moved = []
     for layer in layers:
         key = ("offload", layer_kinds[layer])
         if key not in bytes_by_kind:
-            bytes_by_kind[key] = module_offload_bytes(
-                s.model, layer, tr.seq_length / par.cp, tr.micro_batch_size, par.tp, par.sequence_parallel,
-                tr.activation_offload_modules, par.expert_tp, kernels["quantized_inputs"],
-                tr.recompute_modules or () if tr.recompute == "selective" else ())
+            bytes_by_kind[key] = _module_offload_bytes(s, layer, kernels["quantized_inputs"])
         moved.append(bytes_by_kind[key])
     return max(0.0, sum(moved) / chunks * in_flight - 2 * max(moved, default=0.0))
+
+
+def _module_offload_bytes(s: Scenario, layer: int, quantized: bool) -> float:
+    """``offload.module_offload_bytes`` of ``layer`` with the scenario's shapes and recompute modules."""
+    from simulator.workload.offload import module_offload_bytes
+
+    tr, par = s.training, s.parallelism
+    return module_offload_bytes(s.model, layer, tr.seq_length / par.cp, tr.micro_batch_size, par.tp,
+                                par.sequence_parallel, tr.activation_offload_modules or (), par.expert_tp, quantized,
+                                tr.recompute_modules or () if tr.recompute == "selective" else ())
 
 
 def offload_bytes_per_layer(s: Scenario) -> dict[int, float]:
@@ -555,8 +560,6 @@ def offload_bytes_per_layer(s: Scenario) -> dict[int, float]:
     the memory model counts them: a whole layer's activations (``layer_activation_bytes``, no
     recompute) for the first ``activation_offload_layers`` layers, else the listed modules' tensors
     (``offload.module_offload_bytes``); layers that offload nothing are left out."""
-    from simulator.workload.offload import module_offload_bytes
-
     tr, par, m = s.training, s.parallelism, s.model
     sw = resolve(s)
     quantized = tr.precision in SAVED_INPUT_PRECISIONS and sw.fp8_saves_quantized_inputs
@@ -569,8 +572,7 @@ def offload_bytes_per_layer(s: Scenario) -> dict[int, float]:
             n = layer_activation_bytes(m, layer, seq, b, tp, sp, "none", flash_attention=tr.attention != "unfused",
                                        dropout=tr.attention == "unfused", etp=par.expert_tp, quantized_inputs=quantized)
         else:
-            n = module_offload_bytes(m, layer, seq, b, tp, sp, tr.activation_offload_modules or (), par.expert_tp,
-                                     quantized, tr.recompute_modules or () if tr.recompute == "selective" else ())
+            n = _module_offload_bytes(s, layer, quantized)
         if n > 0:
             out[layer] = n
     return out
