@@ -43,6 +43,7 @@ from simulator.workload.compute import (CP_CORE_OPS, CP_LOCAL_OPS, BlockCost, jo
                                         split_at_gemm, split_weight_grad)
 from simulator.workload.frameworks import fsdp_gathered_once, routing_graphed
 from simulator.workload.moe import split_moe_block
+from simulator.workload.offload import resident_window
 from simulator.workload.workload import GRAD_BYTES, PARAM_BYTES, Workload
 
 
@@ -720,7 +721,7 @@ class _Offload:
         self.bytes = b.w.offload_bytes or {}
         tr = b.s.training
         self.layers_n = tr.activation_offload_layers
-        self.window = b.s.model.num_hidden_layers - self.layers_n
+        self.window = resident_window(b.s)
         self.out: dict = {}  # (micro-batch, chunk, layer) -> handle of its copy to the host
         self.back: dict = {}  # ... of its copy back
         self.order: list = []  # module-level: the offloaded layers in backward order

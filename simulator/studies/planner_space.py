@@ -34,7 +34,7 @@ import yaml
 
 from simulator.config import Scenario
 from simulator.errors import ConfigError
-from simulator.workload.offload import SPLIT_BACKWARD
+from simulator.workload.offload import layer_offload_runs, module_offload_runs
 from simulator.scenario import RECOMPUTE, ZERO_STAGES, scenario_from_dict, scenario_to_dict, validate_plan
 from simulator.step.schedules import SCHEDULES
 from simulator.studies.validate import pipeline_ends
@@ -85,9 +85,9 @@ class Layout:
         # a base scenario's CPU activation offloading goes where the framework can run it
         # (``offload.check_offload``): layer offloading with pp 1 and no recompute, module
         # offloading without full recompute or a split backward; elsewhere the layout runs without
-        if self.pp > 1 or self.recompute != "none":
+        if not layer_offload_runs(self.pp, self.recompute):
             out.append("training.activation_offload_layers=0")
-        if self.recompute == "full" or self.schedule in SPLIT_BACKWARD:
+        if not module_offload_runs(self.recompute, self.schedule):
             out.append("training.activation_offload_modules=null")
         return tuple(out)
 
@@ -142,9 +142,8 @@ def candidate_scenario(s: Scenario, layout: Layout) -> Scenario:
                   last_pipeline_num_layers=layout.last_pipeline_num_layers, dp_replicate=layout.dp_replicate)
     modules = s.training.recompute_modules if layout.recompute == "selective" else None
     t = s.training
-    off_layers = 0 if layout.pp > 1 or layout.recompute != "none" else t.activation_offload_layers
-    off_modules = (None if layout.recompute == "full" or layout.schedule in SPLIT_BACKWARD
-                   else t.activation_offload_modules)
+    off_layers = t.activation_offload_layers if layer_offload_runs(layout.pp, layout.recompute) else 0
+    off_modules = t.activation_offload_modules if module_offload_runs(layout.recompute, layout.schedule) else None
     training = replace(t, micro_batch_size=layout.micro_batch_size, recompute=layout.recompute,
                        recompute_modules=modules, activation_offload_layers=off_layers,
                        activation_offload_modules=off_modules)

@@ -459,7 +459,7 @@ def _layout_parts(s: Scenario) -> tuple[tuple[_Params, float, int], ...]:
     layer_kinds = _layer_kinds(s.model)
     sw = resolve(s)
     policy = sw.selective_recompute if s.training.recompute == "selective" else "attention_core"
-    quantized = s.training.precision in SAVED_INPUT_PRECISIONS and sw.fp8_saves_quantized_inputs
+    quantized = _quantized_inputs(s, sw)
     params_by_kind: dict = {}
     bytes_by_kind: dict = {}
     return tuple(_stage_layout_part(s, stage, layer_kinds, policy, quantized, params_by_kind, bytes_by_kind)
@@ -545,6 +545,11 @@ def _offloaded_bytes(s: Scenario, layers: list[int], per_mb: list[float], layer_
     return max(0.0, sum(moved) / chunks * in_flight - 2 * max(moved, default=0.0))
 
 
+def _quantized_inputs(s: Scenario, sw) -> bool:
+    """Whether the GEMMs keep their FP8 input copy for the backward (``layer_activation_bytes``)."""
+    return s.training.precision in SAVED_INPUT_PRECISIONS and sw.fp8_saves_quantized_inputs
+
+
 def _module_offload_bytes(s: Scenario, layer: int, quantized: bool) -> float:
     """``offload.module_offload_bytes`` of ``layer`` with the scenario's shapes and recompute modules."""
     from simulator.workload.offload import module_offload_bytes
@@ -561,8 +566,7 @@ def offload_bytes_per_layer(s: Scenario) -> dict[int, float]:
     recompute) for the first ``activation_offload_layers`` layers, else the listed modules' tensors
     (``offload.module_offload_bytes``); layers that offload nothing are left out."""
     tr, par, m = s.training, s.parallelism, s.model
-    sw = resolve(s)
-    quantized = tr.precision in SAVED_INPUT_PRECISIONS and sw.fp8_saves_quantized_inputs
+    quantized = _quantized_inputs(s, resolve(s))
     seq, b, tp, sp = tr.seq_length / par.cp, tr.micro_batch_size, par.tp, par.sequence_parallel
     out = {}
     for layer in range(m.num_hidden_layers):
@@ -717,12 +721,12 @@ def memory_record(
 
 def _offload_assumption(s: Scenario) -> dict:
     """The ``activation_offload`` entry of the memory assumptions, when the scenario offloads."""
-    from simulator.workload.offload import host_link_Bps
+    from simulator.workload.offload import host_link_Bps, resident_window
 
     t = s.training
     if t.activation_offload_layers:
         what = {"layers": t.activation_offload_layers,
-                "on_gpu": f"at most {s.model.num_hidden_layers - t.activation_offload_layers} of "
+                "on_gpu": f"at most {resident_window(s)} of "
                           f"{s.model.num_hidden_layers} layers' activations"}
     elif t.activation_offload_modules:
         what = {"modules": list(t.activation_offload_modules),

@@ -43,13 +43,13 @@ from __future__ import annotations
 
 from simulator.config import ModelConfig, Scenario
 from simulator.errors import ConfigError
+from simulator.workload.memory import ACT_BYTES, FP8_SAVED_INPUT_BYTES
 
 # Megatron-core's --offload-modules choices for transformer layers (transformer_config.py);
 # fused_group_mlp (TE op fuser) and gdp_qkv (gated delta product) are not modelled.
 OFFLOAD_MODULES = ("attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm", "expert_fc1", "moe_act")
 MOE_ONLY = ("expert_fc1", "moe_act")
 
-ACT_BYTES = 2
 LSE_BYTES = 4  # the attention kernel's fp32 log-sum-exp per head and token
 
 
@@ -104,7 +104,7 @@ def module_offload_bytes(model: ModelConfig, layer: int, s: float, b: float, t: 
     h, d, a = model.hidden_size, model.head_dim, model.num_attention_heads
     tokens = s * b
     rep = 1 / t if sp else 1.0
-    gemm_in = 1.0 if quantized_inputs else ACT_BYTES
+    gemm_in = FP8_SAVED_INPUT_BYTES if quantized_inputs else ACT_BYTES
     norms_freed = "layernorm" in recompute_modules and not quantized_inputs
     q, kv = a * d, max(model.num_key_value_heads, t) * d
     moved = 0.0
@@ -129,9 +129,14 @@ def module_offload_bytes(model: ModelConfig, layer: int, s: float, b: float, t: 
     return moved
 
 
-def offloaded_layers(s: Scenario) -> int:
-    """How many of the stage's first layers layer-level offloading moves (0: off)."""
-    return s.training.activation_offload_layers
+def layer_offload_runs(pp: int, recompute: str) -> bool:
+    """Whether a layout can run layer-level offloading (Megatron-core: pp 1, no recompute)."""
+    return pp == 1 and recompute == "none"
+
+
+def module_offload_runs(recompute: str, schedule: str) -> bool:
+    """Whether a layout can run module-level offloading (no full recompute, no split backward)."""
+    return recompute != "full" and schedule not in SPLIT_BACKWARD
 
 
 def resident_window(s: Scenario) -> int:
