@@ -46,6 +46,10 @@ class ModelConfig:
     # (_yarn_get_concentration_factor): 0.1 ln(factor) + 1 without mscale / mscale_all_dim (GPT-OSS:
     # 1.347), their ratio with them (DeepSeek-V3: 1.0); 1.0 without YaRN
     rope_mscale: float = 1.0
+    # RMSNorm on each query and key head before RoPE (Qwen3: HF Qwen3Attention q_norm / k_norm, which
+    # its config has no field for; Megatron-core qk_layernorm, which Megatron-Bridge's Qwen3 and
+    # Qwen3-MoE bridges set)
+    qk_norm: bool = False
 
     @property
     def head_dim(self) -> int:
@@ -229,6 +233,11 @@ class FrameworkOptions:
     # experts' fc1, activation and fc2 run as one Transformer Engine fused op, biases and the GLU
     # clamp inside it (moe/experts.py _make_fused_ops, Megatron-core 0.18)
     te_op_fuser: bool | None = None
+    # Megatron-core moe_router_fusion (Transformer Engine's fused top-k routing) and moe_permute_fusion
+    # (TE's fused permutation, chunk sort and unpermutation); None: off, Megatron-core's default
+    # (transformer_config.py). Their kernels and host ops: simulator.workload.moe
+    moe_router_fusion: bool | None = None
+    moe_permute_fusion: bool | None = None
     # the language-model loss implementation (simulator.workload.frameworks.CROSS_ENTROPY_IMPLS);
     # None: the profile's (fusion.cross_entropy, or fusion.cross_entropy_compiled with compile)
     cross_entropy: str | None = None

@@ -57,6 +57,8 @@ MODEL_ALIASES = {
     "decoder_sparse_step": "interleave_moe_layer_step",
     "moe_layer_freq": "interleave_moe_layer_step",
 }
+# Hugging Face model types whose attention normalises each query and key head (``qk_norm``).
+QK_NORM_MODEL_TYPES = ("qwen3", "qwen3_moe")
 HF_CONFIG = "hf_config"
 HF_ID = "hf_id"
 SECTIONS = {
@@ -234,6 +236,7 @@ _CHECKS: dict[str, dict[str, Checker]] = {
         "mlp_gated": _optional_flag,
         "swiglu_limit": partial(_optional_number, minimum=0, inclusive=False),
         "expert_bias": _boolean,
+        "qk_norm": _boolean,
         "rope_mscale": partial(_number, low=1.0, high=math.inf, what="must be a number >= 1"),
     },
     "cluster": {
@@ -294,6 +297,8 @@ _CHECKS: dict[str, dict[str, Checker]] = {
         "fp8_recipe": partial(_optional_choice, choices=FP8_RECIPES),
         "replica_combine_bytes": partial(_optional_number, minimum=0, inclusive=True),
         "te_op_fuser": _optional_boolean,
+        "moe_router_fusion": _optional_boolean,
+        "moe_permute_fusion": _optional_boolean,
         "cross_entropy": partial(_optional_choice, choices=CROSS_ENTROPY_IMPLS),
         "selective_recompute": partial(_optional_choice, choices=SELECTIVE_POLICIES),
     },
@@ -571,6 +576,8 @@ def _hf_dict_fields(hf: dict) -> dict:
       ``DenseBlock``: linear, linear_v, linear_1), which ``hidden_act: gelu`` alone does not say;
     - GPT-OSS's experts carry biases (HF ``GptOssExperts`` gate_up_proj_bias, down_proj_bias; the
       config has no field for it): ``expert_bias``;
+    - Qwen3 (dense and MoE) normalises each query and key head (HF ``Qwen3Attention.q_norm`` /
+      ``k_norm``; no config field): ``qk_norm``;
     - ``rope_scaling`` of type yarn gives ``rope_mscale`` (``yarn_mscale``).
     """
     if isinstance(hf.get("text_config"), dict):
@@ -589,6 +596,8 @@ def _hf_dict_fields(hf: dict) -> dict:
         hf.setdefault("mlp_gated", True)
     if str(hf.get("model_type", "")).lower() == "gpt_oss":
         hf.setdefault("expert_bias", True)
+    if str(hf.get("model_type", "")).lower() in QK_NORM_MODEL_TYPES:
+        hf.setdefault("qk_norm", True)
     mscale = yarn_mscale(hf.get("rope_scaling"))
     if mscale != 1.0:
         hf.setdefault("rope_mscale", mscale)

@@ -62,7 +62,7 @@ def test_tiny_dense_layer_flops_by_hand():
     assert attn["input_norm"] == 0
     assert cost.mlp_fwd.flops == 2 * tokens * h * f * 2
     assert [op.name for op in cost.attn_fwd.ops] == [
-        "input_norm", "qkv_proj", "attn_core", "out_proj", "attn_residual"
+        "input_norm", "qkv_proj", "rope", "attn_core", "out_proj", "attn_residual"
     ]
 
 
@@ -85,7 +85,7 @@ def test_backward_gemms_are_twice_forward_and_flash_attention_two_and_a_half():
 def test_backward_runs_in_reverse_order():
     cost = layer_cost(TINY, TINY_TRAIN, ParallelConfig(), H100, 0)
     assert [op.name for op in cost.attn_bwd.ops] == [
-        "attn_residual_bwd", "out_proj_dgrad", "out_proj_wgrad", "attn_core_bwd",
+        "attn_residual_bwd", "out_proj_dgrad", "out_proj_wgrad", "attn_core_bwd", "rope_bwd",
         "qkv_proj_dgrad", "qkv_proj_wgrad", "input_norm_bwd",
     ]
 

@@ -90,14 +90,14 @@ def test_the_seed_004_plan_costs_what_it_really_costs():
 
 
 def test_tiny_bubble_is_what_its_comment_says():
-    """tiny.yaml's comment: 27.6% (stage 0 44.3%, stage 1 10.8%) because stage 1 carries the LM head;
+    """tiny.yaml's comment: 27.4% (stage 0 43.8%, stage 1 11.0%) because stage 1 carries the LM head;
     with the head made negligible the stages are uniform and the bubble is the 1F1B (p-1)/(m+p-1) = 1/5."""
     tiny = Path(__file__).resolve().parents[1] / "scenarios" / "tiny.yaml"
     text = tiny.read_text()
-    assert "27.6% (stage 0" in text and "44.3%, stage 1 10.8%" in text and "20.2%" in text
+    assert "27.4% (stage 0" in text and "43.8%, stage 1 11.0%" in text and "20.2%" in text
     r = step_report(simulate(load_scenario(str(tiny))))
-    assert round(r["bubble_fraction"], 3) == 0.276
-    assert [round(b, 3) for b in r["bubble_fraction_per_stage"]] == [0.443, 0.108]
+    assert round(r["bubble_fraction"], 3) == 0.274
+    assert [round(b, 3) for b in r["bubble_fraction_per_stage"]] == [0.438, 0.110]
     assert r["stages"][1]["compute_s"] > 1.5 * r["stages"][0]["compute_s"]
     uniform = step_report(simulate(load_scenario(str(tiny), ["model.vocab_size=64"])))
     assert round(uniform["bubble_fraction"], 3) == 0.202

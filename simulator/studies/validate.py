@@ -74,7 +74,8 @@ only, so predictions are the same with them removed. Documented defaults for unk
   ``pipeline_passes`` sets ``training.pipeline_passes`` (a gradient-accumulation loop that calls
   the pipeline schedule once per accumulation step: NeMo AutoModel's GA column with PP > 1).
   ``cutedsl_fused_grouped_mlp`` (Megatron-Bridge) or ``use_transformer_engine_op_fuser`` sets
-  ``framework_options.te_op_fuser``. A MaxText case's ``remat_policy: custom`` with
+  ``framework_options.te_op_fuser``; ``moe_router_fusion`` and ``moe_permute_fusion`` (Megatron-core's
+  names) go to the scenario's ``framework_options`` as they are. A MaxText case's ``remat_policy: custom`` with
   ``remat_tensors_on_device`` (the tensor names its run set to ``device``) becomes a selective
   recompute policy (``maxtext_selective_policy``); ``minimal_flash`` is the profile's own. ``cross_entropy`` (megatron, megatron-fused, te, torch,
   torch-compiled, triton, xla) is the run's loss implementation (absent: the profile's; the rows
@@ -341,7 +342,7 @@ def source_year(case: dict) -> int | None:
 
 OVERLAP_OPTIONS = ("tp_comm", "grad_reduce", "param_gather", "param_prefetch_depth", "async_tp", "cp_comm")
 FRAMEWORK_OPTIONS = ("compile", "cuda_graphs", "fp8_recipe", "replica_combine_bytes", "te_op_fuser", "cross_entropy",
-                     "selective_recompute")
+                     "selective_recompute", "moe_router_fusion", "moe_permute_fusion")
 
 
 def _fp8_attention(case: dict) -> bool:

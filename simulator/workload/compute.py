@@ -319,8 +319,14 @@ class _Gemm:
 
 @dataclass(frozen=True)
 class _Mem:
+    """A memory-bound step of ``kernels`` kernels moving ``nbytes`` forward; its backward moves
+    ``bwd_factor`` times that in ``bwd_kernels`` kernels (default: twice the bytes, as many kernels)."""
+
     name: str
     nbytes: float
+    kernels: int = 1
+    bwd_factor: float = 2.0
+    bwd_kernels: int | None = None
 
 
 @dataclass(frozen=True)
@@ -339,6 +345,18 @@ class _AttnCore:
 _Step = _Gemm | _Mem | _AttnCore | _Latency
 
 
+# Between the QKV projection and the attention core (non-MLA attention; MLA's are in mla.py):
+# - ``rope``: the fused rotary embedding, one kernel on q and one on k (Megatron-core
+#   apply_rotary_pos_emb with apply_rope_fusion, its default, calling Transformer Engine's
+#   fused_apply_rotary_pos_emb; TE pytorch/attention/rope.py FusedRoPEFunc, whose backward is the
+#   same kernel on the gradient): read and write 2 bytes per element of q and k, both ways.
+# - ``qk_norm`` (``ModelConfig.qk_norm``, Qwen3): an RMSNorm over each query and key head (Megatron-
+#   core q_layernorm / k_layernorm, TENorm): forward one kernel each for q and k, reading and
+#   writing 2 bytes per element; backward reads x and dy and writes dx (6 bytes, QK_NORM_BWD_FACTOR
+#   of the forward's 4) in TE's rmsnorm_bwd plus its dgamma reduction kernel, for q and k.
+QK_NORM_BWD_FACTOR = 1.5
+
+
 def _attn_plan(model: ModelConfig, tokens: float, tokens_norm: float, tp: int,
                window: int | None = None) -> list[_Step]:
     h, hd = model.hidden_size, model.head_dim
@@ -355,9 +373,15 @@ def _attn_plan(model: ModelConfig, tokens: float, tokens_norm: float, tp: int,
         ]
     q_dim = model.num_attention_heads * hd
     kv_dim = max(model.num_key_value_heads, tp) * hd
-    return [
+    qk = tokens * (q_dim + kv_dim) / tp  # elements of q and k on this GPU
+    plan: list[_Step] = [
         _Mem("input_norm", 2 * ACT_BYTES * tokens_norm * h),
         _Gemm("qkv_proj", tokens, (q_dim + 2 * kv_dim) / tp, h),
+    ]
+    if model.qk_norm:
+        plan.append(_Mem("qk_norm", 2 * ACT_BYTES * qk, 2, QK_NORM_BWD_FACTOR, 4))
+    return plan + [
+        _Mem("rope", 2 * ACT_BYTES * qk, 2, 1.0, 2),
         _AttnCore(window),
         _Gemm("out_proj", tokens, h, q_dim / tp),
         _Mem("attn_residual", 3 * ACT_BYTES * tokens_norm * h),
@@ -366,15 +390,16 @@ def _attn_plan(model: ModelConfig, tokens: float, tokens_norm: float, tp: int,
 
 def _mlp_plan(
     model: ModelConfig, layer: int, tokens: float, tokens_norm: float, par: ParallelConfig,
-    moe: MoEConfig | None = None, precision: str = "bf16",
+    moe: MoEConfig | None = None, precision: str = "bf16", moe_fusions: tuple[bool, bool] | None = None,
 ) -> list[_Step]:
-    """Dense MLP, or an MoE layer as it runs (``simulator.workload.moe.moe_steps``)."""
+    """Dense MLP, or an MoE layer as it runs (``simulator.workload.moe.moe_steps``; ``moe_fusions``
+    as its ``fusions``)."""
     h, tp, mm = model.hidden_size, par.tp, model.mlp_matrices
     plan: list[_Step] = [_Mem("post_attn_norm", 2 * ACT_BYTES * tokens_norm * h)]
     if model.is_moe_layer(layer):
         from simulator.workload.moe import moe_steps
 
-        plan += moe_steps(model, tokens, tokens_norm, par, moe or MoEConfig(), precision)
+        plan += moe_steps(model, tokens, tokens_norm, par, moe or MoEConfig(), precision, moe_fusions)
     else:
         ff = model.intermediate_size
         plan += [
@@ -467,9 +492,10 @@ def _run(
             else:
                 ops.extend(_attn_core(model, training, par, gpu, backward, step.window))
         elif backward:
-            ops.append(_mem(f"{step.name}_bwd", 2.0 * step.nbytes, gpu))
+            kernels = step.kernels if step.bwd_kernels is None else step.bwd_kernels
+            ops.append(mem_chain(f"{step.name}_bwd", step.bwd_factor * step.nbytes, kernels, gpu))
         else:
-            ops.append(_mem(step.name, step.nbytes, gpu))
+            ops.append(mem_chain(step.name, step.nbytes, step.kernels, gpu))
         previous = step
     return BlockCost(tuple(ops))
 
@@ -482,7 +508,7 @@ def _local_tokens(training: TrainingConfig, par: ParallelConfig) -> tuple[float,
 def layer_cost(
     model: ModelConfig, training: TrainingConfig, par: ParallelConfig, gpu: GPUSpec, layer: int,
     moe: MoEConfig | None = None, graphed: bool = False, graph_scope: tuple[str, ...] = (),
-    glu_sync: bool = False, wgrad_bytes: float = ACT_BYTES,
+    glu_sync: bool = False, wgrad_bytes: float = ACT_BYTES, moe_fusions: tuple[bool, bool] | None = None,
 ) -> LayerCost:
     """Forward, backward and recompute cost of transformer layer ``layer`` on one GPU.
 
@@ -495,6 +521,8 @@ def layer_cost(
     cost one launch. ``glu_sync``: the experts' activation starts with a blocking host-to-device
     copy (Megatron-core's clamped GLU, ``moe.GLU_PRE_SYNC_OPS``), a second sync in the layer.
     ``wgrad_bytes``: HBM bytes per weight element of each weight-gradient GEMM's output (``_gemm_bwd``).
+    ``moe_fusions``: Megatron-core's (moe_router_fusion, moe_permute_fusion) when Megatron-core runs
+    the MoE layer (``moe.moe_steps``).
     """
     if training.recompute not in RECOMPUTE_MODES:
         raise ConfigError("training.recompute", training.recompute, f"valid: {', '.join(RECOMPUTE_MODES)}")
@@ -502,7 +530,7 @@ def layer_cost(
         raise ConfigError("training.attention", training.attention, f"valid: {', '.join(ATTENTION_KERNELS)}")
     tokens, tokens_norm = _local_tokens(training, par)
     attn = _attn_plan(model, tokens, tokens_norm, par.tp, model.attention_window(layer))
-    mlp = _mlp_plan(model, layer, tokens, tokens_norm, par, moe, training.precision)
+    mlp = _mlp_plan(model, layer, tokens, tokens_norm, par, moe, training.precision, moe_fusions)
     attn_fwd = _run(attn, model, training, par, gpu, backward=False)
     mlp_fwd = _run(mlp, model, training, par, gpu, backward=False)
     if model.is_moe_layer(layer) and not graphed:
@@ -511,7 +539,7 @@ def layer_cost(
         if glu_sync:
             mlp_fwd = with_glu_sync(mlp_fwd)
         mlp_fwd = price_host_sync(attn_fwd, mlp_fwd, model, par, moe or MoEConfig(), training.precision,
-                                  gpu.host_overhead, graph_scope)
+                                  gpu.host_overhead, graph_scope, moe_fusions)
     if training.recompute == "full":
         attn_re, mlp_re = attn_fwd, mlp_fwd
     elif training.recompute == "selective":

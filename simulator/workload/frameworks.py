@@ -101,6 +101,9 @@ class Software:
     fsdp_replica_combine_bytes: float = 0.0
     megatron_layers: bool = True  # the layers are Megatron-core's (profile model.code)
     te_op_fuser: bool = False  # framework_options.te_op_fuser: the experts as one TE fused op
+    # framework_options.moe_router_fusion / moe_permute_fusion (Megatron-core's, off by default)
+    moe_router_fusion: bool = False
+    moe_permute_fusion: bool = False
     cross_entropy: str = "megatron"  # the loss implementation (CROSS_ENTROPY_IMPLS)
 
 
@@ -190,6 +193,8 @@ def resolve(s) -> Software:
         fsdp_replica_combine_bytes=float(_pick(opt.replica_combine_bytes, prof["fsdp"]["replica_combine_bytes"])),
         megatron_layers=prof["model"]["code"] == "megatron-core",
         te_op_fuser=bool(opt.te_op_fuser),
+        moe_router_fusion=bool(opt.moe_router_fusion),
+        moe_permute_fusion=bool(opt.moe_permute_fusion),
         cross_entropy=str(_pick(opt.cross_entropy, fu["cross_entropy_compiled"] if compile_ else fu["cross_entropy"])),
     )
 
@@ -202,3 +207,9 @@ def fsdp_gathered_once(s, sw: Software | None = None) -> bool:
     if par.zero_stage != 3 or par.pp == 1:
         return False
     return (sw or resolve(s)).fsdp_pipeline_unsharded
+
+
+def moe_fusions(sw: Software) -> tuple[bool, bool] | None:
+    """(moe_router_fusion, moe_permute_fusion) when Megatron-core runs the layers, whose MoE code
+    ``simulator.workload.moe`` counts; None for another framework's."""
+    return (sw.moe_router_fusion, sw.moe_permute_fusion) if sw.megatron_layers else None

@@ -49,6 +49,16 @@ and the rest (``split_moe_block``). Every cost is its own op in the trace:
   activation before the second GEMM (read 2, write 1 byte per element).
 - Shared experts (DeepSeek-MoE, Llama 4): one dense MLP of num_shared_experts x
   moe_intermediate_size on all local tokens, split by tp.
+- ``moe_route_kernels`` / ``moe_expert_kernels`` / ``expert_gemm_launches`` (when Megatron-core runs
+  the layer, ``moe_steps(fusions=...)``): the small kernels of Megatron-core's routing, dispatcher
+  metadata, permutations and FP8 padding that no priced op stands for (top-k's scatters and casts,
+  the count sums, indices_to_multihot, the row-id maps; ``bookkeeping_kernels``, counted from the
+  same code as the host ops below, with moe_router_fusion and moe_permute_fusion as the run sets
+  them), and the per-expert GEMMs a stream runs after its first (``grouped_gemm_launches``). Each
+  costs one launch gap (``GPUSpec.launch_overhead_s``): however little it computes, a kernel
+  occupies the stream for its ramp-up and tail. Megatron-Bridge's profile of a Qwen3-30B-A3B step
+  on 16 H100 counted 463,348 kernels on one rank (skills/nemo-mbridge-perf-expert-parallel-overlap,
+  7ded17da), about 150 per layer and micro-batch, where the priced ops alone are 36.
 
 All-to-all payload (``dispatch_bytes``), per rank per MoE layer, direction-independent: routed
 copies x h x 2 bytes (tokens x top-k x hidden x bytes) with the alltoall dispatcher; the flex
@@ -183,6 +193,41 @@ GLU_PRE_SYNC_OPS = 1 + 2 + 1 + 1 + 2
 GLU_ACT_OPS = 3
 EXPERT_BIAS_OPS = 5
 EXPERT_BIAS_PER_EXPERT_OPS = 2
+# --- GPU kernels of the same code that no priced op stands for (``bookkeeping_kernels``), from the ops
+# listed above: each costs the GPU one launch gap (``GPUSpec.launch_overhead_s``: ramp-up, a few
+# bytes, tail), whatever it computes. Forward, beyond the op that prices each component (1 kernel):
+# router top-k unfused, softmax: topk, softmax, type_as, zeros_like, scatter, zeros_like, int,
+# scatter, bool (9); sigmoid: float, sigmoid, type_as, + bias, topk, gather, type_as, sum, + eps,
+# div and the same six (16); fused: one kernel. Backward (autograd): the cast's, softmax's or
+# sigmoid's, topk's (zeros and scatter) and the scatter's (gather) kernels, 5 / 8; fused 2.
+ROUTER_TOPK_KERNELS = {"softmax": 9, "sigmoid": 16}
+ROUTER_TOPK_BWD_KERNELS = {"softmax": 5, "sigmoid": 8}
+ROUTER_TOPK_FUSED_KERNELS = (1, 2)
+ROUTER_BIAS_KERNELS = 2  # sum, add_ (no backward)
+# alltoall dispatcher metadata: sum, long, sum, the count all-gather, contiguous, sum, index, sum, sum;
+# the probabilities' all-to-all beside the tokens' (forward and backward).
+A2A_PREPROCESS_KERNELS = 9
+A2A_PROBS_KERNELS = 1
+# Permutation: unfused bool, contiguous, arange, masked_select, contiguous, masked_select,
+# index_select (7); backward index_select's and the probs masked_select's zeros + scatter (4).
+# Fused: make_row_id_map's 3 kernels and the permute (4); backward the unpermute kernel and the probs'.
+PERMUTE_KERNELS = {False: (7, 4), True: (4, 2)}
+# Reorder by local expert (several local experts): unfused the cat of tokens and of probs (2; split's
+# backward cats, 2); fused make_chunk_sort_map and one sort per tensor (3; backward 2 + map).
+SORT_CHUNKS_KERNELS = {False: (2, 2), True: (3, 3)}
+UNSORT_CHUNKS_KERNELS = {False: (1, 1), True: (2, 2)}
+# Unpermutation: unfused zeros, scatter_add_, to (3); backward gather, cast and the probs' mul and sum
+# (4); fused one kernel, backward the permute kernel and the probs' (2).
+UNPERMUTE_KERNELS = {False: (3, 4), True: (1, 2)}
+# Flex (DeepEP): get_dispatch_layout, the notify kernel before the dispatch, the topk of
+# setup_metadata (3); indices_to_multihot: two zeros, ne, mask index, sum, arange,
+# repeat_interleave, two index_put, probs index, bool (11; backward the probs index's zeros and
+# index_put, 2); num_out_tokens' sum (1).
+FLEX_PREPROCESS_KERNELS = 3
+FLEX_MULTIHOT_KERNELS = (11, 2)
+FLEX_NUM_OUT_KERNELS = 1
+# FP8 / FP4 experts: Fp8Padding of tokens and probs and Fp8Unpadding of the output, forward and backward.
+GROUPED_MLP_QUANT_PAD_KERNELS = 3
 # Concurrent compute streams Transformer Engine's multi_stream_cublas_gemm spreads per-expert GEMMs
 # over (transformer_engine/common/util/multi_stream.cpp get_num_compute_streams: 4).
 TE_GEMM_STREAMS = 4
@@ -227,11 +272,15 @@ def host_sync_needed(moe: MoEConfig) -> bool:
 
 
 def moe_steps(model: ModelConfig, tokens: float, tokens_norm: float, par: ParallelConfig, moe: MoEConfig,
-              precision: str) -> list:
+              precision: str, fusions: tuple[bool, bool] | None = None) -> list:
     """The MoE layer's kernels after the pre-MLP norm, in forward order (see the module docstring).
 
     The host sync is priced afterwards by ``price_host_sync`` once the layer's GPU time is known;
-    here it is a zero-time placeholder holding its place in the order.
+    here it is a zero-time placeholder holding its place in the order. ``fusions``: Megatron-core's
+    (moe_router_fusion, moe_permute_fusion) when Megatron-core runs the layer, whose small kernels
+    (``bookkeeping_kernels``) and per-expert GEMM launches (``grouped_gemm_launches``) then take
+    their launch gaps as ops of their own, ``moe_route_kernels`` and ``moe_expert_kernels``, and
+    ``expert_gemm_launches``; None leaves them out (another framework's MoE code, not counted).
     """
     from simulator.workload.compute import _Gemm, _Latency, _Mem
 
@@ -247,6 +296,9 @@ def moe_steps(model: ModelConfig, tokens: float, tokens_norm: float, par: Parall
         _Gemm("router", tokens_norm, experts, h),
         _Mem("router_topk", router_passes * score_bytes * tokens_norm * experts),
     ]
+    small = bookkeeping_kernels(model, par, moe, precision, *fusions) if fusions is not None else None
+    if small and any(small["route"]):
+        plan.append(_Mem("moe_route_kernels", 0.0, small["route"][0], 0.0, small["route"][1]))
     flex = moe.token_dispatcher == "flex"
     gathered = tokens * par.ep if moe.token_dispatcher == "allgather" else tokens
     if not flex:
@@ -256,6 +308,11 @@ def moe_steps(model: ModelConfig, tokens: float, tokens_norm: float, par: Parall
     sort = flex or (moe.token_dispatcher == "alltoall" and nloc > 1)
     if sort:
         plan.append(_Mem("moe_sort_chunks", 2 * ACT_BYTES * copies * h))
+    if small and any(small["expert"]):
+        plan.append(_Mem("moe_expert_kernels", 0.0, small["expert"][0], 0.0, small["expert"][1]))
+    if fusions is not None and grouped_gemm_launches(model, par, moe)[0]:
+        gaps = grouped_gemm_launches(model, par, moe)[0]
+        plan.append(_Mem("expert_gemm_launches", 0.0, 2 * gaps, 0.0, 4 * gaps))
     if precision == "fp8":
         plan.append(_Mem("expert_fp8_cast", 3 * copies * (h + ffe / etp)))
     if moe.grouped_gemm:
@@ -284,7 +341,8 @@ def moe_steps(model: ModelConfig, tokens: float, tokens_norm: float, par: Parall
     return plan
 
 
-EXPERT_OPS = ("moe_sort_chunks", "expert_fp8_cast", "expert_up", "expert_act", "expert_down", "moe_unsort_chunks")
+EXPERT_OPS = ("moe_sort_chunks", "moe_expert_kernels", "expert_gemm_launches", "expert_fp8_cast", "expert_up",
+              "expert_act", "expert_down", "moe_unsort_chunks")
 
 
 def is_expert_op(name: str) -> bool:
@@ -301,6 +359,58 @@ def grouped_linear_host_ops(nloc: int, precision: str) -> int:
     if precision == "fp8":
         return ops + GROUPED_LINEAR_FP8_OPS + GROUPED_LINEAR_FP8_PER_EXPERT_OPS * nloc
     return ops + GROUPED_LINEAR_BF16_OPS
+
+
+def bookkeeping_kernels(model: ModelConfig, par: ParallelConfig, moe: MoEConfig, precision: str,
+                        router_fusion: bool = False, permute_fusion: bool = False) -> dict[str, tuple[int, int]]:
+    """GPU kernels of one Megatron-core MoE layer that its priced ops leave out (constants above), as
+    (forward, backward) per part: ``route`` (router, dispatcher metadata and the first permutation,
+    before the dispatch) and ``expert`` (between dispatch and combine). Each priced op already
+    counts one kernel, so a component priced by an op adds its kernels less one. The per-expert
+    GEMM launches are not here (``grouped_gemm_launches``)."""
+    nloc = local_experts(model, par)
+    if router_fusion:
+        fwd, bwd = ROUTER_TOPK_FUSED_KERNELS
+    else:
+        fwd = ROUTER_TOPK_KERNELS.get(model.scoring_func, ROUTER_TOPK_KERNELS["softmax"])
+        bwd = ROUTER_TOPK_BWD_KERNELS.get(model.scoring_func, ROUTER_TOPK_BWD_KERNELS["softmax"])
+    route = [fwd - 1, bwd - 1]
+    if model.scoring_func == "sigmoid":
+        route[0] += ROUTER_BIAS_KERNELS
+    pf, pb = PERMUTE_KERNELS[permute_fusion]
+    uf, ub = UNPERMUTE_KERNELS[permute_fusion]
+    expert = [uf - 1, ub - 1]
+    if moe.token_dispatcher == "flex":
+        route[0] += FLEX_PREPROCESS_KERNELS
+        mf, mb = FLEX_MULTIHOT_KERNELS
+        # DeepEP permutes into its buffer; the permutation by local expert is moe_sort_chunks here
+        expert[0] += mf + FLEX_NUM_OUT_KERNELS + pf - 1
+        expert[1] += mb + pb - 1
+    else:
+        route[0] += A2A_PREPROCESS_KERNELS + pf - 1
+        route[1] += pb - 1
+        expert[0] += A2A_PROBS_KERNELS
+        expert[1] += A2A_PROBS_KERNELS
+        if nloc > 1:
+            (sf, sb), (tf, tb) = SORT_CHUNKS_KERNELS[permute_fusion], UNSORT_CHUNKS_KERNELS[permute_fusion]
+            expert[0] += sf - 1 + tf - 1
+            expert[1] += sb - 1 + tb - 1
+    if precision in QUANTIZED_PRECISIONS:
+        expert[0] += GROUPED_MLP_QUANT_PAD_KERNELS
+        expert[1] += GROUPED_MLP_QUANT_PAD_KERNELS
+    return {"route": (route[0], route[1]), "expert": (expert[0], expert[1])}
+
+
+def grouped_gemm_launches(model: ModelConfig, par: ParallelConfig, moe: MoEConfig) -> tuple[int, int]:
+    """What the per-expert GEMMs of one GroupedLinear call add beyond the one kernel its op counts, as
+    (launch gaps, kernels): on ``grouped_gemm_streams`` streams each stream runs ceil(nloc / streams)
+    GEMMs one after another, so the call waits ceil(nloc / streams) - 1 more gaps and launches
+    nloc - 1 more kernels; one grouped kernel (``streams`` None) adds neither. A layer makes two
+    calls forward (fc1, fc2) and four backward (their dgrad and wgrad)."""
+    nloc, streams = local_experts(model, par), moe.grouped_gemm_streams
+    if not moe.grouped_gemm or streams is None or nloc <= 1:
+        return 0, 0
+    return math.ceil(nloc / streams) - 1, nloc - 1
 
 
 def moe_host_ops(model: ModelConfig, par: ParallelConfig, moe: MoEConfig, precision: str,
@@ -479,7 +589,8 @@ def recompute_glu_sync(block, host_overhead: float = 1.0):
 
 
 def price_host_sync(attn_fwd, mlp_fwd, model: ModelConfig, par: ParallelConfig, moe: MoEConfig, precision: str,
-                    host_overhead: float = 1.0, graph_scope: tuple[str, ...] = ()):
+                    host_overhead: float = 1.0, graph_scope: tuple[str, ...] = (),
+                    fusions: tuple[bool, bool] | None = None):
     """``mlp_fwd`` with its zero-time ``moe_host_sync`` placeholder priced by ``host_sync_time``
     over one layer forward (attention and MoE block), split at the sync. The shared expert runs
     before the router in Megatron-core (moe_layer.py:261), so its GPU time counts before the sync
@@ -490,7 +601,7 @@ def price_host_sync(attn_fwd, mlp_fwd, model: ModelConfig, par: ParallelConfig, 
     if "moe_host_sync" not in names:
         return mlp_fwd
     i = names.index("moe_host_sync")
-    moe_names = {"router", "router_topk", "moe_permute", "moe_unpermute"}
+    moe_names = {"router", "router_topk", "moe_permute", "moe_unpermute", "moe_route_kernels"}
 
     def is_moe(name):
         return name in moe_names or is_expert_op(name) or name.startswith("shared_")
@@ -499,7 +610,7 @@ def price_host_sync(attn_fwd, mlp_fwd, model: ModelConfig, par: ParallelConfig, 
     after = [op for op in mlp_fwd.ops[i + 1:] if not op.name.startswith("shared_")]
     # the attention block's and the layer's other priced ops issue one host op each, beside the
     # MoE layer's counted ops
-    moe_before, moe_after = moe_host_ops(model, par, moe, precision)
+    moe_before, moe_after = moe_host_ops(model, par, moe, precision, *(fusions or (False, False)))
     if routing_graphed(graph_scope):  # replayed in one graph launch ("moe" has no sync: no placeholder)
         moe_before -= graphed_routing_ops(model, par, moe, precision) - 1
     attn_ops = 1 if "attn" in graph_scope else len(attn_fwd.ops)

@@ -13,8 +13,8 @@ as its own named :class:`Op` (so a ``megatron-core`` profile adds nothing):
     (r4 w2), mul by weight (r2 w2): 36 bytes and 7 kernels against the fused kernel's 4 bytes and 1:
     32 bytes and 6 kernels more per element of the normalised activation.
   * RoPE as complex multiply (torchtitan ``apply_rotary_emb``): float cast (r2 w4), complex multiply
-    (r4 w4), cast back (r4 w2) on q and on k: 20 bytes and 3 kernels per element of q and of k. The
-    fused RoPE kernel is not priced by the reference, so the whole unfused cost is added.
+    (r4 w4), cast back (r4 w2) on q and on k: 20 bytes and 3 kernels per element of q and of k,
+    beyond the reference's fused kernel (compute.py ``rope``: 4 bytes, one kernel per tensor).
   * SwiGLU as ``silu(gate) * up``: silu (r2 w2) and mul (r2 r2 w2), 10 bytes and 2 kernels against
     the fused 6 bytes and 1: 4 bytes and 1 kernel more per element of the activation output.
     GeLU is one kernel either way (no extra). Residual adds and dropout (0 in these recipes) are
@@ -49,7 +49,7 @@ as its own named :class:`Op` (so a ``megatron-core`` profile adds nothing):
     (r2 w2), neg of one half (r1 w1), cat of the halves (r2 w2), *sin (r2 w2), the sum (r4 w2) and
     cat with the empty pass-through part (r2 w2), 24 bytes, 6 kernels plus 6 on cos/sin; backward
     the mirrored muls, neg, the sum of the two input gradients and the cats, 24 bytes, 6 kernels.
-    (``MEGATRON_ROPE_UNFUSED``.)
+    (``MEGATRON_ROPE_UNFUSED``, in place of the reference's fused ``rope`` op.)
   * GLU clamp (``model.swiglu_limit``, GPT-OSS 7.0): fused_bias_geglu.py:424-432 clamps the two
     halves of the fc1 output and concatenates them in eager ops before the fused activation:
     per element of the fc1 output forward 8 bytes in 3 kernels (two clamps r1 w1 on their half,
@@ -178,6 +178,7 @@ CROSS_ENTROPY = {
 }
 NORM_EXTRA = (32.0, 6)  # bytes per element, kernels: composite rms_norm over the fused kernel
 ROPE_UNFUSED = (20.0, 3)  # per element of q and of k
+ROPE_FUSED_BYTES = 4.0  # what the reference's fused kernel moves per element (compute.py ``rope``)
 # Megatron-core's eager paths (module docstring): (forward bytes, forward kernels, backward bytes,
 # backward kernels) per element of q and of k / of the fc1 output / of the fc2 output; the
 # expert-bias kernels are per local expert, plus one cat
@@ -185,7 +186,7 @@ MEGATRON_ROPE_UNFUSED = (24.0, 12, 24.0, 6)
 GLU_CLAMP = (8.0, 3, 10.0, 3)
 EXPERT_BIAS = (12.0, 2, 16.0, 4)
 SWIGLU_EXTRA = (4.0, 1)  # per element of the activation output
-NORM_OPS = ("input_norm", "post_attn_norm", "final_norm")
+NORM_OPS = ("input_norm", "post_attn_norm", "final_norm", "qk_norm")
 ACT_OPS = ("mlp_act", "expert_act", "shared_act")
 NORM_FED_GEMMS = ("qkv_proj", "mlp_up", "shared_up", "router", "lm_head")
 SINGLE_PASS_RECIPES = ("delayed", "blockwise", "mxfp8")
@@ -256,6 +257,13 @@ def _qk_elements(model: ModelConfig, tokens: float, tp: int) -> float:
     return tokens * (q + k)
 
 
+def _replace_op(block: BlockCost, name: str, op: Op) -> BlockCost:
+    """``block`` with its op ``name`` replaced by ``op`` (appended when it has none)."""
+    if not any(o.name == name for o in block.ops):
+        return BlockCost(block.ops + (op,))
+    return BlockCost(tuple(op if o.name == name else o for o in block.ops))
+
+
 def _add(block: BlockCost, extra: list[Op]) -> BlockCost:
     extra = [op for op in extra if op.bytes > 0]
     return BlockCost(block.ops + tuple(extra)) if extra else block
@@ -283,14 +291,15 @@ def megatron_layer_extras(cost: LayerCost, model: ModelConfig, training: Trainin
     """``cost`` with Megatron-core's model-specific unfused paths (module docstring): eager RoPE
     under a YaRN attention factor, the GLU clamp and the per-expert bias loop, each its own op."""
     out = cost
-    if model.rope_mscale != 1.0 and sw.fused_rope:
+    if model.rope_mscale != 1.0 and sw.fused_rope and not model.is_mla:
         tokens, _ = _local_tokens(training, par)
         elems = _qk_elements(model, tokens, par.tp)
         fb, fk, bb, bk = MEGATRON_ROPE_UNFUSED
         fwd = mem_chain("rope_unfused", fb * elems, 2 * fk, gpu)
-        out = replace(out, attn_fwd=_insert(out.attn_fwd, fwd, before="attn_core"),
-                      attn_bwd=_insert(out.attn_bwd, mem_chain("rope_unfused_bwd", bb * elems, 2 * bk, gpu),
-                                       after="attn_core"))
+        # in place of the fused kernel the reference prices
+        out = replace(out, attn_fwd=_replace_op(out.attn_fwd, "rope", fwd),
+                      attn_bwd=_replace_op(out.attn_bwd, "rope_bwd",
+                                           mem_chain("rope_unfused_bwd", bb * elems, 2 * bk, gpu)))
         if cost.attn_recompute is cost.attn_fwd:  # full recompute re-runs it; selective re-runs modules RoPE is not in
             out = replace(out, attn_recompute=out.attn_fwd)
     if not model.is_moe_layer(layer) or sw.te_op_fuser:  # the fused op holds the clamp and the biases
@@ -334,13 +343,15 @@ def layer_with_software(cost: LayerCost, model: ModelConfig, training: TrainingC
         for op in fwd.ops:
             if op.name in NORM_OPS and not sw.fused_norm:
                 nbytes += NORM_EXTRA[0] * op.bytes / (2 * ACT_BYTES)
-                kernels += NORM_EXTRA[1]
+                kernels += NORM_EXTRA[1] * op.kernels
             elif op.name in ACT_OPS and not sw.fused_activation and swiglu:
                 nbytes += SWIGLU_EXTRA[0] * op.bytes / (3 * ACT_BYTES)
                 kernels += SWIGLU_EXTRA[1]
-        if name == "attn" and not sw.fused_rope:
-            nbytes += ROPE_UNFUSED[0] * _qk_elements(model, tokens, par.tp)
-            kernels += 2 * ROPE_UNFUSED[1]
+        if name == "attn" and not sw.fused_rope and not model.is_mla:
+            # beyond the fused kernel the reference prices (compute.py ``rope``: 4 bytes, one kernel
+            # on q and one on k)
+            nbytes += (ROPE_UNFUSED[0] - ROPE_FUSED_BYTES) * _qk_elements(model, tokens, par.tp)
+            kernels += 2 * (ROPE_UNFUSED[1] - 1)
         fwd_extra = [mem_chain("unfused_elementwise", nbytes, kernels, gpu)] if kernels else []
         bwd_extra = [mem_chain("unfused_elementwise_bwd", 2.0 * nbytes, 2 * kernels, gpu)] if kernels else []
         if training.precision == "fp8":

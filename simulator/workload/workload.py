@@ -36,7 +36,7 @@ from simulator.config import Scenario, TrainingConfig
 from simulator.physical.hardware import GPUSpec
 from simulator.step.plan import vstage_layers
 from simulator.step.schedules import placement
-from simulator.workload.frameworks import Software, resolve
+from simulator.workload.frameworks import Software, moe_fusions, resolve
 from simulator.workload.software import CROSS_ENTROPY, head_with_software, layer_with_software, optimizer_block
 
 GRAD_BYTES = 4  # Megatron-LM keeps and reduces fp32 main gradients in bf16 training
@@ -101,7 +101,7 @@ def build_workload(s: Scenario, gpu: GPUSpec) -> Workload:
         kind = (moe, m.attention_window(layer))
         if kind not in costs:
             cost = layer_cost(m, t, par, gpu, layer, s.moe, sw.cuda_graphs, sw.graph_scope, glu_sync(m, sw),
-                              sw.wgrad_bytes_per_param)
+                              sw.wgrad_bytes_per_param, moe_fusions(sw))
             costs[kind] = layer_with_software(cost, m, t, par, gpu, layer, sw)
         layer_costs[layer] = costs[kind]
         if moe:
@@ -195,7 +195,7 @@ def _head_with_mtp(s: Scenario, t: TrainingConfig, gpu: GPUSpec, sw: Software) -
     h = m.hidden_size
     last = m.num_hidden_layers - 1
     layer = layer_cost(m, t, par, gpu, last, s.moe, sw.cuda_graphs, sw.graph_scope, glu_sync(m, sw),
-                       sw.wgrad_bytes_per_param)
+                       sw.wgrad_bytes_per_param, moe_fusions(sw))
     for _ in range(m.num_nextn_predict_layers):
         norms = 2 * 2 * ACT_BYTES * tokens * h
         proj_f = BlockCost((_mem("mtp_norms", norms, gpu), _gemm("mtp_proj", tokens, h / par.tp, 2 * h, gpu, t.precision)))

@@ -1,0 +1,137 @@
+"""The small kernels a layer launches: QK-norm and fused RoPE in the attention, Megatron-core's MoE
+bookkeeping kernels and per-expert GEMM launches, and their count against a profiled run."""
+
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+
+from simulator.errors import ConfigError
+from simulator.scenario import scenario_from_dict
+from simulator.step.inputs import gpu_of
+from simulator.studies.validate import case_to_scenario_dict
+from simulator.workload import moe as M
+from simulator.workload.workload import build_workload
+
+DATA = Path(__file__).parent / "data" / "moe-runs.yaml"
+BLOCKS = ("attn_fwd", "mlp_fwd", "attn_bwd", "mlp_bwd", "attn_recompute", "mlp_recompute")
+
+
+def scenario(model="Qwen/Qwen3-30B-A3B", framework=None, options=None, ep=8, **extra):
+    raw = {"model": model, "cluster": {"topology": "dgx-h100", "num_nodes": 1},
+           "parallelism": {"ep": ep} if "A3B" in model or "gpt-oss" in model else {},
+           "training": {"seq_length": 4096, "micro_batch_size": 1, "global_batch_size": 16, "precision": "bf16"},
+           **extra}
+    if framework:
+        raw["framework"] = framework
+    if options:
+        raw["framework_options"] = options
+    return scenario_from_dict(raw)
+
+
+def ops(s, layer=0):
+    work = build_workload(s, gpu_of(s.cluster, s.training.precision))
+    cost = work.layer_costs[layer]
+    return {op.name: op for name in BLOCKS for op in getattr(cost, name).ops}, work
+
+
+def test_qwen3_normalises_query_and_key_heads_and_llama_does_not():
+    assert scenario().model.qk_norm is True
+    assert scenario("meta-llama/Llama-3.1-8B").model.qk_norm is False
+    qwen, _ = ops(scenario())
+    llama, _ = ops(scenario("meta-llama/Llama-3.1-8B"))
+    assert "qk_norm" in qwen and "qk_norm_bwd" in qwen
+    assert "qk_norm" not in llama
+
+
+def test_rope_and_qk_norm_move_the_bytes_of_q_and_k():
+    s = scenario()
+    m = s.model
+    qk = 4096 * (m.num_attention_heads + m.num_key_value_heads) * m.head_dim  # TP 1
+    o, _ = ops(s)
+    assert o["rope"].bytes == pytest.approx(4 * qk)  # read and write 2 bytes per element
+    assert o["rope_bwd"].bytes == pytest.approx(4 * qk)  # the same kernel on the gradient
+    assert o["qk_norm"].bytes == pytest.approx(4 * qk)
+    assert o["qk_norm_bwd"].bytes == pytest.approx(6 * qk)  # x and dy read, dx written
+    assert (o["rope"].kernels, o["qk_norm"].kernels, o["qk_norm_bwd"].kernels) == (2, 2, 4)
+
+
+def test_unfused_rope_adds_only_what_the_fused_kernel_does_not_move():
+    s = scenario("meta-llama/Llama-3.1-8B", framework="torchtitan")
+    m = s.model
+    qk = 4096 * (m.num_attention_heads + m.num_key_value_heads) * m.head_dim
+    o, work = ops(s)
+    o.update({op.name: op for op in work.layer_costs[0].attn_fwd.ops})  # the attention block's, not the MLP's
+    # the attention block's extra: the composite input norm's 32 bytes per element of its input, and
+    # RoPE's 20 bytes per element of q and k less the 4 the fused kernel (still priced) moves
+    assert o["rope"].bytes == pytest.approx(4 * qk)
+    assert o["unfused_elementwise"].bytes == pytest.approx(32 * 4096 * m.hidden_size + 16 * qk)
+
+
+def test_megatron_moe_layer_carries_its_small_kernels_and_other_frameworks_do_not():
+    mega, _ = ops(scenario())
+    auto, _ = ops(scenario(framework="automodel"))
+    for name in ("moe_route_kernels", "moe_expert_kernels", "moe_route_kernels_bwd", "moe_expert_kernels_bwd"):
+        assert name in mega and mega[name].time_s > 0
+        assert name not in auto
+    # each small kernel costs one launch gap
+    gap = 3e-6
+    assert mega["moe_route_kernels"].time_s == pytest.approx(mega["moe_route_kernels"].kernels * gap)
+
+
+def test_fusions_cut_the_small_kernels():
+    s = scenario()
+    plain = M.bookkeeping_kernels(s.model, s.parallelism, s.moe, "bf16", False, False)
+    fused = M.bookkeeping_kernels(s.model, s.parallelism, s.moe, "bf16", True, True)
+    assert sum(map(sum, fused.values())) < sum(map(sum, plain.values()))
+    # Qwen3's softmax router unfused: 9 kernels forward where the priced op stands for one
+    assert plain["route"][0] >= M.ROUTER_TOPK_KERNELS["softmax"] - 1
+    routed, _ = ops(scenario(options={"moe_router_fusion": True, "moe_permute_fusion": True}))
+    unfused, _ = ops(scenario())
+    assert routed["moe_route_kernels"].kernels < unfused["moe_route_kernels"].kernels
+
+
+def test_per_expert_gemms_on_four_streams_wait_one_gap_per_gemm_a_stream_runs_after_its_first():
+    # 128 experts / 8 = 16 local experts, 4 per stream (Transformer Engine's multi-stream cuBLAS)
+    s = scenario(ep=8, moe={"grouped_gemm_streams": 4})
+    assert M.grouped_gemm_launches(*(lambda d: (d.model, d.parallelism, d.moe))(scenario(ep=8))) == (0, 0)
+    gaps, kernels = M.grouped_gemm_launches(s.model, s.parallelism, s.moe)
+    assert (gaps, kernels) == (16 // 4 - 1, 16 - 1)
+    o, _ = ops(s)
+    assert o["expert_gemm_launches"].time_s == pytest.approx(2 * gaps * 3e-6)
+    assert o["expert_gemm_launches_bwd"].time_s == pytest.approx(4 * gaps * 3e-6)
+
+
+def test_qk_norm_key_rejects_a_non_boolean():
+    with pytest.raises(ConfigError) as e:
+        scenario_from_dict({"model": {"hidden_size": 1024, "num_hidden_layers": 2, "num_attention_heads": 8,
+                                      "num_key_value_heads": 8, "intermediate_size": 4096, "vocab_size": 1000,
+                                      "qk_norm": "yes"},
+                            "cluster": {"topology": "dgx-h100", "num_nodes": 1}})
+    assert "model.qk_norm" in str(e.value)
+    for key in ("moe_router_fusion", "moe_permute_fusion"):
+        with pytest.raises(ConfigError) as e:
+            scenario(options={key: 3})
+        assert f"framework_options.{key}" in str(e.value)
+
+
+def test_kernel_count_of_a_profiled_step_is_near_the_profile():
+    """Megatron-Bridge's EP-overlap skill (7ded17da, PR 5094) profiled the BF16 Qwen3-30B-A3B run on 16
+    H100 (EP16, HybridEP, force-balanced, overlap off): 463,348 kernels on rank 0 per step. Before the
+    small kernels were modelled the layers launched a quarter of that."""
+    cases = yaml.safe_load(DATA.read_text())["cases"]
+    case = next(c for c in cases if c["id"] == "mbridge-skill-h100-qwen3-30b-a3b-bf16-hybridep-16")
+    s = scenario_from_dict(case_to_scenario_dict(case, []))
+    work = build_workload(s, gpu_of(s.cluster, s.training.precision))
+    micro = s.training.global_batch_size // (s.training.micro_batch_size * s.dp)
+    _, launches = M.grouped_gemm_launches(s.model, s.parallelism, s.moe)
+    per_micro = 0
+    for layer, cost in work.layer_costs.items():
+        per_micro += sum(getattr(cost, b).kernels for b in BLOCKS)
+        if s.model.is_moe_layer(layer):
+            per_micro += 6 * launches + 4  # the per-expert GEMMs; dispatch and combine, both ways
+    per_micro += sum(b.kernels for b in (*work.head, *work.embedding))
+    kernels = micro * per_micro
+    assert kernels == pytest.approx(463_348, rel=0.25), kernels
+    assert math.isclose(micro, 64)
