@@ -310,8 +310,8 @@ def moe_steps(model: ModelConfig, tokens: float, tokens_norm: float, par: Parall
         plan.append(_Mem("moe_sort_chunks", 2 * ACT_BYTES * copies * h))
     if small and any(small["expert"]):
         plan.append(_Mem("moe_expert_kernels", 0.0, small["expert"][0], 0.0, small["expert"][1]))
-    if fusions is not None and grouped_gemm_launches(model, par, moe)[0]:
-        gaps = grouped_gemm_launches(model, par, moe)[0]
+    gaps = grouped_gemm_launches(model, par, moe)[0] if fusions is not None else 0
+    if gaps:  # two GroupedLinear calls forward (fc1, fc2), their dgrad and wgrad backward
         plan.append(_Mem("expert_gemm_launches", 0.0, 2 * gaps, 0.0, 4 * gaps))
     if precision == "fp8":
         plan.append(_Mem("expert_fp8_cast", 3 * copies * (h + ffe / etp)))
