@@ -637,3 +637,25 @@ def test_deepseek_v3s_report_layout_fits_its_h800s_with_the_modules_it_recompute
     core_attn = scenario_from_dict(d)
     peak = max(stage_memory(with_modules, st).total for st in range(16))
     assert peak < 80 * GiB < max(stage_memory(core_attn, st).total for st in range(16))
+
+
+def test_moe_recompute_module_frees_the_moe_layer_but_its_input():
+    """Megatron-core's "moe" module checkpoints the whole MoE layer: it keeps the layer's input (the
+    norm output) and frees the rest of what the layer saved, so a MoE layer then keeps its attention
+    part, the norm input and that norm output; moe_act and shared_experts add nothing beside it, and
+    a dense layer frees nothing."""
+    from simulator.workload.memory import layer_activation_bytes, recompute_module_savings
+
+    m = _dsv3()
+    s, b, t, h = 4096, 1, 1, m.hidden_size
+    moe_layer, dense_layer = 10, 0
+    kept = layer_activation_bytes(m, moe_layer, s, b, t, False, "selective", flash_attention=True, dropout=False)
+    dense_kept = layer_activation_bytes(m, dense_layer, s, b, t, False, "selective", flash_attention=True,
+                                        dropout=False)
+    dense_mlp = dense_kept - (2 + 2) * s * b * h - 2 * s * b * m.intermediate_size * 3
+    moe = recompute_module_savings(m, moe_layer, s, b, t, False, ("moe",))
+    # what is left of the MoE layer's MLP part: its attention part (the dense layer's minus its MLP) plus 2 x 2sbh
+    assert kept - moe == pytest.approx(dense_mlp + 2 * 2 * s * b * h)
+    assert moe > recompute_module_savings(m, moe_layer, s, b, t, False, ("moe_act", "shared_experts"))
+    assert recompute_module_savings(m, moe_layer, s, b, t, False, ("moe", "moe_act", "shared_experts")) == moe
+    assert recompute_module_savings(m, dense_layer, s, b, t, False, ("moe",)) == 0

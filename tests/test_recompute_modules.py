@@ -79,3 +79,41 @@ def test_validate_reads_module_names_from_the_recompute_text_or_the_option():
     assert "recompute_modules" not in case_to_scenario_dict(case)["training"]
     case["framework_options"]["recompute_modules"] = ["mla_up_proj", "mlp"]
     assert case_to_scenario_dict(case)["training"]["recompute_modules"] == ["mla_up_proj", "mlp"]
+
+
+def test_moe_reruns_the_whole_moe_layer_but_not_its_norm_and_residual():
+    """Megatron-core's "moe" module checkpoints the MoE layer (moe_layer.py): router, permutation,
+    experts, shared experts and the token-count sync re-run; the norm before it re-runs only with
+    "layernorm"; a dense layer is left alone."""
+    m = model("deepseek-ai/DeepSeek-V3")
+    sparse = cost(m, ("moe",), layer=5)
+    fwd = [op.name for op in sparse.mlp_fwd.ops]
+    assert [op.name for op in sparse.mlp_recompute.ops] == [n for n in fwd if n not in ("post_attn_norm",
+                                                                                        "mlp_residual")]
+    assert {"router", "expert_up", "expert_down", "shared_up", "moe_host_sync"} <= set(fwd)
+    with_norm = cost(m, ("layernorm", "moe"), layer=5)
+    assert [op.name for op in with_norm.mlp_recompute.ops] == [n for n in fwd if n != "mlp_residual"]
+    assert not cost(m, ("moe",), layer=0).mlp_recompute.ops  # dense layer 0
+    # moe_act adds nothing beside it
+    assert cost(m, ("moe", "moe_act"), layer=5).mlp_recompute == sparse.mlp_recompute
+
+
+def test_moe_recompute_runs_the_dispatch_and_combine_again():
+    """The recomputed MoE layer sends its tokens again: six all-to-alls per MoE layer and
+    micro-batch instead of four, and the step is longer."""
+    from simulator.step.engine import simulate
+
+    def run(modules):
+        s = scenario_from_dict({
+            "model": "Qwen/Qwen3-30B-A3B", "cluster": {"topology": "dgx-h100", "num_nodes": 1},
+            "training": {"seq_length": 1024, "global_batch_size": 8, "micro_batch_size": 1,
+                         "recompute": "selective", "recompute_modules": modules},
+            "parallelism": {"ep": 8}})
+        res = simulate(s)
+        a2a = sum(1 for r in res.trace if r.axis == "ep" and r.label == "all_to_all" and r.rank == 0)
+        return res.step_time_s, a2a
+
+    t_act, n_act = run(["moe_act"])
+    t_moe, n_moe = run(["moe"])
+    assert n_act == 48 * 4 and n_moe == 48 * 6  # 48 MoE layers, one micro-batch per rank
+    assert t_moe > t_act

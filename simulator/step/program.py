@@ -360,7 +360,10 @@ class _Builder:
         if self.sp:
             self.mlp_tp_collective(moe, "all_gather", at)
         if s.training.recompute == "selective" and cost.mlp_recompute.ops:
-            self.compute("R", cost.mlp_recompute, "moe" if moe else "mlp", **at)
+            if moe and "moe" in (s.training.recompute_modules or ()):
+                self.moe_block("R", cost.mlp_recompute, at)  # the whole layer, its all-to-alls too
+            else:
+                self.compute("R", cost.mlp_recompute, "moe" if moe else "mlp", **at)
         if moe:
             self.moe_block("B", mlp_bwd, at)
             self.mlp_tp_collective(moe, "reduce_scatter" if self.sp else "all_reduce", at)

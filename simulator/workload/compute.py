@@ -576,6 +576,7 @@ RECOMPUTE_MODULE_OPS = {
     "moe_act": ("moe_glu_sync", "expert_act"),
     "shared_experts": ("shared_up", "shared_act", "shared_down"),
     "mlp": (),
+    "moe": (),
 }
 RECOMPUTE_MODULES = tuple(RECOMPUTE_MODULE_OPS)
 
@@ -593,6 +594,11 @@ def recompute_blocks(attn_fwd: BlockCost, mlp_fwd: BlockCost, modules: tuple[str
 
     if "mlp" in modules and not moe_layer:
         return pick(attn_fwd), mlp_fwd
+    if "moe" in modules and moe_layer:
+        # the MoE layer under one checkpoint (moe_layer.py): router, dispatch, experts, combine and
+        # shared experts re-run from its input; the norm before it and the residual after are not
+        # in it (``layernorm`` re-runs the norm)
+        names |= {op.name for op in mlp_fwd.ops if op.name not in ("post_attn_norm", "mlp_residual")}
     return pick(attn_fwd), pick(mlp_fwd)
 
 

@@ -203,6 +203,10 @@ def recompute_module_savings(model: ModelConfig, layer: int, s: float, b: float,
       kept for the router): their f-wide tensors and, quantized, their 1-byte input copy.
     - ``mlp`` (dense layers): every MLP tensor but the norm's input: the norm output (the GEMM's
       input) and the f-wide tensors.
+    - ``moe`` (MoE layers): the whole MoE layer under one checkpoint (moe/moe_layer.py,
+      ``moe_layer_recompute``, Megatron-LM 1e057005): every tensor it saved but its input, the norm
+      output, which the checkpoint keeps: the router probabilities, each routed copy's expert tensors
+      and the shared experts' (``moe_act`` and ``shared_experts`` add nothing beside it).
     """
     h, d, a = model.hidden_size, model.head_dim, model.num_attention_heads
     tokens = s * b
@@ -218,6 +222,15 @@ def recompute_module_savings(model: ModelConfig, layer: int, s: float, b: float,
     if "mla_up_proj" in modules and model.is_mla:
         q, kv = a * d, max(model.num_key_value_heads, t) * d
         freed += ACT_BYTES * (q + 2 * kv) * tokens / t
+    if moe and "moe" in modules:
+        etp_ = etp or t
+        copies = tokens * model.num_experts_per_tok * etp_ / t
+        freed += ROUTER_PROB_BYTES * tokens * model.num_experts * rep
+        freed += gemm_in * copies * h + _ffn_bytes(model, copies, model.expert_intermediate_size, etp_, gemm_in)
+        freed += _ffn_bytes(model, tokens, model.num_shared_experts * model.expert_intermediate_size, t, gemm_in)
+        if quantized_inputs and model.num_shared_experts:
+            freed += gemm_in * tokens * h * rep
+        modules = tuple(m for m in modules if m not in ("moe_act", "shared_experts"))
     if moe and "moe_act" in modules:
         copies = tokens * model.num_experts_per_tok * (etp or t) / t
         freed += gemm_in * copies * model.expert_intermediate_size / (etp or t)
