@@ -176,6 +176,8 @@ class ParallelConfig:
 
 
 TOKEN_DISPATCHERS = ("alltoall", "allgather", "flex")
+# Megatron-core --moe-flex-dispatcher-backend: the kernels behind the flex dispatcher
+FLEX_BACKENDS = ("deepep", "hybridep")
 # GEMM precisions whose operands are quantized (Transformer Engine FP8 recipes, MXFP8, NVFP4)
 QUANTIZED_PRECISIONS = ("fp8", "mxfp8", "nvfp4")
 OPTIMIZER_STATE_DTYPES = ("fp32", "bf16")  # training.optimizer_state_dtype: Adam's moments
@@ -195,6 +197,7 @@ class MoEConfig:
     capacity_factor: float | None = None  # moe_expert_capacity_factor: drop and pad to capacity; None: dropless
     max_nodes_per_token: int | None = None  # node-limited routing (DeepSeek-V3: 4); None: unlimited
     token_dispatcher: str = "alltoall"  # moe_token_dispatcher_type: alltoall | allgather | flex (DeepEP)
+    flex_backend: str = "deepep"  # moe_flex_dispatcher_backend: deepep | hybridep (flex only)
     overlap_a2a: bool = False  # EP all-to-all hidden behind other compute (only if the framework does it)
     grouped_gemm: bool = True  # moe_grouped_gemm: one grouped kernel for the local experts
     # Transformer Engine's GroupedLinear on Hopper: one cuBLAS GEMM per expert, round-robin on 4
@@ -238,6 +241,10 @@ class FrameworkOptions:
     # (transformer_config.py). Their kernels and host ops: simulator.workload.moe
     moe_router_fusion: bool | None = None
     moe_permute_fusion: bool | None = None
+    # Megatron-core --enable-experimental: with moe_permute_fusion, the DeepEP path converts the
+    # received top-k indices to its routing map in one fused kernel (fused_indices_to_multihot)
+    # instead of PyTorch ops that wait for the GPU three times; None: off, Megatron's default
+    enable_experimental: bool | None = None
     # the language-model loss implementation (simulator.workload.frameworks.CROSS_ENTROPY_IMPLS);
     # None: the profile's (fusion.cross_entropy, or fusion.cross_entropy_compiled with compile)
     cross_entropy: str | None = None

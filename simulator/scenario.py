@@ -30,9 +30,9 @@ from pathlib import Path
 
 import yaml
 
-from simulator.config import (OPTIMIZER_STATE_DTYPES, QUANTIZED_PRECISIONS, TOKEN_DISPATCHERS, ClusterConfig, Faults,
-                              FrameworkOptions, LinkFault, ModelConfig, MoEConfig, OverlapConfig, ParallelConfig,
-                              Scenario, Straggler, TrainingConfig)
+from simulator.config import (FLEX_BACKENDS, OPTIMIZER_STATE_DTYPES, QUANTIZED_PRECISIONS, TOKEN_DISPATCHERS,
+                              ClusterConfig, Faults, FrameworkOptions, LinkFault, ModelConfig, MoEConfig, OverlapConfig,
+                              ParallelConfig, Scenario, Straggler, TrainingConfig)
 from simulator import limits
 from simulator.errors import ConfigError, yaml_text
 from simulator.yamlfile import load_yaml_file
@@ -299,6 +299,7 @@ _CHECKS: dict[str, dict[str, Checker]] = {
         "te_op_fuser": _optional_boolean,
         "moe_router_fusion": _optional_boolean,
         "moe_permute_fusion": _optional_boolean,
+        "enable_experimental": _optional_boolean,
         "cross_entropy": partial(_optional_choice, choices=CROSS_ENTROPY_IMPLS),
         "selective_recompute": partial(_optional_choice, choices=SELECTIVE_POLICIES),
     },
@@ -307,6 +308,7 @@ _CHECKS: dict[str, dict[str, Checker]] = {
         "capacity_factor": partial(_optional_number, minimum=0, inclusive=False),
         "max_nodes_per_token": partial(optional_whole, minimum=1),
         "token_dispatcher": partial(_choice, choices=TOKEN_DISPATCHERS),
+        "flex_backend": partial(_choice, choices=FLEX_BACKENDS),
         "overlap_a2a": _boolean,
         "grouped_gemm": _boolean,
         "grouped_gemm_streams": partial(optional_whole, minimum=1),

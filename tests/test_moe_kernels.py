@@ -135,3 +135,36 @@ def test_kernel_count_of_a_profiled_step_is_near_the_profile():
     kernels = micro * per_micro
     assert kernels == pytest.approx(463_348, rel=0.25), kernels
     assert micro == 64
+
+
+def test_deepep_multihot_conversion_waits_for_the_gpu_three_times():
+    """Megatron-core's DeepEP path converts the received top-k indices to a routing map with
+    PyTorch ops whose output sizes depend on the data (mask index twice, repeat_interleave): three
+    reads back to the host after the dispatch, each with the GPU drained, and the conversion's
+    ops issued while it waits. The fused converter (--enable-experimental with permute fusion),
+    HybridEP and the alltoall dispatcher have none; neither has another framework's MoE code."""
+    deepep = {"moe": {"token_dispatcher": "flex"}}
+    s = scenario(**deepep)
+    o, _ = ops(s)
+    kernel_s = gpu_of(s.cluster, "bf16").launch_overhead_s  # each small kernel's gap
+    assert o["moe_expert_kernels"].time_s == pytest.approx(o["moe_expert_kernels"].kernels * kernel_s)
+    issue = M.FLEX_MULTIHOT_OPS * M.HOST_OP_S - M.FLEX_MULTIHOT_KERNELS[0] * kernel_s
+    assert o["moe_multihot_sync"].time_s == pytest.approx(3 * M.HOST_SYNC_S + issue)
+    assert o["moe_multihot_sync"].time_s > 3 * M.HOST_SYNC_S
+    fused, _ = ops(scenario(**deepep, options={"enable_experimental": True, "moe_permute_fusion": True}))
+    experimental_only, _ = ops(scenario(**deepep, options={"enable_experimental": True}))
+    hybrid, _ = ops(scenario(moe={"token_dispatcher": "flex", "flex_backend": "hybridep"}))
+    alltoall, _ = ops(scenario())
+    titan, _ = ops(scenario(**deepep, framework="torchtitan"))
+    assert "moe_multihot_sync" in experimental_only  # the fused converter needs permute fusion too
+    for other in (fused, hybrid, alltoall, titan):
+        assert "moe_multihot_sync" not in other
+    # the conversion's ops leave the token-count sync's after-run: its stall does not grow
+    assert o["moe_host_sync"].time_s <= fused["moe_host_sync"].time_s + 1e-12
+
+
+def test_flex_backend_and_enable_experimental_are_checked():
+    with pytest.raises(ConfigError, match="moe.flex_backend"):
+        scenario(moe={"token_dispatcher": "flex", "flex_backend": "nccl"})
+    with pytest.raises(ConfigError, match="framework_options.enable_experimental"):
+        scenario(options={"enable_experimental": "yes"})

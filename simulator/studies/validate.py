@@ -74,8 +74,8 @@ only, so predictions are the same with them removed. Documented defaults for unk
   ``pipeline_passes`` sets ``training.pipeline_passes`` (a gradient-accumulation loop that calls
   the pipeline schedule once per accumulation step: NeMo AutoModel's GA column with PP > 1).
   ``cutedsl_fused_grouped_mlp`` (Megatron-Bridge) or ``use_transformer_engine_op_fuser`` sets
-  ``framework_options.te_op_fuser``; ``moe_router_fusion`` and ``moe_permute_fusion`` (Megatron-core's
-  names) go to the scenario's ``framework_options`` as they are. A MaxText case's ``remat_policy: custom`` with
+  ``framework_options.te_op_fuser``; ``moe_router_fusion``, ``moe_permute_fusion`` and
+  ``enable_experimental`` (Megatron-core's names) go to the scenario's ``framework_options`` as they are. A MaxText case's ``remat_policy: custom`` with
   ``remat_tensors_on_device`` (the tensor names its run set to ``device``) becomes a selective
   recompute policy (``maxtext_selective_policy``); ``minimal_flash`` is the profile's own. ``cross_entropy`` (megatron, megatron-fused, te, torch,
   torch-compiled, triton, xla) is the run's loss implementation (absent: the profile's; the rows
@@ -99,7 +99,7 @@ only, so predictions are the same with them removed. Documented defaults for unk
   ``shared_experts``, ``first_k_dense``, ``mla`` with ``q_lora_rank`` / ``kv_lora_rank`` /
   ``qk_rope_head_dim`` and per-head nope and value widths = head_dim, ``mtp_layers``); ``etp``
   when given. MoE options from ``framework_options``: ``moe_token_dispatcher`` flex / deepep /
-  DeepEP-like -> flex, alltoall -> alltoall, otherwise alltoall (the Megatron-Bridge recipes');
+  DeepEP-like -> flex (naming hybridep: flex with ``flex_backend: hybridep``), alltoall -> alltoall, otherwise alltoall (the Megatron-Bridge recipes');
   ``moe_expert_capacity_factor`` with ``moe_pad_expert_input_to_capacity`` or dropless false ->
   capacity_factor; ``moe_a2a_1f1b_overlap`` or Megatron-Bridge's ``moe_a2a_overlap`` (which sets
   Megatron-core's overlap_moe_expert_parallel_comm, scripts/performance/utils/overrides.py) -> overlap_a2a; "node-limited to N" -> max_nodes_per_token;
@@ -342,7 +342,7 @@ def source_year(case: dict) -> int | None:
 
 OVERLAP_OPTIONS = ("tp_comm", "grad_reduce", "param_gather", "param_prefetch_depth", "async_tp", "cp_comm")
 FRAMEWORK_OPTIONS = ("compile", "cuda_graphs", "fp8_recipe", "replica_combine_bytes", "te_op_fuser", "cross_entropy",
-                     "selective_recompute", "moe_router_fusion", "moe_permute_fusion")
+                     "selective_recompute", "moe_router_fusion", "moe_permute_fusion", "enable_experimental")
 
 
 def _fp8_attention(case: dict) -> bool:
@@ -426,7 +426,10 @@ def _moe_options(case: dict, m: dict, model, ep: int, etp: int, gpn: int) -> tup
     opts = case.get("framework_options") or {}
     out, notes = {}, []
     dispatcher = str(opts.get("moe_token_dispatcher") or "").lower()
-    out["token_dispatcher"] = "flex" if ("flex" in dispatcher or "deepep" in dispatcher) else "alltoall"
+    out["token_dispatcher"] = "flex" if ("flex" in dispatcher or "deepep" in dispatcher
+                                         or "hybridep" in dispatcher) else "alltoall"
+    if "hybridep" in dispatcher:
+        out["flex_backend"] = "hybridep"
     dropless = opts.get("moe_token_dropless")
     if opts.get("moe_expert_capacity_factor") is not None and (opts.get("moe_pad_expert_input_to_capacity")
                                                                 or dropless is False):

@@ -390,7 +390,7 @@ def _attn_plan(model: ModelConfig, tokens: float, tokens_norm: float, tp: int,
 
 def _mlp_plan(
     model: ModelConfig, layer: int, tokens: float, tokens_norm: float, par: ParallelConfig,
-    moe: MoEConfig | None = None, precision: str = "bf16", moe_fusions: tuple[bool, bool] | None = None,
+    moe: MoEConfig | None = None, precision: str = "bf16", moe_fusions: tuple[bool, bool, bool] | None = None,
 ) -> list[_Step]:
     """Dense MLP, or an MoE layer as it runs (``simulator.workload.moe.moe_steps``; ``moe_fusions``
     as its ``fusions``)."""
@@ -508,7 +508,7 @@ def _local_tokens(training: TrainingConfig, par: ParallelConfig) -> tuple[float,
 def layer_cost(
     model: ModelConfig, training: TrainingConfig, par: ParallelConfig, gpu: GPUSpec, layer: int,
     moe: MoEConfig | None = None, graphed: bool = False, graph_scope: tuple[str, ...] = (),
-    glu_sync: bool = False, wgrad_bytes: float = ACT_BYTES, moe_fusions: tuple[bool, bool] | None = None,
+    glu_sync: bool = False, wgrad_bytes: float = ACT_BYTES, moe_fusions: tuple[bool, bool, bool] | None = None,
 ) -> LayerCost:
     """Forward, backward and recompute cost of transformer layer ``layer`` on one GPU.
 
@@ -521,8 +521,8 @@ def layer_cost(
     cost one launch. ``glu_sync``: the experts' activation starts with a blocking host-to-device
     copy (Megatron-core's clamped GLU, ``moe.GLU_PRE_SYNC_OPS``), a second sync in the layer.
     ``wgrad_bytes``: HBM bytes per weight element of each weight-gradient GEMM's output (``_gemm_bwd``).
-    ``moe_fusions``: Megatron-core's (moe_router_fusion, moe_permute_fusion) when Megatron-core runs
-    the MoE layer (``moe.moe_steps``).
+    ``moe_fusions``: Megatron-core's (moe_router_fusion, moe_permute_fusion, fused multihot) when
+    Megatron-core runs the MoE layer (``moe.moe_steps``, ``frameworks.moe_fusions``).
     """
     if training.recompute not in RECOMPUTE_MODES:
         raise ConfigError("training.recompute", training.recompute, f"valid: {', '.join(RECOMPUTE_MODES)}")

@@ -104,6 +104,7 @@ class Software:
     # framework_options.moe_router_fusion / moe_permute_fusion (Megatron-core's, off by default)
     moe_router_fusion: bool = False
     moe_permute_fusion: bool = False
+    enable_experimental: bool = False  # framework_options.enable_experimental (Megatron-core's, off by default)
     cross_entropy: str = "megatron"  # the loss implementation (CROSS_ENTROPY_IMPLS)
 
 
@@ -195,6 +196,7 @@ def resolve(s) -> Software:
         te_op_fuser=bool(opt.te_op_fuser),
         moe_router_fusion=bool(opt.moe_router_fusion),
         moe_permute_fusion=bool(opt.moe_permute_fusion),
+        enable_experimental=bool(opt.enable_experimental),
         cross_entropy=str(_pick(opt.cross_entropy, fu["cross_entropy_compiled"] if compile_ else fu["cross_entropy"])),
     )
 
@@ -209,7 +211,11 @@ def fsdp_gathered_once(s, sw: Software | None = None) -> bool:
     return (sw or resolve(s)).fsdp_pipeline_unsharded
 
 
-def moe_fusions(sw: Software) -> tuple[bool, bool] | None:
-    """(moe_router_fusion, moe_permute_fusion) when Megatron-core runs the layers, whose MoE code
-    ``simulator.workload.moe`` counts; None for another framework's."""
-    return (sw.moe_router_fusion, sw.moe_permute_fusion) if sw.megatron_layers else None
+def moe_fusions(sw: Software) -> tuple[bool, bool, bool] | None:
+    """(moe_router_fusion, moe_permute_fusion, fused multihot) when Megatron-core runs the layers,
+    whose MoE code ``simulator.workload.moe`` counts; None for another framework's. The third: the
+    DeepEP path's fused_indices_to_multihot, which Megatron-core takes only with both
+    --enable-experimental and moe_permute_fusion (token_dispatcher.py, 402bc50 and d0b3b775)."""
+    if not sw.megatron_layers:
+        return None
+    return sw.moe_router_fusion, sw.moe_permute_fusion, sw.enable_experimental and sw.moe_permute_fusion

@@ -150,6 +150,7 @@ FLEX_PREPROCESS_OPS = 1 + 8 + 3 + 3
 # combine (fused_a2a.py:166-172: apply, combine call) and the output view (:1507).
 FLEX_DISPATCH_OPS = 1 + 1
 FLEX_MULTIHOT_OPS = 12
+MULTIHOT_SYNCS = 3  # of those, the reads back to the host (``multihot_syncs``)
 FLEX_NUM_OUT_OPS = 2
 FLEX_COMBINE_OPS = 2 + 1
 # TEGroupedMLP (M experts.py:883-1030): counts .tolist and probs unsqueeze; with FP8/FP4 instead
@@ -266,18 +267,32 @@ def routed_copies(model: ModelConfig, tokens: float, par: ParallelConfig, moe: M
     return mean * moe.imbalance
 
 
+def multihot_syncs(moe: MoEConfig, fusions: tuple[bool, bool, bool] | None) -> int:
+    """Host syncs Megatron-core's DeepEP path makes after the dispatch, converting the received
+    top-k indices to a routing map (_DeepepManager._indices_to_multihot, token_dispatcher.py:1178-1206
+    at 402bc50, :1261-1289 at d0b3b775): the boolean-mask index ``indices[mask]`` and
+    ``probs[mask]`` (a data-dependent size, read back to the host) and ``repeat_interleave`` of the
+    per-row counts without an output size (the same), 3; none with the fused converter
+    (``--enable-experimental`` with moe_permute_fusion: ``fused_indices_to_multihot``), with the
+    HybridEP backend (its kernels permute; _HybridEPManager has no such step) or outside Megatron-core."""
+    if fusions is None or moe.token_dispatcher != "flex" or moe.flex_backend != "deepep" or fusions[2]:
+        return 0
+    return MULTIHOT_SYNCS
+
+
 def host_sync_needed(moe: MoEConfig) -> bool:
     """Dropless routing syncs the token counts to the host; padding to capacity does not."""
     return moe.capacity_factor is None
 
 
 def moe_steps(model: ModelConfig, tokens: float, tokens_norm: float, par: ParallelConfig, moe: MoEConfig,
-              precision: str, fusions: tuple[bool, bool] | None = None) -> list:
+              precision: str, fusions: tuple[bool, bool, bool] | None = None) -> list:
     """The MoE layer's kernels after the pre-MLP norm, in forward order (see the module docstring).
 
     The host sync is priced afterwards by ``price_host_sync`` once the layer's GPU time is known;
-    here it is a zero-time placeholder holding its place in the order. ``fusions``: Megatron-core's
-    (moe_router_fusion, moe_permute_fusion) when Megatron-core runs the layer, whose small kernels
+    here it is a zero-time placeholder holding its place in the order, and so is
+    ``moe_multihot_sync`` (``multihot_syncs``). ``fusions``: Megatron-core's (moe_router_fusion,
+    moe_permute_fusion, fused multihot) when Megatron-core runs the layer, whose small kernels
     (``bookkeeping_kernels``) and per-expert GEMM launches (``grouped_gemm_launches``) then take
     their launch gaps as ops of their own, ``moe_route_kernels`` and ``moe_expert_kernels``, and
     ``expert_gemm_launches``; None leaves them out (another framework's MoE code, not counted).
@@ -296,7 +311,7 @@ def moe_steps(model: ModelConfig, tokens: float, tokens_norm: float, par: Parall
         _Gemm("router", tokens_norm, experts, h),
         _Mem("router_topk", router_passes * score_bytes * tokens_norm * experts),
     ]
-    small = bookkeeping_kernels(model, par, moe, precision, *fusions) if fusions is not None else None
+    small = bookkeeping_kernels(model, par, moe, precision, *fusions[:2]) if fusions is not None else None
     if small and any(small["route"]):
         plan.append(_Mem("moe_route_kernels", 0.0, small["route"][0], 0.0, small["route"][1]))
     flex = moe.token_dispatcher == "flex"
@@ -306,6 +321,8 @@ def moe_steps(model: ModelConfig, tokens: float, tokens_norm: float, par: Parall
     if host_sync_needed(moe):
         plan.append(_Latency("moe_host_sync", 0.0))
     sort = flex or (moe.token_dispatcher == "alltoall" and nloc > 1)
+    if multihot_syncs(moe, fusions):  # after the dispatch, before the permutation by local expert
+        plan.append(_Latency("moe_multihot_sync", 0.0))
     if sort:
         plan.append(_Mem("moe_sort_chunks", 2 * ACT_BYTES * copies * h))
     if small and any(small["expert"]):
@@ -341,8 +358,8 @@ def moe_steps(model: ModelConfig, tokens: float, tokens_norm: float, par: Parall
     return plan
 
 
-EXPERT_OPS = ("moe_sort_chunks", "moe_expert_kernels", "expert_gemm_launches", "expert_fp8_cast", "expert_up",
-              "expert_act", "expert_down", "moe_unsort_chunks")
+EXPERT_OPS = ("moe_multihot_sync", "moe_sort_chunks", "moe_expert_kernels", "expert_gemm_launches",
+              "expert_fp8_cast", "expert_up", "expert_act", "expert_down", "moe_unsort_chunks")
 
 
 def is_expert_op(name: str) -> bool:
@@ -588,9 +605,25 @@ def recompute_glu_sync(block, host_overhead: float = 1.0):
                            if op.name == "moe_glu_sync" else op for op in block.ops))
 
 
+def _price_multihot_syncs(mlp_fwd, host_op: float):
+    """``mlp_fwd`` with its ``moe_multihot_sync`` placeholder priced: each of the ``MULTIHOT_SYNCS``
+    reads back to the host finds the GPU drained (the dispatch before them has finished), so the
+    GPU waits for every round trip and for the host's issue of the conversion's
+    ``FLEX_MULTIHOT_OPS`` ops, less what its kernels (in ``moe_expert_kernels``) ran meanwhile."""
+    from simulator.workload.compute import BlockCost, Op
+
+    names = [op.name for op in mlp_fwd.ops]
+    if "moe_multihot_sync" not in names:
+        return mlp_fwd
+    small = next((op for op in mlp_fwd.ops if op.name == "moe_expert_kernels"), None)
+    kernel_s = small.time_s / small.kernels if small is not None and small.kernels else 0.0
+    t = MULTIHOT_SYNCS * HOST_SYNC_S + max(0.0, FLEX_MULTIHOT_OPS * host_op - FLEX_MULTIHOT_KERNELS[0] * kernel_s)
+    return BlockCost(tuple(Op(op.name, 0.0, 0.0, t) if op.name == "moe_multihot_sync" else op for op in mlp_fwd.ops))
+
+
 def price_host_sync(attn_fwd, mlp_fwd, model: ModelConfig, par: ParallelConfig, moe: MoEConfig, precision: str,
                     host_overhead: float = 1.0, graph_scope: tuple[str, ...] = (),
-                    fusions: tuple[bool, bool] | None = None):
+                    fusions: tuple[bool, bool, bool] | None = None):
     """``mlp_fwd`` with its zero-time ``moe_host_sync`` placeholder priced by ``host_sync_time``
     over one layer forward (attention and MoE block), split at the sync. The shared expert runs
     before the router in Megatron-core (moe_layer.py:261), so its GPU time counts before the sync
@@ -598,8 +631,9 @@ def price_host_sync(attn_fwd, mlp_fwd, model: ModelConfig, par: ParallelConfig, 
     from simulator.workload.compute import BlockCost, Op
 
     names = [op.name for op in mlp_fwd.ops]
+    priced = _price_multihot_syncs(mlp_fwd, HOST_OP_S * host_overhead)
     if "moe_host_sync" not in names:
-        return mlp_fwd
+        return priced
     i = names.index("moe_host_sync")
     moe_names = {"router", "router_topk", "moe_permute", "moe_unpermute", "moe_route_kernels"}
 
@@ -610,7 +644,9 @@ def price_host_sync(attn_fwd, mlp_fwd, model: ModelConfig, par: ParallelConfig, 
     after = [op for op in mlp_fwd.ops[i + 1:] if not op.name.startswith("shared_")]
     # the attention block's and the layer's other priced ops issue one host op each, beside the
     # MoE layer's counted ops
-    moe_before, moe_after = moe_host_ops(model, par, moe, precision, *(fusions or (False, False)))
+    moe_before, moe_after = moe_host_ops(model, par, moe, precision, *(fusions or (False, False))[:2])
+    if "moe_multihot_sync" in names:  # issued between those syncs, priced there
+        moe_after -= FLEX_MULTIHOT_OPS
     if routing_graphed(graph_scope):  # replayed in one graph launch ("moe" has no sync: no placeholder)
         moe_before -= graphed_routing_ops(model, par, moe, precision) - 1
     attn_ops = 1 if "attn" in graph_scope else len(attn_fwd.ops)
@@ -621,7 +657,7 @@ def price_host_sync(attn_fwd, mlp_fwd, model: ModelConfig, par: ParallelConfig, 
     glu = [k for k, op in enumerate(after) if op.name == "moe_glu_sync"]
     if not glu:
         t = host_sync_time(gpu_before, sum(op.time_s for op in after), ops_before, ops_after, host_op)
-        return BlockCost(mlp_fwd.ops[:i] + (Op("moe_host_sync", 0.0, 0.0, t),) + mlp_fwd.ops[i + 1:])
+        return BlockCost(priced.ops[:i] + (Op("moe_host_sync", 0.0, 0.0, t),) + priced.ops[i + 1:])
     # a second sync splits the run after the first: the GPU waits for the host's issue of the ops up
     # to the copy (any head start is lost at the sync), then of the rest, whose spare GPU time is
     # the head start for the next layer's ops before the token-count sync
@@ -633,5 +669,5 @@ def price_host_sync(attn_fwd, mlp_fwd, model: ModelConfig, par: ParallelConfig, 
     early_gpu = sum(op.time_s for op in after[:glu[0]])
     t = HOST_SYNC_S + max(0.0, early_ops * host_op - early_gpu)
     t_glu = host_sync_time(gpu_before, sum(op.time_s for op in after[glu[0] + 1:]), ops_before, late_ops, host_op)
-    ops = tuple(Op("moe_glu_sync", 0.0, 0.0, t_glu) if op.name == "moe_glu_sync" else op for op in mlp_fwd.ops)
+    ops = tuple(Op("moe_glu_sync", 0.0, 0.0, t_glu) if op.name == "moe_glu_sync" else op for op in priced.ops)
     return BlockCost(ops[:i] + (Op("moe_host_sync", 0.0, 0.0, t),) + ops[i + 1:])
