@@ -554,3 +554,27 @@ def test_framework_profiles_say_where_the_weight_gradient_goes():
     assert load_profile("nemo")["optimizer"]["wgrad_bytes_per_param"] == 8
     for fsdp in ("torchtitan", "automodel", "composer"):
         assert load_profile(fsdp)["optimizer"]["wgrad_bytes_per_param"] == 2
+
+
+def test_deepep_and_hybridep_figures_are_logical_bandwidths():
+    """DeepEP and HybridEP publish logical bandwidth: the bytes they count include each node's
+    (rank's) copies to itself, which cross no link (DeepEP README: "the results are logical
+    bandwidth"). stepsim moves only the share that crosses the link, so one dispatch of payload P
+    over N nodes takes P / logical = P (N - 1) / N / (efficiency x link rate): EP16 on H800 at
+    43 GB/s logical is 21.5 GB/s through each 50 GB/s NIC."""
+    deepep, hybrid = MoEConfig(token_dispatcher="flex"), MoEConfig(token_dispatcher="flex", flex_backend="hybridep")
+    nic = 50e9
+    for nodes, logical in ((2, 43e9), (4, 57.5e9), (8, 50.5e9)):
+        share = (nodes - 1) / nodes
+        assert share / (moe.a2a_efficiency(deepep, nodes) * nic) == pytest.approx(1 / logical)
+    # HybridEP on H100 (16 SMs, BF16 dispatch and combine averaged): 53.9 GB/s logical on 2 nodes
+    assert 0.5 / (moe.a2a_efficiency(hybrid, 2) * nic) == pytest.approx(2 / (54.47e9 + 53.35e9))
+    assert moe.a2a_efficiency(hybrid, 2) > moe.a2a_efficiency(deepep, 2)
+    assert moe.a2a_efficiency(deepep, 3) == moe.a2a_efficiency(deepep, 4)
+    assert moe.a2a_efficiency(deepep, 64) == moe.a2a_efficiency(deepep, 8)
+    # in one Hopper node 153 / 158 GB/s logical over 8 ranks on H800's 200 GB/s: 7/8 of it crosses
+    assert moe.a2a_efficiency(deepep, 1) == pytest.approx(155.5 * 7 / 8 / 200)
+    # NVLink 5: the kernels fill less of the link; HybridEP more than DeepEP, less over more ranks
+    b5 = dict(nvlink_generation=5)
+    assert moe.a2a_efficiency(deepep, 1, **b5) < moe.a2a_efficiency(hybrid, 1, **b5, ep=8) < moe.a2a_efficiency(deepep, 1)
+    assert moe.a2a_efficiency(hybrid, 1, **b5, ep=64) < moe.a2a_efficiency(hybrid, 1, **b5, ep=8)

@@ -233,9 +233,31 @@ GROUPED_MLP_QUANT_PAD_KERNELS = 3
 # over (transformer_engine/common/util/multi_stream.cpp get_num_compute_streams: 4).
 TE_GEMM_STREAMS = 4
 # Achieved fraction of the nominal per-direction link rate in an EP all-to-all:
-# DeepEP (docs/legacy.md, H800 with ~160 GB/s usable NVLink and CX7 400 Gb/s): intranode EP8
-# dispatch 153 / combine 158 GB/s on H800's 200 GB/s per direction -> 0.78; internode EP16
-# 43 GB/s of ~50 GB/s -> 0.86, EP32/64 50-58 GB/s (the NIC's rate) -> 1.0.
+# DeepEP's normal kernels (docs/legacy.md: H800, ~160 GB/s usable NVLink, one CX7 400 Gb/s NIC per
+# GPU; DeepSeek-V3 shapes): intranode EP8 dispatch 153 / combine 158 GB/s (NVLink); internode
+# EP16 43 / 43, EP32 58 / 57, EP64 51 / 50 GB/s (RDMA). Those are logical bandwidths: the bytes
+# they count include each rank's (or node's) copies to itself, which cross no link. DeepEP's
+# README says so of its tables ("the results are logical bandwidth ... under the EP 8 x 2 case,
+# 90 GB/s actually contains local rank traffic"), its maintainer of the test's RDMA figure
+# ("algorithm bandwidth", deepseek-ai/DeepEP issue 141), and a user measured the NIC counters at
+# N_nodes / (N_nodes - 1) below it (issue 51, 2 and 4 H800 nodes). stepsim's payload counts the
+# same copies (``dispatch_bytes``) but its network moves only the ones that leave the rank or the
+# node, so the achieved fraction of the link rate is the logical figure times the share that
+# crosses it: intranode 155.5 x 7/8 of H800's 200 GB/s -> 0.68; internode, of ~50 GB/s per NIC,
+# 2 nodes 43 x 1/2 -> 0.43 (on H800 the NVLink forwarding bound it, issue 285; an H200 pair
+# measured the same 41-44 logical, issue 493), 4 nodes 57.5 x 3/4 -> 0.86, 8 nodes 50.5 x 7/8
+# -> 0.88, held beyond (``DEEPEP_RDMA_EFFICIENCY``, by nodes; 3 nodes take the 4-node figure).
+# On NVLink 5 the kernels do not fill the link: DeepEP on 8 Blackwell GPUs with 24 SMs (Megatron-core
+# gives it 20) ran dispatch BF16 / combine at 494 / 420 GB/s (B200) and 513 / 426 (GB200), logical
+# (DeepEP hybrid-ep branch, docs/README_Hybrid-EP.md, "Torch API"): 463 x 7/8 of 900 -> 0.45.
+# HybridEP (NVIDIA's, Megatron-core --moe-flex-dispatcher-backend hybridep), same file, algorithm
+# bandwidth through the Torch API at 16 SMs ("16 SMs can generally achieve good bandwidth",
+# Megatron-core transformer_config.py moe_hybridep_num_sms), BF16 dispatch and combine averaged:
+# H100 over InfiniBand, 16 ranks 54.5 / 53.4, 32 ranks 47.4 / 52.5, 64 ranks 41.2 / 46.6 GB/s ->
+# 2 nodes 53.9 x 1/2, 4 nodes 49.9 x 3/4, 8 nodes 43.9 x 7/8 of 50 GB/s -> 0.54, 0.75, 0.77;
+# Blackwell NVLink, 8 ranks 536 / 531 (B200) and 550 / 538 (GB200) -> 539 x 7/8 of 900 -> 0.52,
+# GB200 16, 32 and 36 ranks 474, 454 and 444 logical -> 0.49 on average (``HYBRIDEP_*``). No
+# Hopper NVLink figure is published for it: within a Hopper node it takes DeepEP's.
 # NCCL all-to-all across nodes: "CX-7 NICs at NDR rate should achieve up to 48-49 GB/s per NIC"
 # (NVIDIA/nccl-tests issue 267, NVIDIA) -> 0.97. Within a node: "450GB/s is the line rate. With
 # the protocol overhead (~20%) NCCL can get an effective NVLink bandwidth of 370GB/s, which you
@@ -244,8 +266,14 @@ TE_GEMM_STREAMS = 4
 # is why the cluster's Hopper NVLink links carry the nominal rate (hardware._HOPPER_NVLINK); the
 # all-to-all is charged the difference (a GPU whose links already carry less, A100's 0.80, pays
 # nothing more). Measured on NVLink 4; taken as the same protocol share on NVLink 5.
-DEEPEP_NVLINK_EFFICIENCY = 155.5 / 200
-DEEPEP_RDMA_EFFICIENCY = {2: 43 / 50}  # by nodes in the EP group; 1.0 from 4 nodes on
+DEEPEP_NVLINK_EFFICIENCY = 155.5 * 7 / 8 / 200
+DEEPEP_NVLINK5_EFFICIENCY = (494 + 420 + 512.72 + 425.95) / 4 * 7 / 8 / 900
+DEEPEP_RDMA_EFFICIENCY = {2: 43 / 2 / 50, 4: 57.5 * 3 / 4 / 50, 8: 50.5 * 7 / 8 / 50}  # by nodes in the EP group
+HYBRIDEP_RDMA_EFFICIENCY = {2: (54.47 + 53.35) / 2 / 2 / 50, 4: (47.36 + 52.53) / 2 * 3 / 4 / 50,
+                            8: (41.24 + 46.57) / 2 * 7 / 8 / 50}
+HYBRIDEP_NVLINK5_EFFICIENCY = {8: (535.94 + 530.86 + 550.10 + 538.44) / 4 * 7 / 8 / 900,  # by ranks: up to 8, more
+                               16: ((472.84 + 474.48) / 2 * 15 / 16 + (485.50 + 423.19) / 2 * 31 / 32
+                                    + (469.96 + 418.27) / 2 * 35 / 36) / 3 / 900}
 NCCL_A2A_NET_EFFICIENCY = 48.5 / 50
 NCCL_A2A_NVLINK_EFFICIENCY = 370 / 450
 
@@ -536,14 +564,23 @@ def dispatch_bytes(model: ModelConfig, tokens: float, par: ParallelConfig, moe: 
     return t * per_token * h * ACT_BYTES * scale
 
 
-def a2a_efficiency(moe: MoEConfig, ep_nodes: int, nvlink_efficiency: float = 1.0) -> float:
-    """Achieved fraction of the modelled link rate for the EP all-to-all (constants above); the
-    NCCL NVLink figure is a fraction of the nominal rate, so it is divided by the share of it the
-    cluster's NVLink links already carry (``GPUSpec.nvlink_efficiency``), and never above 1."""
+def a2a_efficiency(moe: MoEConfig, ep_nodes: int, nvlink_efficiency: float = 1.0, nvlink_generation: int = 4,
+                   ep: int = 8) -> float:
+    """Achieved fraction of the modelled link rate for the EP all-to-all (constants above), by
+    dispatcher, flex backend, NVLink generation and the nodes (or, in one NVLink domain, the ranks)
+    of the EP group. NVLink figures are fractions of the nominal rate, so they are divided by the
+    share of it the cluster's NVLink links already carry (``GPUSpec.nvlink_efficiency``), and never
+    above 1."""
     if moe.token_dispatcher == "flex":
-        if ep_nodes <= 1:
-            return DEEPEP_NVLINK_EFFICIENCY
-        return DEEPEP_RDMA_EFFICIENCY.get(ep_nodes, 1.0)
+        hybrid = moe.flex_backend == "hybridep"
+        if ep_nodes > 1:
+            table = HYBRIDEP_RDMA_EFFICIENCY if hybrid else DEEPEP_RDMA_EFFICIENCY
+            return table[2 if ep_nodes <= 2 else 4 if ep_nodes <= 4 else 8]
+        if nvlink_generation >= 5:
+            link = HYBRIDEP_NVLINK5_EFFICIENCY[8 if ep <= 8 else 16] if hybrid else DEEPEP_NVLINK5_EFFICIENCY
+        else:
+            link = DEEPEP_NVLINK_EFFICIENCY
+        return min(1.0, link / nvlink_efficiency)
     if ep_nodes > 1:
         return NCCL_A2A_NET_EFFICIENCY
     return min(1.0, NCCL_A2A_NVLINK_EFFICIENCY / nvlink_efficiency)

@@ -152,7 +152,8 @@ def build_workload(s: Scenario, gpu: GPUSpec) -> Workload:
     if m.is_moe:
         nodes = moe_model.ep_nodes(par, s.cluster.gpus_per_node)
         payload = moe_model.dispatch_bytes(m, tokens, par, s.moe, nodes)
-        ep_bytes = payload / moe_model.a2a_efficiency(s.moe, nodes, gpu.nvlink_efficiency)
+        ep_bytes = payload / moe_model.a2a_efficiency(s.moe, nodes, gpu.nvlink_efficiency, gpu.nvlink_generation,
+                                                      par.ep * par.expert_tp)
     else:
         payload = ep_bytes = 0.0
     return Workload(
