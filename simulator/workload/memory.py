@@ -223,10 +223,10 @@ def recompute_module_savings(model: ModelConfig, layer: int, s: float, b: float,
         q, kv = a * d, max(model.num_key_value_heads, t) * d
         freed += ACT_BYTES * (q + 2 * kv) * tokens / t
     if moe and "moe" in modules:
-        etp_ = etp or t
-        copies = tokens * model.num_experts_per_tok * etp_ / t
+        group = etp or t  # the expert-TP group (Megatron-core's default: the TP group)
+        copies = tokens * model.num_experts_per_tok * group / t
         freed += ROUTER_PROB_BYTES * tokens * model.num_experts * rep
-        freed += gemm_in * copies * h + _ffn_bytes(model, copies, model.expert_intermediate_size, etp_, gemm_in)
+        freed += gemm_in * copies * h + _ffn_bytes(model, copies, model.expert_intermediate_size, group, gemm_in)
         freed += _ffn_bytes(model, tokens, model.num_shared_experts * model.expert_intermediate_size, t, gemm_in)
         if quantized_inputs and model.num_shared_experts:
             freed += gemm_in * tokens * h * rep
