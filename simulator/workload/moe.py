@@ -633,13 +633,17 @@ def with_glu_sync(mlp_fwd):
     return BlockCost(mlp_fwd.ops[:i] + (Op("moe_glu_sync", 0.0, 0.0, 0.0),) + mlp_fwd.ops[i:])
 
 
+def _priced(block, name: str, time_s: float):
+    """``block`` with its zero-time placeholder op ``name`` (a host sync) given ``time_s``."""
+    from simulator.workload.compute import BlockCost, Op
+
+    return BlockCost(tuple(Op(name, 0.0, 0.0, time_s) if op.name == name else op for op in block.ops))
+
+
 def recompute_glu_sync(block, host_overhead: float = 1.0):
     """The GLU sync as ``moe_act`` recompute meets it inside the backward: the round trip and one
     op's issue before the GPU has work again (the backward GEMMs after it outlast their issue)."""
-    from simulator.workload.compute import BlockCost, Op
-
-    return BlockCost(tuple(Op(op.name, 0.0, 0.0, HOST_SYNC_S + HOST_OP_S * host_overhead)
-                           if op.name == "moe_glu_sync" else op for op in block.ops))
+    return _priced(block, "moe_glu_sync", HOST_SYNC_S + HOST_OP_S * host_overhead)
 
 
 def _price_multihot_syncs(mlp_fwd, host_op: float):
@@ -647,15 +651,12 @@ def _price_multihot_syncs(mlp_fwd, host_op: float):
     reads back to the host finds the GPU drained (the dispatch before them has finished), so the
     GPU waits for every round trip and for the host's issue of the conversion's
     ``FLEX_MULTIHOT_OPS`` ops, less what its kernels (in ``moe_expert_kernels``) ran meanwhile."""
-    from simulator.workload.compute import BlockCost, Op
-
-    names = [op.name for op in mlp_fwd.ops]
-    if "moe_multihot_sync" not in names:
+    if not any(op.name == "moe_multihot_sync" for op in mlp_fwd.ops):
         return mlp_fwd
     small = next((op for op in mlp_fwd.ops if op.name == "moe_expert_kernels"), None)
     kernel_s = small.time_s / small.kernels if small is not None and small.kernels else 0.0
     t = MULTIHOT_SYNCS * HOST_SYNC_S + max(0.0, FLEX_MULTIHOT_OPS * host_op - FLEX_MULTIHOT_KERNELS[0] * kernel_s)
-    return BlockCost(tuple(Op(op.name, 0.0, 0.0, t) if op.name == "moe_multihot_sync" else op for op in mlp_fwd.ops))
+    return _priced(mlp_fwd, "moe_multihot_sync", t)
 
 
 def price_host_sync(attn_fwd, mlp_fwd, model: ModelConfig, par: ParallelConfig, moe: MoEConfig, precision: str,
@@ -665,8 +666,6 @@ def price_host_sync(attn_fwd, mlp_fwd, model: ModelConfig, par: ParallelConfig, 
     over one layer forward (attention and MoE block), split at the sync. The shared expert runs
     before the router in Megatron-core (moe_layer.py:261), so its GPU time counts before the sync
     wherever the plan lists it."""
-    from simulator.workload.compute import BlockCost, Op
-
     names = [op.name for op in mlp_fwd.ops]
     priced = _price_multihot_syncs(mlp_fwd, HOST_OP_S * host_overhead)
     if "moe_host_sync" not in names:
@@ -694,7 +693,7 @@ def price_host_sync(attn_fwd, mlp_fwd, model: ModelConfig, par: ParallelConfig, 
     glu = [k for k, op in enumerate(after) if op.name == "moe_glu_sync"]
     if not glu:
         t = host_sync_time(gpu_before, sum(op.time_s for op in after), ops_before, ops_after, host_op)
-        return BlockCost(priced.ops[:i] + (Op("moe_host_sync", 0.0, 0.0, t),) + priced.ops[i + 1:])
+        return _priced(priced, "moe_host_sync", t)
     # a second sync splits the run after the first: the GPU waits for the host's issue of the ops up
     # to the copy (any head start is lost at the sync), then of the rest, whose spare GPU time is
     # the head start for the next layer's ops before the token-count sync
@@ -706,5 +705,4 @@ def price_host_sync(attn_fwd, mlp_fwd, model: ModelConfig, par: ParallelConfig, 
     early_gpu = sum(op.time_s for op in after[:glu[0]])
     t = HOST_SYNC_S + max(0.0, early_ops * host_op - early_gpu)
     t_glu = host_sync_time(gpu_before, sum(op.time_s for op in after[glu[0] + 1:]), ops_before, late_ops, host_op)
-    ops = tuple(Op("moe_glu_sync", 0.0, 0.0, t_glu) if op.name == "moe_glu_sync" else op for op in priced.ops)
-    return BlockCost(ops[:i] + (Op("moe_host_sync", 0.0, 0.0, t),) + ops[i + 1:])
+    return _priced(_priced(priced, "moe_glu_sync", t_glu), "moe_host_sync", t)
