@@ -222,18 +222,15 @@ def recompute_module_savings(model: ModelConfig, layer: int, s: float, b: float,
     if "mla_up_proj" in modules and model.is_mla:
         q, kv = a * d, max(model.num_key_value_heads, t) * d
         freed += ACT_BYTES * (q + 2 * kv) * tokens / t
+    group = etp or t  # the expert-TP group (Megatron-core's default: the TP group)
+    copies = tokens * model.num_experts_per_tok * group / t  # routed copies of the tokens, per GPU
     if moe and "moe" in modules:
-        group = etp or t  # the expert-TP group (Megatron-core's default: the TP group)
-        copies = tokens * model.num_experts_per_tok * group / t
         freed += ROUTER_PROB_BYTES * tokens * model.num_experts * rep
         freed += gemm_in * copies * h + _ffn_bytes(model, copies, model.expert_intermediate_size, group, gemm_in)
-        freed += _ffn_bytes(model, tokens, model.num_shared_experts * model.expert_intermediate_size, t, gemm_in)
-        if quantized_inputs and model.num_shared_experts:
-            freed += gemm_in * tokens * h * rep
-        modules = tuple(m for m in modules if m not in ("moe_act", "shared_experts"))
+        # the routed tensors above hold the activation output; the shared experts free as under their module
+        modules = tuple(m for m in modules if m not in ("moe_act", "shared_experts")) + ("shared_experts",)
     if moe and "moe_act" in modules:
-        copies = tokens * model.num_experts_per_tok * (etp or t) / t
-        freed += gemm_in * copies * model.expert_intermediate_size / (etp or t)
+        freed += gemm_in * copies * model.expert_intermediate_size / group
     if moe and "shared_experts" in modules and model.num_shared_experts:
         freed += _ffn_bytes(model, tokens, model.num_shared_experts * model.expert_intermediate_size, t, gemm_in)
         if quantized_inputs:
