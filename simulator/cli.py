@@ -9,10 +9,10 @@ import math
 import re
 import sys
 
-from simulator import limits, units
-from simulator.errors import ConfigError
-from simulator.outputs import FIGURE_SUFFIXES, JSON_SUFFIXES, check_output_folder, check_output_path
-from simulator.progress import add_progress_flags, progress_from_args
+from simulator.common import limits, units
+from simulator.common.errors import ConfigError
+from simulator.common.outputs import FIGURE_SUFFIXES, JSON_SUFFIXES, check_output_folder, check_output_path
+from simulator.common.progress import add_progress_flags, progress_from_args
 
 
 # ``stepsim plan --tolerance``'s default as its help shows it: the planner's DEFAULT_TOLERANCE
@@ -34,8 +34,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _collective(args) -> int:
-    from simulator.physical.collectives import ALGORITHMS, OPS, algorithm_used, bus_factor, time_collective
-    from simulator.physical.topology import build_cluster, load_topology
+    from simulator.network.collectives import ALGORITHMS, OPS, algorithm_used, bus_factor, time_collective
+    from simulator.network.cluster import build_cluster, load_topology
 
     if args.op not in OPS:
         raise ConfigError("--op", args.op, f"valid: {', '.join(OPS)}")
@@ -76,7 +76,7 @@ def _collective(args) -> int:
 
 
 def _load(args):
-    from simulator.scenario import load_scenario, validate_plan
+    from simulator.scenario.load import load_scenario, validate_plan
 
     s = load_scenario(args.scenario, args.set or [])
     warnings = validate_plan(s)
@@ -101,8 +101,8 @@ def _check_memory(s, args) -> dict:
 def _run(args) -> int:
     import time
 
-    from simulator.physical.collectives import ALGORITHMS
-    from simulator.step.engine import SimOptions, simulate
+    from simulator.network.collectives import ALGORITHMS
+    from simulator.engine.engine import SimOptions, simulate
     from simulator.reports.report import format_summary, step_report
 
     if args.algorithm not in ALGORITHMS:
@@ -134,7 +134,7 @@ def _run(args) -> int:
         report["warnings"] = warnings
         if args.trace:
             bar.phase(f"writing {args.trace}")
-            from simulator.reports.perfetto import write_trace
+            from simulator.trace.perfetto import write_trace
             write_trace(result, args.trace)
         if args.timeline:
             bar.phase(f"drawing {args.timeline}")
@@ -146,9 +146,9 @@ def _run(args) -> int:
             plot_timeline(select(tl, stages, window), args.timeline)
         if args.json:
             bar.phase("critical path, link use, communication map")
-            from simulator.reports.commmap import comm_map
-            from simulator.reports.critical_path import critical_path
-            from simulator.reports.linkuse import link_use
+            from simulator.trace.commmap import comm_map
+            from simulator.trace.critical_path import critical_path
+            from simulator.trace.linkuse import link_use
             report["critical_path"] = critical_path(result)
             report["link_use"] = link_use(result)
             report["comm_map"] = comm_map(result)
@@ -262,7 +262,7 @@ def _report(args) -> int:
     import time
     from pathlib import Path
 
-    from simulator.files import atomic_write, atomic_write_text
+    from simulator.common.files import atomic_write, atomic_write_text
     from simulator.reports.memo import memo_html, memo_markdown
     from simulator.studies.designdoc import gather
 
@@ -294,9 +294,9 @@ def _report(args) -> int:
 
 
 def _audit(args) -> int:
-    from simulator.files import atomic_write_text
+    from simulator.common.files import atomic_write_text
     from simulator.reports.auditpage import audit_html
-    from simulator.scenario import read_scenario_file
+    from simulator.scenario.load import read_scenario_file
     from simulator.studies.audit import audit, format_audit, parse_claims
 
     if args.out:
@@ -366,7 +366,7 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("collective", help="time one collective on an idle cluster (like nccl-tests)")
     c.add_argument("--op", default="all_reduce", help="all_reduce | reduce_scatter | all_gather | all_to_all | broadcast | send_recv")
     c.add_argument("--gpus", type=int, default=8)
-    c.add_argument("--cluster", default="dgx-h100", help="topology name from topologies/ or a YAML path")
+    c.add_argument("--cluster", default="dgx-h100", help="topology name (simulator/data/topologies) or a YAML path")
     c.add_argument("--sizes", default="1MiB,16MiB,1GiB,8GiB", help="comma-separated sizes (nccl-tests conventions)")
     c.add_argument("--algorithm", default="auto", help="auto (NCCL's choice: ring or NVLS) | ring | hierarchical | nvls | sharp (NVLS+SHARP all_reduce across nodes)")
     c.add_argument("--network-bandwidth-Gbps", dest="network_bandwidth_Gbps", type=float, default=None)

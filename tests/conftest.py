@@ -10,8 +10,8 @@ from functools import lru_cache
 
 import pytest
 
-from simulator.scenario import load_scenario
-from simulator.step.engine import SimOptions, SimResult, simulate
+from simulator.scenario.load import load_scenario
+from simulator.engine.engine import SimOptions, SimResult, simulate
 
 
 @lru_cache(maxsize=None)

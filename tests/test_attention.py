@@ -4,8 +4,8 @@ import dataclasses
 
 import pytest
 
-from simulator.config import ModelConfig, ParallelConfig, TrainingConfig
-from simulator.physical.hardware import get_gpu
+from simulator.scenario.config import ModelConfig, ParallelConfig, TrainingConfig
+from simulator.parts.gpus import get_gpu
 from simulator.workload import attention
 from simulator.workload.attention import AttentionKernel, cp_attention_calls, h100_tflops, peak_fraction
 from simulator.workload.compute import layer_cost
@@ -189,9 +189,9 @@ def test_cp_attention_flops_are_the_unsharded_flops_over_cp_and_merges_cost_byte
 
 
 def _cp_step(cp_comm_type, nodes=4):
-    from simulator.config import ClusterConfig, Scenario
+    from simulator.scenario.config import ClusterConfig, Scenario
     from simulator.reports.report import step_report
-    from simulator.step.engine import simulate
+    from simulator.engine.engine import simulate
 
     s = Scenario(name="cp", model=dataclasses.replace(LLAMA8B, num_hidden_layers=2, num_key_value_heads=32),
                  cluster=ClusterConfig(topology="dgx-h100", num_nodes=nodes, gpus_per_node=8, gpu="H100-SXM5-80GB"),
@@ -216,9 +216,9 @@ def test_all_gather_cp_waits_where_the_p2p_ring_hides_under_the_core():
 
 
 def test_cp_overlap_off_exposes_at_least_what_the_ring_hides():
-    from simulator.config import ClusterConfig, OverlapConfig, Scenario
+    from simulator.scenario.config import ClusterConfig, OverlapConfig, Scenario
     from simulator.reports.report import step_report
-    from simulator.step.engine import simulate
+    from simulator.engine.engine import simulate
 
     def step(**overlap):
         s = Scenario(name="cp", model=dataclasses.replace(LLAMA8B, num_hidden_layers=2, num_key_value_heads=32),
@@ -279,8 +279,8 @@ def test_fp8_attention_needs_an_fp8_recipe_and_the_fused_kernel():
     import sys
     from pathlib import Path
 
-    from simulator.errors import ConfigError
-    from simulator.scenario import load_scenario, validate_plan
+    from simulator.common.errors import ConfigError
+    from simulator.scenario.load import load_scenario, validate_plan
 
     tiny = str(Path(__file__).resolve().parents[1] / "scenarios" / "tiny.yaml")
     with pytest.raises(ConfigError, match="training.fp8_attention"):

@@ -175,10 +175,10 @@ def test_audit_unwritable_output(tmp_path, capsys, no_simulation):
 
 @pytest.mark.parametrize("scenario", ["tiny.yaml", "seed004-moe-ep64-tp2-128gpu.yaml"])
 def test_placement_from_the_rank_grid_matches_the_simulated_flows(scenario):
-    from simulator.reports.commmap import comm_map
+    from simulator.trace.commmap import comm_map
     from simulator.reports.placement import placement
-    from simulator.scenario import load_scenario
-    from simulator.step.engine import SimOptions, simulate
+    from simulator.scenario.load import load_scenario
+    from simulator.engine.engine import SimOptions, simulate
 
     s = load_scenario(str(ROOT / "scenarios" / scenario))
     result = simulate(s, SimOptions(record_flows=True))
@@ -193,7 +193,7 @@ def test_placement_from_the_rank_grid_matches_the_simulated_flows(scenario):
 
 
 def test_checkpoint_arithmetic():
-    from simulator.scenario import load_scenario
+    from simulator.scenario.load import load_scenario
     from simulator.workload.checkpoint import DEFAULT_STORAGE_GBPS, checkpoint_plan, mtbf_s
 
     s = load_scenario(str(ROOT / "scenarios" / "llama3-70b-64xh100.yaml"), ["cluster.storage_bandwidth_GBps=10"])

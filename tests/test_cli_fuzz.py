@@ -3,7 +3,7 @@
 Every generated command must end in one of two ways: exit 0 with a sane report on stdout, or
 exit 2 with exactly one line on stderr naming a field. Never a traceback, never a hang (each
 example runs under a SIGALRM deadline), and never silent acceptance: a scenario value outside
-its documented domain (type, range, ``simulator.limits``) that exits 0 fails the test, checked
+its documented domain (type, range, ``simulator.common.limits``) that exits 0 fails the test, checked
 by an oracle written independently of ``scenario.py``. Runs are derandomized, so CI sees the
 same inputs every time; the counts of each outcome are printed (``pytest -s``).
 """
@@ -21,7 +21,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from simulator import cli, limits
+from simulator import cli
+from simulator.common import limits
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = str(ROOT / "scenarios" / "tiny.yaml")
@@ -67,7 +68,7 @@ def check_outcome(argv, status, out, err, kind: str) -> None:
 
 # --- scenario keys -------------------------------------------------------------------------------
 
-WHOLE = {  # key: (minimum, maximum) as documented in README / simulator.limits
+WHOLE = {  # key: (minimum, maximum) as documented in README / simulator.common.limits
     "model.hidden_size": (1, limits.HIDDEN_SIZE.maximum), "model.num_hidden_layers": (1, limits.NUM_LAYERS.maximum),
     "model.num_attention_heads": (1, limits.HIDDEN_SIZE.maximum),
     "model.intermediate_size": (1, limits.INTERMEDIATE_SIZE.maximum),

@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from simulator.physical import collectives as C
-from simulator.physical.topology import build_cluster, load_topology
+from simulator.network import collectives as C
+from simulator.network.cluster import build_cluster, load_topology
 
 VALIDATION = Path(__file__).resolve().parents[2] / "shared" / "validation"
 GiB = 2**30
@@ -92,7 +92,7 @@ def test_hierarchical_all_reduce_equals_its_phases_closed_form():
 def test_contention_between_collectives_of_two_groups_on_shared_links():
     """Two 8-GPU all-reduces on the same node share NVLink: each takes about twice as long."""
     import simpy
-    from simulator.physical.network import Network
+    from simulator.network.flows import Network
     cluster = build_cluster(load_topology("dgx-h100"), 1)
     env = simpy.Environment()
     coll = C.Collectives(env, Network(env, cluster.link_bw), cluster, "ring")
@@ -210,7 +210,7 @@ def two_b200():
 
 @pytest.mark.parametrize("size", [2**20, 64 * 2**20, GiB])
 def test_sharp_all_reduce_equals_its_closed_form(two_b200, size):
-    from simulator.physical import nccl
+    from simulator.network import nccl
 
     t, _ = C.time_collective(two_b200, "all_reduce", range(16), size, algorithm="sharp")
     eff = 0.74 * 40.1 / 50

@@ -16,9 +16,9 @@ from simulator.workload.compute import (
     optimizer_cost,
     param_counts,
 )
-from simulator.config import ModelConfig, ParallelConfig, TrainingConfig
-from simulator.errors import ConfigError
-from simulator.physical.hardware import get_gpu, peak
+from simulator.scenario.config import ModelConfig, ParallelConfig, TrainingConfig
+from simulator.common.errors import ConfigError
+from simulator.parts.gpus import get_gpu, peak
 
 H100 = get_gpu("H100")
 A100 = get_gpu("A100")

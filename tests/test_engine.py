@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from simulator.config import Faults, LinkFault, Straggler, ClusterConfig, ModelConfig, ParallelConfig, Scenario, TrainingConfig
-from simulator.step.engine import SimOptions, simulate
+from simulator.scenario.config import Faults, LinkFault, Straggler, ClusterConfig, ModelConfig, ParallelConfig, Scenario, TrainingConfig
+from simulator.engine.engine import SimOptions, simulate
 from simulator.reports.report import step_report
 
 DENSE = ModelConfig(hidden_size=1024, num_hidden_layers=16, num_attention_heads=8, num_key_value_heads=8,
@@ -145,7 +145,7 @@ def test_full_recompute_is_slower_than_selective_and_none():
 
 
 def test_first_and_last_pipeline_layers_split_the_rest_evenly():
-    from simulator.step.plan import vstage_layers
+    from simulator.layout.grid import vstage_layers
     assert [len(r) for r in vstage_layers(70, 12, 1, 5, 5)] == [5] + [6] * 10 + [5]
     assert [len(r) for r in vstage_layers(126, 16, 8, 0, 0)] == [0] + [1] * 126 + [0]
     assert [r.start for r in vstage_layers(8, 2, 2)] == [0, 2, 4, 6]
@@ -166,7 +166,7 @@ def test_uneven_stages_run_and_the_lighter_stages_idle_more():
 def test_backward_tp_all_reduce_hides_under_the_weight_gradient_gemm():
     """Forward TP all-reduces wait in full; each backward one (after a column-parallel GEMM's
     input gradient) runs under that GEMM's weight gradient, so only max(0, AR - wgrad) shows."""
-    from simulator.physical.collectives import nccl_ring_time, time_collective
+    from simulator.network.collectives import nccl_ring_time, time_collective
     from simulator.workload.compute import split_at_gemm
 
     s = scenario(model=dataclasses.replace(DENSE, num_hidden_layers=1), tp=8, m=1, seq=4096)
@@ -191,9 +191,9 @@ def test_compute_beside_a_collective_runs_on_the_sms_it_leaves():
     so the weight-gradient GEMM under it advances at r = (SMs - held) / SMs of its rate: a GEMM of
     w seconds under an all-reduce of a seconds ends at a when w <= a r (shown: a - w), else at
     w + a (1 - r) (shown: a (1 - r)). The forward all-reduces have nothing beside them."""
-    from simulator.physical.collectives import time_collective
-    from simulator.physical.hardware import gpu_of
-    from simulator.physical.nccl import NCCL_KERNEL_SMS
+    from simulator.network.collectives import time_collective
+    from simulator.parts.gpus import gpu_of
+    from simulator.network.nccl import NCCL_KERNEL_SMS
     from simulator.workload.compute import split_at_gemm
 
     s = scenario(model=dataclasses.replace(DENSE, num_hidden_layers=1), tp=8, m=1, seq=4096)
@@ -217,7 +217,7 @@ def test_compute_beside_a_collective_runs_on_the_sms_it_leaves():
 def test_sms_held_by_communication():
     """NCCL collectives and sends hold one CTA (an SM) per channel; DeepEP's dispatch and combine
     its configured 20 SMs."""
-    from simulator.physical.nccl import DEEPEP_KERNEL_SMS, NCCL_KERNEL_SMS, kernel_sms
+    from simulator.network.nccl import DEEPEP_KERNEL_SMS, NCCL_KERNEL_SMS, kernel_sms
     assert kernel_sms("all_to_all", "ep", "flex") == DEEPEP_KERNEL_SMS == 20
     assert kernel_sms("all_to_all", "ep", "alltoall") == NCCL_KERNEL_SMS == 24
     assert kernel_sms("reduce_scatter", "dp", "flex") == NCCL_KERNEL_SMS

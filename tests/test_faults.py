@@ -12,14 +12,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from simulator.config import Faults, LinkFault
-from simulator.errors import ConfigError
-from simulator.physical.faults import apply_link_faults, node_links
-from simulator.physical.topology import build_cluster, load_topology, path_nodes
+from simulator.scenario.config import Faults, LinkFault
+from simulator.common.errors import ConfigError
+from simulator.network.faults import apply_link_faults, node_links
+from simulator.network.cluster import build_cluster, load_topology, path_nodes
 from simulator.reports.report import format_summary, step_report
-from simulator.scenario import load_scenario, scenario_from_dict, scenario_to_dict
-from simulator.step.engine import scenario_cluster, simulate
-from simulator.step.variability import Jitter, max_normal, rank_slowdowns, uniform
+from simulator.scenario.load import load_scenario, scenario_from_dict, scenario_to_dict
+from simulator.engine.engine import scenario_cluster, simulate
+from simulator.engine.variability import Jitter, max_normal, rank_slowdowns, uniform
 from simulator.studies.whatif import FAULT_TARGETS, format_whatif, whatif
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -104,8 +104,8 @@ def test_cli_fault_error_is_one_line_with_exit_2():
 
 
 def test_setting_the_whole_faults_section_says_to_name_one_key():
-    from simulator.errors import ConfigError
-    from simulator.scenario import apply_overrides
+    from simulator.common.errors import ConfigError
+    from simulator.scenario.load import apply_overrides
     with pytest.raises(ConfigError) as e:
         apply_overrides({}, ["faults={compute_jitter_cv: 0.1}"])
     assert "expected faults.<key>" in str(e.value) and "unknown key" not in str(e.value)
@@ -201,7 +201,7 @@ def test_jitter_draws_depend_on_seed_and_key_only():
     b = {k: j.block_time(1.0, 4, k, 8) for k in reversed(keys)}
     assert a == b and len(set(a.values())) == len(keys)
     assert Jitter(0.05, seed=2).block_time(1.0, 4, keys[0], 8) != a[keys[0]]
-    out = subprocess.run([sys.executable, "-c", "from simulator.step.variability import Jitter; "
+    out = subprocess.run([sys.executable, "-c", "from simulator.engine.variability import Jitter; "
                           f"print(repr(Jitter(0.05, 1).block_time(1.0, 4, {keys[0]!r}, 8)))"],
                          capture_output=True, text=True, cwd=ROOT, check=True).stdout
     assert float(out) == a[keys[0]]  # no per-process hash salt

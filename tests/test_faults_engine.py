@@ -6,10 +6,10 @@ from dataclasses import replace
 
 import pytest
 
-from simulator.config import Faults, Straggler
-from simulator.scenario import load_scenario
-from simulator.step.engine import SimOptions, simulate
-from simulator.step.variability import max_normal_moments
+from simulator.scenario.config import Faults, Straggler
+from simulator.scenario.load import load_scenario
+from simulator.engine.engine import SimOptions, simulate
+from simulator.engine.variability import max_normal_moments
 
 
 def small():
@@ -86,7 +86,7 @@ def test_a_rank_20_percent_slower_costs_about_its_stages_share_on_gpt3_175b_64_a
 
 
 def test_a_node_with_slow_nics_never_shortens_a_step():
-    from simulator.config import LinkFault
+    from simulator.scenario.config import LinkFault
     s = small()
     base = simulate(s).step_time_s
     for fraction in (0.25, 0.5, 1.0):

@@ -5,13 +5,13 @@ import dataclasses
 import pytest
 import yaml
 
-from simulator.config import (ClusterConfig, FrameworkOptions, ModelConfig, OverlapConfig, ParallelConfig, Scenario,
+from simulator.scenario.config import (ClusterConfig, FrameworkOptions, ModelConfig, OverlapConfig, ParallelConfig, Scenario,
                               TrainingConfig)
-from simulator.errors import ConfigError
-from simulator.physical.hardware import get_gpu
+from simulator.common.errors import ConfigError
+from simulator.parts.gpus import get_gpu
 from simulator.reports.report import step_report
-from simulator.scenario import load_scenario, scenario_from_dict, scenario_to_dict
-from simulator.step.engine import simulate
+from simulator.scenario.load import load_scenario, scenario_from_dict, scenario_to_dict
+from simulator.engine.engine import simulate
 from simulator.studies.validate import case_to_scenario_dict
 from simulator.workload.compute import _Gemm, layer_cost
 from simulator.workload.frameworks import framework_names, load_profile, resolve
@@ -173,8 +173,8 @@ def test_a_cuda_graph_scope_issues_its_modules_in_one_launch_each():
     both = simulate(dataclasses.replace(s, framework_options=FrameworkOptions(cuda_graph_scope=("attn", "mlp"))))
     whole = simulate(dataclasses.replace(s, framework_options=FrameworkOptions(cuda_graphs=True)))
     assert eager.step_time_s > attn.step_time_s > both.step_time_s > whole.step_time_s
-    from simulator.step.inputs import step_inputs
-    from simulator.step.program import Compute
+    from simulator.engine.inputs import step_inputs
+    from simulator.program.builder import Compute
 
     ins = step_inputs(dataclasses.replace(s, framework_options=FrameworkOptions(cuda_graph_scope=("attn",))))
     ops = [op for op in ins.programs[0] if isinstance(op, Compute)]
@@ -334,13 +334,15 @@ def test_a_profile_flag_that_is_not_true_or_false_is_a_one_line_error(bad, tmp_p
     null in a profile file name the file, the key and what is valid."""
     import yaml as _yaml
 
-    from simulator.errors import ConfigError
+    from simulator.common.errors import ConfigError
     from simulator.workload import frameworks
 
-    raw = _yaml.safe_load((frameworks.FRAMEWORKS_DIR / "megatron-core.yaml").read_text())
+    from simulator.common import resources
+
+    raw = _yaml.safe_load(resources.entry("frameworks", "megatron-core").read_text())
     raw["fp8"]["saves_quantized_inputs"]["value"] = bad
     (tmp_path / "megatron-core.yaml").write_text(_yaml.safe_dump(raw))
-    monkeypatch.setattr(frameworks, "FRAMEWORKS_DIR", tmp_path)
+    monkeypatch.setattr(resources, "folder", lambda kind: tmp_path)
     frameworks.load_profile.cache_clear()
     try:
         with pytest.raises(ConfigError, match=r"megatron-core.yaml: fp8.saves_quantized_inputs.*valid: true, false"):

@@ -5,9 +5,9 @@ from collections import Counter
 
 import pytest
 
-from simulator.config import ClusterConfig, ModelConfig, ParallelConfig, Scenario, TrainingConfig
-from simulator.step.inputs import step_inputs
-from simulator.step.program import Enqueue, Launch, StepEnd, build_program
+from simulator.scenario.config import ClusterConfig, ModelConfig, ParallelConfig, Scenario, TrainingConfig
+from simulator.engine.inputs import step_inputs
+from simulator.program.builder import Enqueue, Launch, StepEnd, build_program
 from simulator.workload.memory import memory_report
 
 MODEL = ModelConfig(hidden_size=1024, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=8,

@@ -13,11 +13,11 @@ import pytest
 import yaml
 
 from simulator import cli
-from simulator.errors import ConfigError
-from simulator.outputs import check_output_folder, check_output_path
+from simulator.common.errors import ConfigError
+from simulator.common.outputs import check_output_folder, check_output_path
 from simulator.reports.timeline import parse_stages, parse_window, select, timeline
-from simulator.scenario import load_scenario, validate_plan
-from simulator.step.engine import simulate
+from simulator.scenario.load import load_scenario, validate_plan
+from simulator.engine.engine import simulate
 from simulator.workload.compute import hardware_flops_per_token, model_flops_per_token
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -43,7 +43,7 @@ def one_line_error(status, err, field):
 def no_simulation(monkeypatch):
     """Any simulation fails the test: errors must come before the work. (The planner is imported
     first: it takes sweep's ``evaluate`` by name, and imported under the patch it would keep it.)"""
-    import simulator.step.engine as engine
+    import simulator.engine.engine as engine
     import simulator.studies.planner  # noqa: F401
 
     def boom(*_a, **_k):
@@ -201,7 +201,7 @@ def test_progress_counts_whatif_simulations(capsys):
 
 
 def test_progress_redraws_one_line_on_a_terminal():
-    from simulator.progress import Progress
+    from simulator.common.progress import Progress
 
     class Tty(io.StringIO):
         def isatty(self):

@@ -4,8 +4,8 @@ import dataclasses
 
 import pytest
 
-from simulator.errors import ConfigError
-from simulator.physical.hardware import GPU_CATALOG, PRECISIONS, GPUSpec, gemm_ceiling, get_gpu, peak
+from simulator.common.errors import ConfigError
+from simulator.parts.gpus import GPU_CATALOG, PRECISIONS, GPUSpec, gemm_ceiling, get_gpu, peak
 
 
 def test_h100_datasheet_numbers():
@@ -142,7 +142,7 @@ def test_pcie_parts_are_not_mistaken_for_sxm():
 # --- power limit (hardware.power_factor) ------------------------------------------------------
 
 def test_power_factor_is_the_dvfs_cube_law():
-    from simulator.physical.hardware import power_factor
+    from simulator.parts.gpus import power_factor
     assert power_factor(700, 700) == 1.0
     assert power_factor(500, 700) == pytest.approx(0.8939, abs=1e-4)
     # halving the power keeps 2^(-1/3) of the clock
@@ -154,8 +154,8 @@ def test_power_factor_is_the_dvfs_cube_law():
 
 
 def test_grand_teton_h100_runs_compute_bound_kernels_at_its_500_w_limit():
-    from simulator.physical.hardware import gpu_of, power_factor
-    from simulator.config import ClusterConfig
+    from simulator.parts.gpus import gpu_of, power_factor
+    from simulator.scenario.config import ClusterConfig
     teton = gpu_of(ClusterConfig(gpu="H100-SXM5-96GB"), "bf16")
     sxm = gpu_of(ClusterConfig(gpu="H100-SXM5-80GB"), "bf16")
     assert teton.sustained_fraction == pytest.approx(sxm.sustained_fraction * power_factor(500, 700))
@@ -193,7 +193,7 @@ def test_a_power_limit_slows_a_compute_bound_step_and_a_bad_one_is_a_one_line_er
 def test_blackwell_gemm_ceilings_are_the_published_mamf():
     """S. Bekman's MAMF table (ml-engineering, compute/accelerator): B200 1745.0 / 3432.5, B300
     1769.0 / 3353.3, GB200 1822.0 / 3615.6 TFLOP/s BF16 / FP8; GB300 takes B300's (same die)."""
-    from simulator.physical.hardware import gemm_ceiling
+    from simulator.parts.gpus import gemm_ceiling
 
     for name, bf16, fp8, peak16 in (("B200", 1745.0, 3432.5, 2250), ("B300", 1769.0, 3353.3, 2250),
                                     ("GB200", 1822.0, 3615.6, 2500), ("GB300", 1769.0, 3353.3, 2250)):
@@ -210,7 +210,7 @@ def test_blackwell_gemm_ceilings_are_the_published_mamf():
 def test_hopper_fp8_gemm_ceiling_is_the_published_mamf():
     """Bekman's MAMF table: H100 SXM FP8 e4m3 1402.6 of 1979 TFLOP/s (the matmul alone; casts are
     compute.py's quantize ops)."""
-    from simulator.physical.hardware import gemm_ceiling
+    from simulator.parts.gpus import gemm_ceiling
     gpu = get_gpu("H100-SXM5-80GB")
     assert gpu.gemm_efficiency["fp8"] == pytest.approx(1402.6 / 1979)
     assert gemm_ceiling(gpu, "fp8") == pytest.approx(1402.6 / 1979 * gpu.sustained_fraction)

@@ -5,13 +5,13 @@ import sys
 
 import pytest
 
-from simulator.config import ClusterConfig, FrameworkOptions, ModelConfig, ParallelConfig, Scenario, TrainingConfig
-from simulator.errors import ConfigError
-from simulator.scenario import validate_plan
-from simulator.step.engine import SimOptions, simulate
-from simulator.step.plan import Plan
-from simulator.step.program import Launch, Enqueue, build_program
-from simulator.step.inputs import step_inputs
+from simulator.scenario.config import ClusterConfig, FrameworkOptions, ModelConfig, ParallelConfig, Scenario, TrainingConfig
+from simulator.common.errors import ConfigError
+from simulator.scenario.load import validate_plan
+from simulator.engine.engine import SimOptions, simulate
+from simulator.layout.grid import Plan
+from simulator.program.builder import Launch, Enqueue, build_program
+from simulator.engine.inputs import step_inputs
 from simulator.workload.memory import memory_report
 
 DENSE = ModelConfig(hidden_size=1024, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=8,

@@ -6,10 +6,10 @@ import math
 
 import pytest
 
-from simulator.config import FrameworkOptions, ModelConfig, ParallelConfig, Scenario, TrainingConfig
-from simulator.errors import ConfigError
-from simulator.physical.hardware import get_gpu
-from simulator.scenario import scenario_from_dict, yarn_mscale
+from simulator.scenario.config import FrameworkOptions, ModelConfig, ParallelConfig, Scenario, TrainingConfig
+from simulator.common.errors import ConfigError
+from simulator.parts.gpus import get_gpu
+from simulator.scenario.load import scenario_from_dict, yarn_mscale
 from simulator.workload.compute import layer_cost
 from simulator.workload.frameworks import load_profile, resolve
 from simulator.workload.software import EXPERT_BIAS, GLU_CLAMP, MEGATRON_ROPE_UNFUSED, layer_with_software

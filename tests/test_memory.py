@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from simulator.workload.compute import param_counts
-from simulator.config import ClusterConfig, ModelConfig, ParallelConfig, Scenario, TrainingConfig
-from simulator.errors import ConfigError
+from simulator.scenario.config import ClusterConfig, ModelConfig, ParallelConfig, Scenario, TrainingConfig
+from simulator.common.errors import ConfigError
 from simulator.workload.memory import (
     format_memory_table,
     korthikanti_activation_bytes,
@@ -20,8 +20,8 @@ from simulator.workload.memory import (
     stage_layers,
     stage_memory,
 )
-from simulator.step.schedules import SCHEDULES
-from simulator.units import GiB
+from simulator.layout.schedules import SCHEDULES
+from simulator.common.units import GiB
 
 GPT3 = ModelConfig(
     hidden_size=12288, num_hidden_layers=96, num_attention_heads=96, num_key_value_heads=96,
@@ -460,8 +460,8 @@ def test_bf16_adam_moments_hold_8_bytes_per_parameter_and_move_8_fewer_in_adam()
     """training.optimizer_state_dtype bf16 (Megatron-core precision-aware optimizer, DeepSeek-V3):
     the fp32 master weight (4) and two bf16 moments (2 + 2), against 4 + 4 + 4; the fused Adam reads
     and writes each moment once, 8 bytes fewer per parameter of its shard."""
-    from simulator.config import optimizer_state_bytes
-    from simulator.scenario import load_scenario
+    from simulator.scenario.config import optimizer_state_bytes
+    from simulator.scenario.load import load_scenario
     from simulator.workload.memory import stage_memory
     from simulator.workload.software import BF16_MOMENTS_SAVED_BYTES
 
@@ -470,7 +470,7 @@ def test_bf16_adam_moments_hold_8_bytes_per_parameter_and_move_8_fewer_in_adam()
     b = load_scenario("scenarios/llama3-70b-64xh100.yaml", ["training.optimizer_state_dtype=bf16"])
     assert stage_memory(b, 0).optimizer == pytest.approx(stage_memory(s, 0).optimizer * 8 / 12)
     assert stage_memory(b, 0).weights == stage_memory(s, 0).weights
-    from simulator.physical.hardware import gpu_of
+    from simulator.parts.gpus import gpu_of
     from simulator.workload.workload import build_workload
 
     gpu = gpu_of(s.cluster, s.training.precision)
@@ -487,7 +487,7 @@ def test_one_f_one_b_gpipe_and_interleaved_in_flight_are_read_without_building_t
     min(2 (p - s - 1) + (v - 1) p + 1, m v)) instead of walking the built program; each equals
     the walk for every stage of every valid layout of a grid (fewer micro-batches than stages
     included), and a stage outside the pipeline is still refused."""
-    from simulator.step.schedules import check_schedule_args
+    from simulator.layout.schedules import check_schedule_args
 
     checked = 0
     for name in ("1f1b", "gpipe", "interleaved"):
@@ -546,7 +546,7 @@ def test_quantized_inputs_on_an_moe_layer_count_each_routed_copy_once():
 def test_fp8_memory_follows_the_framework_that_saves_quantized_inputs():
     """The same FP8 layout: a Transformer Engine stack (megatron-core) holds fewer activation bytes
     than in BF16; torchtitan (torchao's rowwise path keeps the 16-bit input) holds the same."""
-    from simulator.scenario import load_scenario
+    from simulator.scenario.load import load_scenario
     from simulator.workload.frameworks import load_profile
 
     assert load_profile("megatron-core")["fp8"]["saves_quantized_inputs"] is True
@@ -579,7 +579,7 @@ def test_maxtext_custom_policy_keeps_the_layer_input_qkv_and_the_output_projecti
 
 
 def _dsv3():
-    from simulator.scenario import scenario_from_dict
+    from simulator.scenario.load import scenario_from_dict
 
     return scenario_from_dict({"model": "deepseek-ai/DeepSeek-V3"}).model
 
@@ -625,7 +625,7 @@ def test_deepseek_v3s_report_layout_fits_its_h800s_with_the_modules_it_recompute
 
     import yaml
 
-    from simulator.scenario import scenario_from_dict
+    from simulator.scenario.load import scenario_from_dict
     from simulator.studies.validate import case_to_scenario_dict
 
     cases = yaml.safe_load((Path(__file__).parent / "data" / "moe-runs.yaml").read_text())["cases"]

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from simulator.config import MoEConfig, ParallelConfig, TrainingConfig
-from simulator.errors import ConfigError
-from simulator.physical.hardware import get_gpu
-from simulator.scenario import scenario_from_dict, validate_plan
+from simulator.scenario.config import MoEConfig, ParallelConfig, TrainingConfig
+from simulator.common.errors import ConfigError
+from simulator.parts.gpus import get_gpu
+from simulator.scenario.load import scenario_from_dict, validate_plan
 from simulator.studies.validate import _uneven, case_to_scenario_dict
 from simulator.workload import moe
 from simulator.workload.compute import layer_cost, model_flops_per_token, param_counts
@@ -25,7 +25,7 @@ def model(hf_id):
     return scenario_from_dict({"model": hf_id}).model
 
 
-# Published counts: simulator/workload/catalog/README.md (model cards and the DeepSeek-V3 README).
+# Published counts: simulator/data/models/README.md (model cards and the DeepSeek-V3 README).
 @pytest.mark.parametrize("hf_id, total_b, active_b, tol", [
     ("deepseek-ai/DeepSeek-V3", 671, 37, 0.02),
     ("Qwen/Qwen3-235B-A22B", 235, 22, 0.02),
@@ -161,7 +161,7 @@ def test_split_moe_block_puts_the_experts_between_the_all_to_alls():
 
 def test_model_params_in_the_run_and_memory_json():
     from simulator.reports.report import step_report
-    from simulator.step.engine import simulate
+    from simulator.engine.engine import simulate
     from simulator.workload.memory import memory_report
 
     s = scenario_from_dict({"model": {"hf_id": "Qwen/Qwen3-30B-A3B", "num_hidden_layers": 2,
@@ -299,7 +299,7 @@ def test_te_multi_stream_experts_fill_the_sms_as_four_gemms_at_a_time():
     (cublaslt_gemm.cu multi_stream_cublas_gemm, multi_stream.cpp: 4), so the wave occupancy is
     that of min(4, experts) GEMMs' tiles, not of one grouped kernel over all of them."""
     from simulator.workload.compute import gemm_efficiency
-    from simulator.physical.hardware import peak
+    from simulator.parts.gpus import peak
 
     m = model("Qwen/Qwen3-30B-A3B")  # 128 experts, moe_intermediate 768, hidden 2048
     t, par = TrainingConfig(seq_length=4096, micro_batch_size=1), ParallelConfig(ep=8)  # 16 local experts
@@ -434,7 +434,7 @@ def test_only_the_ops_after_the_sync_stall_without_run_ahead():
 def test_a_grace_host_issues_each_op_slower_by_the_measured_ratio():
     """TransformerEngine#2053: one torch Linear forward took 37.08 us of CPU on GB200, 13.48 us on a
     DGX H100's Xeon. Grace-hosted parts carry that ratio; x86-hosted ones (B200, B300, H100) do not."""
-    from simulator.physical.hardware import GRACE_HOST_OVERHEAD
+    from simulator.parts.gpus import GRACE_HOST_OVERHEAD
 
     assert GRACE_HOST_OVERHEAD == pytest.approx(37.08 / 13.48)
     assert get_gpu("GB200").host_overhead == get_gpu("GB300").host_overhead == GRACE_HOST_OVERHEAD
@@ -466,7 +466,7 @@ def test_a_whole_iteration_cuda_graph_has_no_host_sync():
 
 
 def test_the_workload_charges_a_grace_host_its_slower_kernel_issue():
-    from simulator.physical.hardware import gpu_of
+    from simulator.parts.gpus import gpu_of
     from simulator.workload.frameworks import resolve
     from simulator.workload.workload import build_workload
 

@@ -6,9 +6,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from simulator.errors import ConfigError
-from simulator.scenario import scenario_from_dict
-from simulator.step.inputs import gpu_of
+from simulator.common.errors import ConfigError
+from simulator.scenario.load import scenario_from_dict
+from simulator.engine.inputs import gpu_of
 from simulator.studies.validate import case_to_scenario_dict
 from simulator.workload import moe as M
 from simulator.workload.workload import build_workload

@@ -5,7 +5,7 @@ import pytest
 import simpy
 from hypothesis import given, settings, strategies as st
 
-from simulator.physical.network import Network, max_min_rates
+from simulator.network.flows import Network, max_min_rates
 
 
 def run_transfers(capacity, specs):
@@ -167,7 +167,7 @@ def test_small_templates_kept_as_lists_run_bit_for_bit_like_the_array_path(seed,
     """Templates with a few link classes do their bookkeeping (bytes, owners, users) entry by
     entry on Python lists; random transfers whose templates split classes while in flight give the
     same completion times, bytes, rate updates and owners as with every template on arrays."""
-    import simulator.physical.network as network
+    import simulator.network.flows as network
 
     rng = np.random.default_rng(100 + seed)
     capacity = rng.choice([50.0, 120.0], size=40)
@@ -198,8 +198,8 @@ def test_networks_on_one_cluster_share_its_link_classes_but_not_their_refinement
     arrays, since a transfer splits classes in place. The same collective twice on one cluster,
     and once on a copy of its capacities (a fresh unique), takes the same time and carries the
     same bytes per link."""
-    from simulator.physical.collectives import time_collective
-    from simulator.physical.topology import build_cluster, load_topology
+    from simulator.network.collectives import time_collective
+    from simulator.network.cluster import build_cluster, load_topology
 
     cluster = build_cluster(load_topology("dgx-h100"), 4)
     first, net1 = time_collective(cluster, "all_reduce", range(32), 2**30)

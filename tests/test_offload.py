@@ -2,13 +2,13 @@
 
 import pytest
 
-from simulator.errors import ConfigError
+from simulator.common.errors import ConfigError
 from simulator.reports.report import step_report
-from simulator.scenario import scenario_from_dict, validate_plan
-from simulator.step import program as P
-from simulator.step.engine import simulate
-from simulator.step.inputs import step_inputs
-from simulator.step.trace import SimOptions
+from simulator.scenario.load import scenario_from_dict, validate_plan
+from simulator.program import builder as P
+from simulator.engine.engine import simulate
+from simulator.engine.inputs import step_inputs
+from simulator.engine.records import SimOptions
 from simulator.studies.validate import case_to_scenario_dict
 from simulator.workload.memory import layer_activation_bytes, memory_report, offload_bytes_per_layer
 from simulator.workload.offload import module_offload_bytes
@@ -111,7 +111,7 @@ def test_a_slow_host_link_shows_as_exposed_offload_bounded_by_the_copies():
 
 
 def _dict(s):
-    from simulator.scenario import scenario_to_dict
+    from simulator.scenario.load import scenario_to_dict
 
     return scenario_to_dict(s)
 
@@ -165,7 +165,7 @@ def test_validate_reads_megatrons_offload_options():
 def test_perfetto_draws_the_copy_streams_one_lane_each():
     from collections import defaultdict
 
-    from simulator.reports.perfetto import trace_events
+    from simulator.trace.perfetto import trace_events
 
     doc = trace_events(simulate(dense(activation_offload_layers=8)))
     events = doc["traceEvents"] if isinstance(doc, dict) else doc
@@ -217,7 +217,7 @@ def test_a_plan_of_an_offloading_scenario_searches_pipelines_without_it():
 
 
 def test_the_shipped_gb300_recipe_fits_only_with_its_offloading():
-    from simulator.scenario import load_scenario
+    from simulator.scenario.load import load_scenario
     from simulator.workload.memory import memory_peak
 
     s = load_scenario("scenarios/llama3-70b-64xgb300-offload.yaml")

@@ -5,11 +5,11 @@ import dataclasses
 
 import pytest
 
-from simulator.config import ClusterConfig, ModelConfig, ParallelConfig, Scenario, TrainingConfig
-from simulator.errors import ConfigError
-from simulator.scenario import scenario_from_dict, validate_plan
-from simulator.step.engine import simulate
-from simulator.step.program import build_program, schedule_steps
+from simulator.scenario.config import ClusterConfig, ModelConfig, ParallelConfig, Scenario, TrainingConfig
+from simulator.common.errors import ConfigError
+from simulator.scenario.load import scenario_from_dict, validate_plan
+from simulator.engine.engine import simulate
+from simulator.program.builder import build_program, schedule_steps
 from simulator.studies.validate import case_to_scenario_dict
 from simulator.workload.memory import memory_report
 

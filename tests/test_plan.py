@@ -2,7 +2,7 @@
 
 import pytest
 
-from simulator.step.plan import Plan
+from simulator.layout.grid import Plan
 
 
 @pytest.mark.parametrize("tp, dp, cp, ep", [(2, 4, 1, 2), (2, 2, 2, 4), (4, 4, 2, 8), (1, 8, 1, 8)])

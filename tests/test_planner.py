@@ -11,11 +11,11 @@ import pytest
 import yaml
 
 from simulator.cli import main
-from simulator.errors import ConfigError
-from simulator.physical.hardware import gpu_of
-from simulator.scenario import load_scenario, scenario_from_dict, scenario_to_dict
-from simulator.step.bound import step_lower_bound
-from simulator.step.engine import SimOptions, simulate
+from simulator.common.errors import ConfigError
+from simulator.parts.gpus import gpu_of
+from simulator.scenario.load import load_scenario, scenario_from_dict, scenario_to_dict
+from simulator.studies.bound import step_lower_bound
+from simulator.engine.engine import SimOptions, simulate
 from simulator.studies import planner
 from simulator.studies.planner import plan
 from simulator.studies.planner_space import (apply_layout, candidate_scenario, default_space, enumerate_layouts,
@@ -222,7 +222,7 @@ def test_bound_never_exceeds_the_step_and_is_exact_without_communication_on_one_
 
 
 def test_fsdp_chain_is_the_longest_path():
-    from simulator.step.bound import fsdp_chain
+    from simulator.studies.bound import fsdp_chain
 
     assert fsdp_chain([1.0, 1.0, 1.0], [0.0, 0.0, 0.0], 1) == 3.0
     # depth 0: every gather waits for the previous layer
@@ -265,7 +265,7 @@ def test_bound_with_fsdp_never_exceeds_the_step_across_nodes(kw):
 def test_overlapped_tp_contention_keeps_the_bound_below_the_step(kw):
     """The SMs the backward's overlapped TP collectives hold (``bound.overlap_contention_s``) raise
     the bound, never above the simulated step; a split backward (zb-h1) takes no such term."""
-    from simulator.step.bound import overlap_contention_s
+    from simulator.studies.bound import overlap_contention_s
 
     s = _tiny_on_two_nodes(**kw)
     gpu = gpu_of(s.cluster, s.training.precision)
@@ -287,8 +287,8 @@ def test_fsdp_contention_bound_is_its_closed_form_and_below_the_step():
     by the prefetch): the SMs the FSDP collectives hold lift the bound to C + (24/132) L +
     (108/132) T, with C the compute alone (the step without communication, pp 1), L the busiest
     link's FSDP busy time and T the blocking TP collectives; the simulated step stays above it."""
-    from simulator.physical.nccl import NCCL_KERNEL_SMS
-    from simulator.step.bound import blocking_tp_s, fsdp_link_busy, stage_compute
+    from simulator.network.nccl import NCCL_KERNEL_SMS
+    from simulator.studies.bound import blocking_tp_s, fsdp_link_busy, stage_compute
 
     raw = scenario_to_dict(load_scenario("scenarios/llama3-70b-64xh100.yaml"))
     raw["training"]["global_batch_size"] = 64
@@ -317,7 +317,7 @@ def test_blocking_ep_all_to_alls_are_two_per_moe_pass_and_keep_the_bound_below_t
     time alone on an idle node; none with moe.overlap_a2a or with EP across nodes. The bound
     rises by them and stays below the simulated step. With TP the MoE block's own TP collectives
     count in both passes."""
-    from simulator.step.bound import blocking_ep_s
+    from simulator.studies.bound import blocking_ep_s
 
     base = load_scenario("scenarios/mixtral-8x7b-64xh100.yaml")
     for recompute in ("none", "full"):
@@ -334,7 +334,7 @@ def test_blocking_ep_all_to_alls_are_two_per_moe_pass_and_keep_the_bound_below_t
         assert without < bound < simulate(s).step_time_s
     # TP2 with sequence parallelism: the attention's all-gather and reduce-scatter, the MoE block's own
     # (expert TP = tp), and the two all-to-alls of EP4, in each pass
-    from simulator.step.bound import blocking_tp_s
+    from simulator.studies.bound import blocking_tp_s
 
     tp2 = apply_layout(base, replace(layout_of(base), tp=2, dp=8, ep=4, etp=None, sequence_parallel=True))
     w = build_workload(tp2, gpu_of(tp2.cluster, "bf16"))
@@ -355,7 +355,7 @@ def test_stage_fsdp_busy_is_the_busiest_link_of_its_collectives():
     parameter all-gathers and one gradient reduce-scatter over its group: checked against the
     per-link loads of the three collectives (one parameter count, as in a dense model, and two, as
     when MoE layers hold fewer dense parameters); None without parameters."""
-    from simulator.step.bound import stage_fsdp_busy
+    from simulator.studies.bound import stage_fsdp_busy
     from simulator.workload.workload import GRAD_BYTES, PARAM_BYTES
 
     s = load_scenario("scenarios/llama3-70b-64xh100.yaml")
@@ -665,7 +665,7 @@ def test_schedule_walk_bound_stays_below_the_step_and_binds_on_a_slow_network(ze
     between stages, and the data-parallel stream's collectives one after another, each enqueued no
     earlier than the walk allows) never exceeds the simulated step; on a 25 Gb/s network, where the
     reductions dominate, it is above every other term of the bound and more than half the step."""
-    from simulator.step.bound import blocking_tp_s, schedule_walk_bound, step_compute
+    from simulator.studies.bound import blocking_tp_s, schedule_walk_bound, step_compute
 
     s = load_scenario("scenarios/tiny.yaml", [
         "cluster.num_nodes=4", "training.global_batch_size=32", f"parallelism.dp={16 // pp}",

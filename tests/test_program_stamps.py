@@ -2,9 +2,9 @@
 reads, so the engine records when each of them ends (``engine._stamp``) and no other."""
 import pytest
 
-from simulator.scenario import load_scenario
-from simulator.step.inputs import step_inputs
-from simulator.step.program import Launch, Wait, build_program
+from simulator.scenario.load import load_scenario
+from simulator.engine.inputs import step_inputs
+from simulator.program.builder import Launch, Wait, build_program
 
 LAYOUTS = {
     "zero1-interleaved-cp": ("scenarios/llama3-70b-64xh100.yaml", []),

@@ -4,11 +4,11 @@ or above that step changes nothing, and a cutoff well below it does stop the run
 
 import pytest
 
-import simulator.step.bound as bound_module
-import simulator.step.engine as engine
+import simulator.studies.bound as bound_module
+import simulator.engine.engine as engine
 from simulator.reports.report import step_report
-from simulator.scenario import load_scenario
-from simulator.step.engine import SimOptions, StepAbove, simulate
+from simulator.scenario.load import load_scenario
+from simulator.engine.engine import SimOptions, StepAbove, simulate
 
 CASES = {
     "pp2-1f1b-zero1": ["parallelism.pp=2", "parallelism.dp=8", "parallelism.zero_stage=1"],
@@ -79,8 +79,8 @@ def test_jitter_turns_the_stop_off():
 def test_a_pipeline_transfer_alone_is_at_least_its_route_latency_and_its_bytes_at_the_slowest_link():
     """``least_pp``'s closed form (what the walk adds to a send) against the network simulating
     that transfer alone, inside a node and across nodes."""
-    from simulator.physical.collectives import time_collective
-    from simulator.step.engine import scenario_cluster
+    from simulator.network.collectives import time_collective
+    from simulator.engine.engine import scenario_cluster
 
     s = _scenario("pp4-slow-network")
     cluster = scenario_cluster(s)

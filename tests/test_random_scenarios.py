@@ -2,11 +2,11 @@
 
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from simulator.step.engine import simulate
-from simulator.errors import ConfigError
+from simulator.engine.engine import simulate
+from simulator.common.errors import ConfigError
 from simulator.workload.memory import memory_report
 from simulator.reports.report import step_report
-from simulator.scenario import scenario_from_dict, validate_plan
+from simulator.scenario.load import scenario_from_dict, validate_plan
 
 
 @st.composite

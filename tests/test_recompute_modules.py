@@ -2,10 +2,10 @@
 
 import pytest
 
-from simulator.config import MoEConfig, ParallelConfig, TrainingConfig
-from simulator.errors import ConfigError
-from simulator.physical.hardware import get_gpu
-from simulator.scenario import scenario_from_dict
+from simulator.scenario.config import MoEConfig, ParallelConfig, TrainingConfig
+from simulator.common.errors import ConfigError
+from simulator.parts.gpus import get_gpu
+from simulator.scenario.load import scenario_from_dict
 from simulator.studies.validate import case_to_scenario_dict
 from simulator.workload.compute import layer_cost
 
@@ -101,7 +101,7 @@ def test_moe_reruns_the_whole_moe_layer_but_not_its_norm_and_residual():
 def test_moe_recompute_runs_the_dispatch_and_combine_again():
     """The recomputed MoE layer sends its tokens again: six all-to-alls per MoE layer and
     micro-batch instead of four, and the step is longer."""
-    from simulator.step.engine import simulate
+    from simulator.engine.engine import simulate
 
     def run(modules):
         s = scenario_from_dict({

@@ -3,9 +3,10 @@
 import numpy as np
 import pytest
 
-from simulator.physical.topology import TOPOLOGY_DIR, build_cluster, load_topology, path_nodes
+from simulator.common import resources
+from simulator.network.cluster import build_cluster, load_topology, path_nodes
 
-SHIPPED = sorted(p.stem for p in TOPOLOGY_DIR.glob("*.yaml"))
+SHIPPED = list(resources.names("topologies"))
 
 
 def _named(c, a, b):

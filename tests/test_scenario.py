@@ -9,8 +9,8 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simulator.errors import ConfigError
-from simulator.scenario import (
+from simulator.common.errors import ConfigError
+from simulator.scenario.load import (
     apply_overrides,
     load_scenario,
     scenario_from_dict,
@@ -490,7 +490,7 @@ def test_random_scenarios_validate_or_raise_config_error(d, overrides):
 
 
 def test_vp_above_one_with_1f1b_means_interleaved_as_the_issue_example_says(tmp_path):
-    from simulator.scenario import scenario_from_dict, validate_plan
+    from simulator.scenario.load import scenario_from_dict, validate_plan
     s = scenario_from_dict({
         "name": "gpt3-175b-128xh100",
         "model": {"hidden_size": 12288, "num_hidden_layers": 96, "num_attention_heads": 96,
@@ -505,9 +505,9 @@ def test_vp_above_one_with_1f1b_means_interleaved_as_the_issue_example_says(tmp_
 def test_expert_tp_must_divide_tp_and_needs_sequence_parallelism_below_it():
     import dataclasses
 
-    from simulator.config import ModelConfig, ParallelConfig, Scenario, ClusterConfig, TrainingConfig
-    from simulator.errors import ConfigError
-    from simulator.scenario import validate_plan
+    from simulator.scenario.config import ModelConfig, ParallelConfig, Scenario, ClusterConfig, TrainingConfig
+    from simulator.common.errors import ConfigError
+    from simulator.scenario.load import validate_plan
 
     moe = ModelConfig(hidden_size=1024, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=8,
                       intermediate_size=1024, vocab_size=32000, hidden_act="silu", num_experts=16,
@@ -528,7 +528,7 @@ def test_expert_tp_must_divide_tp_and_needs_sequence_parallelism_below_it():
 def test_nvl72_rank_grid_keeps_dividing_groups_in_one_rack_and_warns_when_tp_x_cp_does_not_divide_72():
     """Megatron order on 72-GPU nodes: TP8 groups and TP8 x CP... blocks that divide 72 stay in a rack;
     tp 8 x cp 2 = 16 does not divide 72, so the CP groups of ranks 64-79 straddle racks: warned."""
-    from simulator.step.plan import Plan
+    from simulator.layout.grid import Plan
     base = ["cluster.topology=gb200-nvl72", "cluster.gpus_per_node=72", "cluster.gpu=GB200",
             "cluster.num_nodes=2", "parallelism.pp=1", "training.global_batch_size=144"]
     ok = tiny(*base, "parallelism.tp=4", "parallelism.cp=2", "parallelism.dp=18", "model.num_attention_heads=16",

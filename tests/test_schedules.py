@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from simulator.errors import ConfigError
-from simulator.step.schedules import (
+from simulator.common.errors import ConfigError
+from simulator.layout.schedules import (
     SCHEDULES,
     Placement,
     Step,

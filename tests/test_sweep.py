@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from simulator.errors import ConfigError
+from simulator.common.errors import ConfigError
 from simulator.studies.sweep import CSV, JSONL, METRICS, parse_vary, points, read_log, run_sweep, table_csv
 from simulator.studies.whatif import TARGETS, whatif, write_whatif
 

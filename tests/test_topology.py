@@ -3,10 +3,11 @@
 import networkx as nx
 import pytest
 
-from simulator.errors import ConfigError
-from simulator.physical.topology import TOPOLOGY_DIR, build_cluster, load_topology, route_nodes
+from simulator.common.errors import ConfigError
+from simulator.common import resources
+from simulator.network.cluster import build_cluster, load_topology, route_nodes
 
-SHIPPED = sorted(p.stem for p in TOPOLOGY_DIR.glob("*.yaml"))
+SHIPPED = list(resources.names("topologies"))
 
 
 def test_the_four_named_topologies_ship():
@@ -52,7 +53,7 @@ def test_a_gpu_brings_its_own_nvlink_rate_into_the_topologys_node(topology, gpu,
     """NVLink ports are the GPU's: an H800 (or A800) in a DGX-H100 (DGX-A100) node runs at its 400 GB/s
     bidirectional, not the H100's 900 (A100's 600); an explicit override or a topology file that sets
     its own rate wins."""
-    from simulator.physical.hardware import get_gpu
+    from simulator.parts.gpus import get_gpu
 
     eff = get_gpu(gpu).nvlink_efficiency
     c = build_cluster(load_topology(topology), 1, gpu=gpu)
@@ -64,7 +65,7 @@ def test_a_gpu_brings_its_own_nvlink_rate_into_the_topologys_node(topology, gpu,
 def test_a_topology_file_with_its_own_nvlink_rate_keeps_it_for_any_gpu(tmp_path):
     path = tmp_path / "custom.yaml"
     path.write_text("gpu: H100-SXM5-80GB\nnvlink_bandwidth_GBps: 600\n")
-    from simulator.physical.hardware import get_gpu
+    from simulator.parts.gpus import get_gpu
 
     c = build_cluster(load_topology(str(path)), 1, gpu="H800")
     assert c.link_bw[c.route(0, 5)].tolist() == [600e9 * get_gpu("H800").nvlink_efficiency] * 2
@@ -141,7 +142,7 @@ def test_a_stage_to_stage_shift_uses_every_spine_once():
 
 
 def test_cross_rail_transfers_cross_nvlink_first_then_stay_on_the_destination_rail():
-    from simulator.physical.topology import path_nodes
+    from simulator.network.cluster import path_nodes
     c = build_cluster(load_topology("dgx-h100"), 64)
     assert path_nodes(c, 4, 40 * 8) == ["n0.g4", "n0.nvs", "n0.g0", "n0.nic0", "pod0.leaf0", "pod0.spine8",
                                         "pod0.leaf8", "n40.nic0", "n40.g0"]

@@ -5,9 +5,9 @@ import dataclasses
 
 import pytest
 
-from simulator.config import (ClusterConfig, FrameworkOptions, ModelConfig, ParallelConfig, Scenario,
+from simulator.scenario.config import (ClusterConfig, FrameworkOptions, ModelConfig, ParallelConfig, Scenario,
                               TrainingConfig)
-from simulator.physical.hardware import get_gpu, power_factor
+from simulator.parts.gpus import get_gpu, power_factor
 from simulator.workload import attention
 from simulator.workload.attention import AttentionKernel, h100_tflops
 from simulator.workload.compute import layer_cost

@@ -9,12 +9,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from simulator.reports.commmap import comm_map
-from simulator.reports.critical_path import CATEGORIES, critical_path
-from simulator.step.engine import SimOptions, simulate
-from simulator.reports.linkuse import link_use, peak_load
-from simulator.reports.perfetto import trace_events
-from simulator.scenario import load_scenario
+from simulator.trace.commmap import comm_map
+from simulator.trace.critical_path import CATEGORIES, critical_path
+from simulator.engine.engine import SimOptions, simulate
+from simulator.trace.linkuse import link_use, peak_load
+from simulator.trace.perfetto import trace_events
+from simulator.scenario.load import load_scenario
 from simulator.reports.timeline import timeline
 
 ROOT = Path(__file__).resolve().parents[1]

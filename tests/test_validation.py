@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from simulator.physical.collectives import bus_factor, time_collective
-from simulator.physical.topology import build_cluster, load_topology
+from simulator.network.collectives import bus_factor, time_collective
+from simulator.network.cluster import build_cluster, load_topology
 from simulator.studies.validate import case_to_scenario_dict, predict, validate_file
 
 VALIDATION = Path(__file__).resolve().parents[2] / "shared" / "validation"
@@ -91,8 +91,8 @@ def test_layer_times_of_korthikanti_table_4_within_8pct():
     """One 22B layer at TP8 on A100 (2022 Megatron: unfused attention), forward and backward."""
     import dataclasses
 
-    from simulator.config import ClusterConfig, ModelConfig, ParallelConfig, Scenario, TrainingConfig
-    from simulator.step.engine import SimOptions, simulate
+    from simulator.scenario.config import ClusterConfig, ModelConfig, ParallelConfig, Scenario, TrainingConfig
+    from simulator.engine.engine import SimOptions, simulate
 
     data = yaml.safe_load((VALIDATION / "layer-times.yaml").read_text())
     layer = data["layer"]
@@ -280,7 +280,7 @@ def test_llm_foundry_attn_impl_picks_the_kernel_and_an_unpriced_one_is_said():
 
 
 def test_a_case_states_sequence_parallelism_beside_its_recompute_text():
-    from simulator.errors import ConfigError
+    from simulator.common.errors import ConfigError
     from simulator.studies.validate import case_to_scenario_dict
 
     case = {"id": "x", "precision": "bf16",

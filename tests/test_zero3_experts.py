@@ -4,11 +4,11 @@ import dataclasses
 
 import pytest
 
-from simulator.config import ClusterConfig, ModelConfig, ParallelConfig, Scenario, TrainingConfig
-from simulator.step.bound import step_lower_bound
-from simulator.step.engine import SimOptions, simulate
-from simulator.step.inputs import step_inputs
-from simulator.step.program import Launch, build_program
+from simulator.scenario.config import ClusterConfig, ModelConfig, ParallelConfig, Scenario, TrainingConfig
+from simulator.studies.bound import step_lower_bound
+from simulator.engine.engine import SimOptions, simulate
+from simulator.engine.inputs import step_inputs
+from simulator.program.builder import Launch, build_program
 from simulator.studies import planner
 from simulator.workload.memory import memory_report
 

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from simulator.config import Scenario
-from simulator.physical.faults import fault_links
-from simulator.physical.topology import Cluster, path_nodes
-from simulator.step.plan import Plan
-from simulator.step.variability import rank_slowdowns
+from simulator.scenario.config import Scenario
+from simulator.network.faults import fault_links
+from simulator.network.cluster import Cluster, path_nodes
+from simulator.layout.grid import Plan
+from simulator.engine.variability import rank_slowdowns
 
 EXAMPLES = 4  # groups listed by their ranks per axis; the rest are counted
 

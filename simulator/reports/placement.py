@@ -11,9 +11,9 @@ each other on node-aligned layouts).
 
 from __future__ import annotations
 
-from simulator.config import Scenario
-from simulator.physical.topology import LINK_CLASSES, Cluster
-from simulator.step.plan import Plan
+from simulator.scenario.config import Scenario
+from simulator.network.cluster import LINK_CLASSES, Cluster
+from simulator.layout.grid import Plan
 
 AXES = ("tp", "cp", "dp", "zero", "ep", "edp", "pp")
 

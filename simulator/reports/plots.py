@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from simulator.files import atomic_write
+from simulator.common.files import atomic_write
 
 
 def _pyplot():

@@ -23,10 +23,10 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from simulator.records import Record
+from simulator.common.records import Record
 from simulator.workload.compute import hardware_flops_per_token, model_flops_per_token
-from simulator.step.trace import SimResult
-from simulator.physical.hardware import gpu_of, peak
+from simulator.engine.records import SimResult
+from simulator.parts.gpus import gpu_of, peak
 
 AXES = ("tp", "pp", "dp", "fsdp", "cp", "ep", "offload")  # offload: waits on CPU activation offloading copies
 FLOPS_CONVENTION = ("model FLOPs 6N + 12 L h s per token (PaLM App. B; Megatron-LM): attention counted over the "

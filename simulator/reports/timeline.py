@@ -14,8 +14,8 @@ import math
 from bisect import bisect_right
 from dataclasses import dataclass, replace
 
-from simulator.errors import ConfigError
-from simulator.step.trace import SimResult
+from simulator.common.errors import ConfigError
+from simulator.engine.records import SimResult
 from simulator.reports.report import step_report
 
 CATEGORIES = ("forward", "backward", "weight_grad", "recompute", "optimizer", "tp", "pp", "dp", "fsdp", "ep", "cp", "offload",

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from simulator.errors import ConfigError
+from simulator.common.errors import ConfigError
 
 RELATIONS = ("at_most", "at_least")
 STEP_TOLERANCE = 0.15
@@ -179,8 +179,8 @@ def audit(path: str | Path, sets=()) -> dict:
     """Simulate the plan file and judge every claim. JSON: ``claims`` (name, stated, simulated, verdict,
     why), ``tolerances`` per claim, ``name``, ``layout``, counts of ``holds`` and ``fails``."""
     from simulator.reports.report import step_report
-    from simulator.scenario import read_scenario_file, scenario_from_dict, validate_plan
-    from simulator.step.engine import simulate
+    from simulator.scenario.load import read_scenario_file, scenario_from_dict, validate_plan
+    from simulator.engine.engine import simulate
     from simulator.workload.memory import memory_report
 
     p = Path(path)

@@ -16,15 +16,20 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from simulator.common import resources
+
+
+def example(name: str) -> str:
+    """The path of a shipped example scenario (``simulator/data/scenarios``)."""
+    return str(resources.entry("scenarios", name))
+
 
 _STEP = """
 import json, resource, sys, time
 t0 = time.perf_counter()
-from simulator.scenario import load_scenario, validate_plan
-from simulator.step.engine import simulate
+from simulator.scenario.load import load_scenario, validate_plan
+from simulator.engine.engine import simulate
 from simulator.reports.report import step_report
 s = load_scenario(sys.argv[1], sys.argv[2:])
 validate_plan(s)
@@ -40,8 +45,8 @@ print(json.dumps({"wall_s": t2 - t0, "simulate_s": t2 - t1, "events": r["events"
 _ALL_REDUCE = """
 import json, resource, time
 t0 = time.perf_counter()
-from simulator.physical.collectives import time_collective
-from simulator.physical.topology import build_cluster, load_topology
+from simulator.network.collectives import time_collective
+from simulator.network.cluster import build_cluster, load_topology
 cluster = build_cluster(load_topology("dgx-h100"), 128)
 t1 = time.perf_counter()
 sim, net = time_collective(cluster, "all_reduce", range(1024), 8 * 2**30)
@@ -76,8 +81,8 @@ print(json.dumps({"wall_s": t1 - t0, "simulate_s": t1 - t0, "events": r["candida
 # layouts), which is what the limit is for; then the top 5 proven (``--prove 5``), what a table of
 # five exact ranks costs.
 REFERENCE_RUNS = 3
-PLAN_CASES = (("llama3-70b", "scenarios/llama3-70b-64xh100.yaml", 10),
-              ("llama3-405b", "scenarios/llama3-405b-16384xh100.yaml", 25))
+PLAN_CASES = (("llama3-70b", example("llama3-70b-64xh100"), 10),
+              ("llama3-405b", example("llama3-405b-16384xh100"), 25))
 DEFAULT_WORKERS = "0"  # the planner's default (``plan(workers=None)``, as ``stepsim plan`` without --workers)
 
 
@@ -94,22 +99,22 @@ def plan_cases() -> list[tuple[str, str, list[str]]]:
 
 def cases(quick: bool = False) -> list[tuple[str, str, list[str]]]:
     """(label, child program, argv) of every benchmark case."""
-    gpt3 = ("a: gpt3-175b 1024xA100 TP8 PP8 DP16", _STEP, ["scenarios/gpt3-175b-1024xa100.yaml"])
-    llama = ("b: llama3-405b 16384xH100 TP8 PP16 DP128", _STEP, ["scenarios/llama3-405b-16384xh100.yaml"])
+    gpt3 = ("a: gpt3-175b 1024xA100 TP8 PP8 DP16", _STEP, [example("gpt3-175b-1024xa100")])
+    llama = ("b: llama3-405b 16384xH100 TP8 PP16 DP128", _STEP, [example("llama3-405b-16384xh100")])
     ar = ("d: all_reduce 8GiB x 1024 H100", _ALL_REDUCE, [])
     # an MoE step: per-layer all-to-alls, host syncs and split MoE blocks over 16 stages
-    dsv3 = ("f: deepseek-v3 2048xH800 PP16 EP64", _STEP, ["scenarios/deepseek-v3-2048xh800.yaml"])
+    dsv3 = ("f: deepseek-v3 2048xH800 PP16 EP64", _STEP, [example("deepseek-v3-2048xh800")])
     series = []
     for gpus in (128, 256, 512, 1024, 2048, 4096, 8192, 16384):
         dp = gpus // 128
         series.append((f"c: llama3-405b {gpus} GPUs (DP{dp})", _STEP,
-                       ["scenarios/llama3-405b-16384xh100.yaml", f"cluster.num_nodes={gpus // 8}",
+                       [example("llama3-405b-16384xh100"), f"cluster.num_nodes={gpus // 8}",
                         f"parallelism.dp={dp}", f"training.global_batch_size={16 * dp}"]))
     nvl72 = []
     for racks in SCALE_RACKS:
         dp = racks * 72 // 128
         nvl72.append((f"e: llama3-405b {racks}xGB200-NVL72 ({racks * 72} GPUs)", _STEP,
-                      ["scenarios/llama3-405b-gb200-nvl72.yaml", f"cluster.num_nodes={racks}",
+                      [example("llama3-405b-gb200-nvl72"), f"cluster.num_nodes={racks}",
                        f"parallelism.dp={dp}", f"training.global_batch_size={16 * dp}"]))
     if quick:
         return [gpt3, ar] + series[:3]
@@ -141,12 +146,12 @@ def _nvl72_huge() -> list[tuple[str, str, list[str]]]:
     racks = SCALE_RACKS[-1]
     dp = racks * 72 // 128
     return [(f"e: llama3-405b {racks}xGB200-NVL72 ({racks * 72} GPUs)", _STEP,
-             ["scenarios/llama3-405b-gb200-nvl72.yaml", f"cluster.num_nodes={racks}",
+             [example("llama3-405b-gb200-nvl72"), f"cluster.num_nodes={racks}",
               f"parallelism.dp={dp}", f"training.global_batch_size={16 * dp}"])]
 
 
 def run_case(program: str, argv: list[str]) -> dict:
-    out = subprocess.run([sys.executable, "-c", program, *argv], capture_output=True, text=True, cwd=ROOT)
+    out = subprocess.run([sys.executable, "-c", program, *argv], capture_output=True, text=True)
     if out.returncode:
         raise RuntimeError(out.stderr.strip().splitlines()[-1] if out.stderr.strip() else "benchmark failed")
     return json.loads(out.stdout)

@@ -15,7 +15,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from simulator.errors import ConfigError
+from simulator.common.errors import ConfigError
 from simulator.studies.sweep import Task, base_of, run_tasks
 
 RECOMPUTE_ORDER = ("none", "selective", "full")
@@ -64,7 +64,7 @@ def fallback_design(scenario, sets: Sequence[str] = (), *, executor: str = "proc
 
     Returns ``source``, ``candidates`` (label, overrides, step time, MFU, bubble, peak memory, or why
     it was dropped) and ``best`` (the fastest valid candidate, None when no neighbour runs)."""
-    from simulator.scenario import scenario_from_dict
+    from simulator.scenario.load import scenario_from_dict
 
     raw, base_dir, name = base_of(scenario, sets)
     s = scenario_from_dict(raw, base_dir=base_dir, default_name=name)
@@ -99,7 +99,7 @@ def batch_study(scenario, sets: Sequence[str] = (), *, executor: str = "process"
                 report: dict) -> list[dict]:
     """The same layout at half and double the global batch (skipped where the batch is not a valid
     multiple), with the baseline row taken from ``report``."""
-    from simulator.scenario import scenario_from_dict
+    from simulator.scenario.load import scenario_from_dict
 
     raw, base_dir, name = base_of(scenario, sets)
     s = scenario_from_dict(raw, base_dir=base_dir, default_name=name)
@@ -138,17 +138,17 @@ def _png(draw, *args) -> bytes:
 def gather(scenario: str, sets: Sequence[str] = (), *, factor: float = 2.0, executor: str = "process",
            workers: int | None = None, fallback=fallback_design) -> dict:
     """All numbers and figures of the design memo for one scenario file (see the module docstring)."""
-    from simulator.physical.hardware import gpu_of
-    from simulator.physical.topology import LINK_CLASSES
-    from simulator.reports.commmap import comm_map
-    from simulator.reports.critical_path import critical_path
-    from simulator.reports.linkuse import link_use
+    from simulator.parts.gpus import gpu_of
+    from simulator.network.cluster import LINK_CLASSES
+    from simulator.trace.commmap import comm_map
+    from simulator.trace.critical_path import critical_path
+    from simulator.trace.linkuse import link_use
     from simulator.reports.placement import placement
     from simulator.reports.plots import plot_memory, plot_timeline, plot_tornado
     from simulator.reports.report import step_report
     from simulator.reports.timeline import timeline
-    from simulator.scenario import load_scenario, scenario_to_dict, validate_plan
-    from simulator.step.engine import SimOptions, scenario_cluster, simulate
+    from simulator.scenario.load import load_scenario, scenario_to_dict, validate_plan
+    from simulator.engine.engine import SimOptions, scenario_cluster, simulate
     from simulator.studies.whatif import whatif
     from simulator.workload.checkpoint import checkpoint_plan
     from simulator.workload.compute import param_counts

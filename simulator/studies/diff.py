@@ -13,7 +13,7 @@ import json
 import math
 from pathlib import Path
 
-from simulator.errors import ConfigError
+from simulator.common.errors import ConfigError
 
 VOLATILE = ("sim_wall_s",)
 REPORT_SUFFIXES = (".json",)
@@ -78,8 +78,8 @@ def _simulate(path: str) -> tuple[dict, dict]:
     """(scenario keys, step report with memory) of one scenario file; a plan that does not fit is
     still simulated, as in a sweep."""
     from simulator.reports.report import step_report
-    from simulator.scenario import load_scenario, scenario_to_dict, validate_plan
-    from simulator.step.engine import simulate
+    from simulator.scenario.load import load_scenario, scenario_to_dict, validate_plan
+    from simulator.engine.engine import simulate
     from simulator.workload.memory import memory_report
 
     s = load_scenario(path)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 
-from simulator.errors import ConfigError
+from simulator.common.errors import ConfigError
 from simulator.studies.planner import plan
 from simulator.studies.validate import case_to_scenario_dict, load_cases
 
@@ -27,7 +27,7 @@ def narrow_space(raw: dict) -> list[str]:
     its micro-batch size and twice it, its ZeRO stage and 1 (Megatron's distributed optimizer),
     and (the default space's) its hybrid-sharding copies and 1: at most 12 layouts, 24 with hybrid
     sharding, the published one among them."""
-    from simulator.scenario import scenario_from_dict
+    from simulator.scenario.load import scenario_from_dict
 
     s = scenario_from_dict(raw)
     p, tr = s.parallelism, s.training
@@ -165,15 +165,13 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
     import sys
 
-    from simulator.studies.bench import ROOT
-
     ap = argparse.ArgumentParser(prog="python -m simulator.studies.plan_check")
     ap.add_argument("runs", nargs="*")
     ap.add_argument("--out")
     ap.add_argument("--full", action="store_true")
     ap.add_argument("--workers", type=int)
     args = ap.parse_args(argv)
-    files = args.runs or [str((ROOT / f).resolve()) for f in RUNS_FILES]
+    files = args.runs or [str(Path(f).resolve()) for f in RUNS_FILES]  # from a checkout
     parts, total = [], {"cases": 0, "planned": 0, "best_fits": 0, "no_slower": 0, "given_in_top5": 0,
                         "planner_wins": 0}
     for f in files:

@@ -59,11 +59,11 @@ from pathlib import Path
 
 import yaml
 
-from simulator.config import Scenario
-from simulator.errors import ConfigError
-from simulator.files import atomic_write_text, remove_stale
+from simulator.scenario.config import Scenario
+from simulator.common.errors import ConfigError
+from simulator.common.files import atomic_write_text, remove_stale
 from simulator.reports.report import AXES
-from simulator.scenario import scenario_from_dict, scenario_to_dict
+from simulator.scenario.load import scenario_from_dict, scenario_to_dict
 from simulator.studies.planner_space import (Layout, candidate_scenario, enumerate_layouts, layout_of,
                                              layout_order, merge_enumerations, parse_space)
 from simulator.studies.sweep import EXECUTORS, Task, _Lock, base_of, evaluate, point_id, read_log, scenario_hash
@@ -144,7 +144,7 @@ class _Bounds:
     checks cheap <= exact on every fitting layout of its spaces."""
 
     def __init__(self, s: Scenario):
-        from simulator.physical.hardware import gpu_of
+        from simulator.parts.gpus import gpu_of
 
         self.s = s
         self.gpu = gpu_of(s.cluster, s.training.precision)
@@ -163,7 +163,7 @@ class _Bounds:
         return cs, build_workload(cs, self.gpu)
 
     def exact(self, layout: Layout) -> float:
-        from simulator.step.bound import step_lower_bound
+        from simulator.studies.bound import step_lower_bound
 
         cs, w = self._workload(layout)
         return step_lower_bound(cs, w, self.collective_time, self.group_time, self.gpu.num_sms)
@@ -171,7 +171,7 @@ class _Bounds:
     def refined(self, layout: Layout, exact: float) -> float:
         """``exact`` (the layout's exact bound) or ``bound.schedule_walk_bound``, whichever is larger:
         a walk of every step of every stage, computed only for the layouts the plan would simulate."""
-        from simulator.step.bound import blocking_tp_s, schedule_walk_bound, step_compute
+        from simulator.studies.bound import blocking_tp_s, schedule_walk_bound, step_compute
 
         cs, w = self._workload(layout)
         blocking = blocking_tp_s(cs, w, self.collective_time)
@@ -180,8 +180,8 @@ class _Bounds:
 
     def cheap(self, layout: Layout) -> float | None:
         """The cheap bound, or None when it does not apply (DualPipe's two model copies)."""
-        from simulator.step.bound import blocking_tp_s
-        from simulator.step.schedules import placement
+        from simulator.studies.bound import blocking_tp_s
+        from simulator.layout.schedules import placement
 
         if placement(layout.schedule, layout.pp, layout.vp).copies != 1:
             return None
@@ -206,9 +206,9 @@ class _Bounds:
         bound are at least; 0 when the layers stay gathered across micro-batches
         (``fsdp_gathered_once``). The group and each layer's parameters per GPU (tp, ep and etp
         only) come from caches, the sum over links is memoised by group, layers and micro-batches."""
-        from simulator.step.bound import stage_fsdp_busy
-        from simulator.step.plan import Plan, vstage_layers
-        from simulator.step.schedules import placement
+        from simulator.studies.bound import stage_fsdp_busy
+        from simulator.layout.grid import Plan, vstage_layers
+        from simulator.layout.schedules import placement
         from simulator.workload.frameworks import fsdp_gathered_once
 
         if layout.pp > 1 and self._gathered_once is None:
@@ -239,8 +239,8 @@ def node_collective_time(s: Scenario):
     cluster (its link overrides applied), memoised: what ``bound.blocking_tp_s`` needs."""
     from dataclasses import replace
 
-    from simulator.physical.collectives import time_collective
-    from simulator.step.engine import scenario_cluster
+    from simulator.network.collectives import time_collective
+    from simulator.engine.engine import scenario_cluster
 
     node = scenario_cluster(replace(s, cluster=replace(s.cluster, num_nodes=1)))
     cache: dict = {}
@@ -258,8 +258,8 @@ def cluster_collective_time(s: Scenario):
     """(op, ranks, bytes) -> (seconds of a collective over those global ranks alone on ``s``'s idle
     cluster, seconds each link is busy with its bytes), memoised, the cluster built on first use:
     what ``bound.fsdp_stage_compute`` and ``bound.fsdp_link_busy`` need."""
-    from simulator.physical.collectives import time_collective
-    from simulator.step.engine import scenario_cluster
+    from simulator.network.collectives import time_collective
+    from simulator.engine.engine import scenario_cluster
 
     cache: dict = {}
     cluster = []
@@ -675,8 +675,8 @@ def fit_of_layouts(fitting: list[Screened]) -> set[Layout]:
 
 
 def _capacity_gib(s: Scenario) -> float:
-    from simulator.physical.hardware import gpu_of
-    from simulator.units import GiB
+    from simulator.parts.gpus import gpu_of
+    from simulator.common.units import GiB
 
     return gpu_of(s.cluster, s.training.precision).hbm_capacity_bytes / GiB
 

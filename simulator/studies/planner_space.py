@@ -32,11 +32,11 @@ from dataclasses import asdict, dataclass, fields, replace
 
 import yaml
 
-from simulator.config import Scenario
-from simulator.errors import ConfigError
+from simulator.scenario.config import Scenario
+from simulator.common.errors import ConfigError
 from simulator.workload.offload import layer_offload_runs, module_offload_runs
-from simulator.scenario import RECOMPUTE, ZERO_STAGES, scenario_from_dict, scenario_to_dict, validate_plan
-from simulator.step.schedules import SCHEDULES
+from simulator.scenario.load import RECOMPUTE, ZERO_STAGES, scenario_from_dict, scenario_to_dict, validate_plan
+from simulator.layout.schedules import SCHEDULES
 from simulator.studies.validate import pipeline_ends
 
 AXES = ("tp", "pp", "dp", "cp", "ep", "etp", "vp", "micro_batch_size", "recompute", "zero_stage",

@@ -40,11 +40,11 @@ from pathlib import Path
 
 import yaml
 
-from simulator.config import Scenario
-from simulator.errors import ConfigError
+from simulator.scenario.config import Scenario
+from simulator.common.errors import ConfigError
 from simulator.reports.report import AXES
-from simulator.scenario import apply_overrides, read_scenario_file, scenario_to_dict
-from simulator.files import atomic_write_text, remove_stale
+from simulator.scenario.load import apply_overrides, read_scenario_file, scenario_to_dict
+from simulator.common.files import atomic_write_text, remove_stale
 from simulator.studies.workers import check_local_workers, process_pool
 
 # Appended columns keep their place at the end, so a table read by position stays readable:
@@ -81,10 +81,10 @@ class Task:
 
 def evaluate(task: Task) -> dict:
     """The metrics of one point (``METRICS``); a ConfigError becomes the row's ``error``."""
-    from simulator.step.engine import SimOptions, StepAbove, scenario_cluster, simulate
+    from simulator.engine.engine import SimOptions, StepAbove, scenario_cluster, simulate
     from simulator.workload.memory import memory_report
     from simulator.reports.report import step_report
-    from simulator.scenario import scenario_from_dict, validate_plan
+    from simulator.scenario.load import scenario_from_dict, validate_plan
 
     row: dict = dict.fromkeys(METRICS)
     try:

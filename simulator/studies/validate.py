@@ -55,7 +55,7 @@ only, so predictions are the same with them removed. Documented defaults for unk
   sets the first and last stages' layers instead when its middle stages are equal and its stage
   and layer counts match (``megatron_layout``); any other layout string is named in a note and
   the rule above applies. Descriptions (DualPipe, AutoModel's layers_per_stage) are not layouts.
-- framework: the case's ``framework:`` (a profile in ``frameworks/``: megatron-core, nemo,
+- framework: the case's ``framework:`` (a profile in ``simulator/data/frameworks/``: megatron-core, nemo,
   torchtitan, deepspeed, composer, maxtext, automodel), ``megatron-core`` when the case does not say (the
   stack of the calibration runs). An unknown name makes that case an error row naming the valid ones.
 - framework_options (each absent key takes the profile's default): ``compile``, ``cuda_graphs``,
@@ -81,7 +81,7 @@ only, so predictions are the same with them removed. Documented defaults for unk
   torch-compiled, triton, xla) is the run's loss implementation (absent: the profile's; the rows
   state what their recipe at its release tag set). Other keys (pp_p2p, fsdp_*, ...) describe the run but are not
   modelled and are ignored.
-- GPU names: a catalog entry or alias, or a family match (``simulator.physical.hardware``); the
+- GPU names: a catalog entry or alias, or a family match (``simulator.parts.gpus``); the
   96 GB H100 of Meta's Grand Teton hosts is its own entry (2.4 TB/s HBM2e); PCIe, NVL and 94 GB
   parts are an error, never mapped to the SXM part.
 - ``framework_options.pipeline_schedule`` (or ``pp_schedule``) naming one of stepsim's split-backward
@@ -128,11 +128,11 @@ from pathlib import Path
 
 from simulator.workload.compute import param_counts
 from simulator.workload.frameworks import CUDA_GRAPH_SCOPES
-from simulator.config import QUANTIZED_PRECISIONS, ModelConfig
-from simulator.errors import ConfigError
-from simulator.yamlfile import load_yaml_file
+from simulator.scenario.config import QUANTIZED_PRECISIONS, ModelConfig
+from simulator.common.errors import ConfigError
+from simulator.common.yamlfile import load_yaml_file
 from simulator.studies.workers import check_local_workers, process_pool
-from simulator.scenario import optional_whole, scenario_from_dict, validate_plan, whole
+from simulator.scenario.load import optional_whole, scenario_from_dict, validate_plan, whole
 
 
 def _moe_shape(model: dict) -> dict:
@@ -296,7 +296,7 @@ STATED_ATTENTION = ("fa2", "sdpa", "fa3", "cudnn", "cudnn91", "flex")
 
 
 # llm-foundry's ``attn_config.attn_impl`` (Composer runs): "flash" is the flash_attn package that
-# frameworks/composer.yaml prices (its profile kernel), "torch" the unfused softmax(Q K^T) V of
+# simulator/data/frameworks/composer.yaml prices (its profile kernel), "torch" the unfused softmax(Q K^T) V of
 # llmfoundry/models/layers/attention.py (scaled_multihead_dot_product_attention), "triton"
 # llm-foundry's own Triton FlashAttention (llmfoundry/models/layers/flash_attn_triton.py), priced
 # by ``attention``'s ``triton`` kernel: FA2's curve over 1.4 forward and over 2 backward, as the
@@ -397,7 +397,7 @@ def _framework_keys(case: dict) -> dict:
 
 def _case_model(m: dict) -> tuple[dict | str, list[str]]:
     """The scenario's model section for a case: its HF id when the catalog has it, else its fields."""
-    from simulator.workload.catalog_models import catalog_ids
+    from simulator.parts.models import catalog_ids
 
     hf_id = m.get("hf_id")
     if hf_id and hf_id in catalog_ids():
@@ -441,7 +441,7 @@ def _moe_options(case: dict, m: dict, model, ep: int, etp: int, gpn: int) -> tup
     if limit:
         out["max_nodes_per_token"] = int(limit.group(1))
     elif isinstance(model, str):
-        from simulator.workload.catalog_models import catalog_config
+        from simulator.parts.models import catalog_config
 
         hf = catalog_config(model)
         if hf.get("n_group") and hf.get("topk_group") and nodes == hf["n_group"] and hf["topk_group"] < nodes:
@@ -496,7 +496,7 @@ def case_to_scenario_dict(case: dict, notes: list[str] | None = None) -> dict:
     mbs = par.get("mbs") or 1
     split_schedule = _stated_schedule(case) if pp > 1 else None
     if split_schedule:
-        from simulator.step.schedules import check_schedule_args
+        from simulator.layout.schedules import check_schedule_args
 
         try:
             check_schedule_args(split_schedule, pp, par["gbs"] // max(1, dp * mbs), SPLIT_SCHEDULES[split_schedule])
@@ -617,7 +617,7 @@ def maxtext_selective_policy(case: dict) -> str | None:
 
 
 def _hopper(gpu: str) -> bool:
-    from simulator.physical.hardware import get_gpu
+    from simulator.parts.gpus import get_gpu
 
     try:
         return get_gpu(gpu).nvlink_generation == 4
@@ -674,7 +674,7 @@ def groups_of(case: dict, scenario_dict: dict) -> dict[str, str]:
 
 def predict(case: dict) -> dict:
     """Simulate one case; returns its row (predictions, measured values, error) or an error row."""
-    from simulator.step.engine import simulate
+    from simulator.engine.engine import simulate
     from simulator.reports.report import step_report
 
     notes: list[str] = []
@@ -724,7 +724,7 @@ def load_cases(path: str | Path) -> list[dict]:
     and ``layers`` and, unless ``model.hf_id`` is a catalog model, the model's shape), or a one-line ConfigError
     naming the first case and field that is wrong. Anything else a case gets wrong is that case's
     row error (``predict``), the rest of the file still runs."""
-    from simulator.workload.catalog_models import catalog_ids
+    from simulator.parts.models import catalog_ids
 
     p = Path(path)
     if not p.is_file():

@@ -17,7 +17,7 @@ it already has, and give one step time each:
   Node 0 holds pipeline stage 0, which every micro-batch goes through.
 - "one degraded leaf-spine link": the uplink from node 0's first leaf to spine 0 at a quarter of
   its bandwidth (``{node: 0, link_class: leaf-spine, index: 0}``, see
-  ``simulator.physical.faults``), the link D-mod-K routing uses to bring traffic from other
+  ``simulator.network.faults``), the link D-mod-K routing uses to bring traffic from other
   leaves down to node 0's first rail (a flapping optic that renegotiated to a lower rate).
   Skipped, with the reason, when the cluster has no leaf-spine links (one node, or one leaf).
 
@@ -31,10 +31,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from simulator.errors import ConfigError
-from simulator.files import atomic_write_text
+from simulator.common.errors import ConfigError
+from simulator.common.files import atomic_write_text
 from simulator.studies.sweep import Task, base_of, run_tasks
-from simulator.physical.topology import LINK_CLASSES
+from simulator.network.cluster import LINK_CLASSES
 
 TARGETS = (*LINK_CLASSES, "compute", "moe_imbalance")
 STRAGGLER_SLOWDOWN = 1.25  # a GPU at 80% clock: compute takes 1 / 0.8 as long
@@ -55,8 +55,8 @@ def whatif(scenario, *, sets: Sequence[str] = (), factor: float = 2.0, executor:
 
     ``targets`` limits the rows to some of ``TARGETS`` and ``FAULT_TARGETS`` (default: all of them);
     ``progress.advance(task_id, total)`` is called as each simulation finishes."""
-    from simulator.step.engine import scenario_cluster
-    from simulator.scenario import scenario_from_dict, validate_plan
+    from simulator.engine.engine import scenario_cluster
+    from simulator.scenario.load import scenario_from_dict, validate_plan
 
     if not isinstance(factor, (int, float)) or isinstance(factor, bool) or not 1 < factor <= MAX_FACTOR:
         raise ConfigError("--factor", factor, f"must be a number > 1 and at most {MAX_FACTOR:g} "

@@ -18,7 +18,7 @@ import sys
 import threading
 from concurrent.futures import ProcessPoolExecutor
 
-from simulator.errors import ConfigError
+from simulator.common.errors import ConfigError
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 POLL_S = 1.0

@@ -93,7 +93,7 @@ import bisect
 import math
 from dataclasses import dataclass
 
-from simulator.physical.hardware import power_factor
+from simulator.parts.gpus import power_factor
 
 H100_PEAK_TFLOPS = 989.0
 A100_PEAK_TFLOPS = 312.0

@@ -30,8 +30,8 @@ from __future__ import annotations
 
 import math
 
-from simulator.config import Scenario
-from simulator.units import GBps
+from simulator.scenario.config import Scenario
+from simulator.common.units import GBps
 
 WEIGHT_BYTES = 2  # 16-bit model weights
 OPTIMIZER_BYTES = 12  # fp32 master weights, Adam m and v

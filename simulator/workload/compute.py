@@ -2,7 +2,7 @@
 
 Each kernel (``Op``) takes ``max(flops / (peak * eff), bytes / (hbm_bw * mem_eff)) + launch``
 (Williams, Waterman and Patterson 2009, "Roofline"), where ``eff`` depends on the GEMM shape
-(``gemm_efficiency``) and the per-GPU constants live in ``simulator.physical.hardware``.
+(``gemm_efficiency``) and the per-GPU constants live in ``simulator.parts.gpus``.
 
 Conventions:
 - ``Op.flops`` counts matrix-multiply FLOPs only (GEMMs and the attention matmuls actually
@@ -28,9 +28,9 @@ import functools
 import math
 from dataclasses import dataclass
 
-from simulator.config import QUANTIZED_PRECISIONS, ModelConfig, MoEConfig, ParallelConfig, TrainingConfig
-from simulator.errors import ConfigError
-from simulator.physical.hardware import GPUSpec, gemm_ceiling, peak
+from simulator.scenario.config import QUANTIZED_PRECISIONS, ModelConfig, MoEConfig, ParallelConfig, TrainingConfig
+from simulator.common.errors import ConfigError
+from simulator.parts.gpus import GPUSpec, gemm_ceiling, peak
 from simulator.workload import attention
 
 ACT_BYTES = 2

@@ -1,6 +1,6 @@
-"""Framework profiles: what the training software does around the GEMMs, read from ``frameworks/*.yaml``.
+"""Framework profiles: what the training software does around the GEMMs, read from ``simulator/data/frameworks/*.yaml``.
 
-A profile is data, one YAML file per framework at the repository root (``frameworks/``): which
+A profile is data, one YAML file per framework (``simulator/data/frameworks/``): which
 communication overlaps exist and are on by default, which elementwise ops run fused, eager or
 compiled execution and its host cost per kernel, the FP8 recipe and how its casts are fused, and
 the optimizer's passes. Every entry carries the framework docs or source it comes from. The
@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from pathlib import Path
 
 import yaml
 
-from simulator.errors import ConfigError
+from simulator.common import resources
+from simulator.common.errors import ConfigError
 
-FRAMEWORKS_DIR = Path(__file__).resolve().parents[2] / "frameworks"
 FP8_RECIPES = ("delayed", "tensorwise", "rowwise", "blockwise", "mxfp8")
 OVERLAP_KEYS = ("tp_comm", "grad_reduce", "param_gather", "param_prefetch_depth", "async_tp", "cp_comm")
 FUSION_KEYS = ("norm", "rope", "activation", "cross_entropy", "cross_entropy_compiled")
@@ -109,8 +108,8 @@ class Software:
 
 
 def framework_names() -> tuple[str, ...]:
-    """Profiles shipped in ``frameworks/``, sorted."""
-    return tuple(sorted(p.stem for p in FRAMEWORKS_DIR.glob("*.yaml")))
+    """Profiles shipped in ``data/frameworks/``, sorted."""
+    return resources.names("frameworks")
 
 
 @functools.lru_cache(maxsize=16)
@@ -119,7 +118,7 @@ def load_profile(name: str) -> dict:
     names = framework_names()
     if name not in names:
         raise ConfigError("framework", name, f"valid: {', '.join(names)}")
-    path = FRAMEWORKS_DIR / f"{name}.yaml"
+    path = resources.entry("frameworks", name)
     raw = yaml.safe_load(path.read_text())
     out: dict = {}
     for section, keys in SECTIONS.items():

@@ -36,12 +36,12 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, replace
 
-from simulator.config import ModelConfig, Scenario, optimizer_state_bytes
-from simulator.errors import ConfigError
-from simulator.records import Record
-from simulator.step.plan import vstage_layers
-from simulator.step.schedules import check_schedule_args, placement, schedule_peak_in_flight
-from simulator.units import GiB
+from simulator.scenario.config import ModelConfig, Scenario, optimizer_state_bytes
+from simulator.common.errors import ConfigError
+from simulator.common.records import Record
+from simulator.layout.grid import vstage_layers
+from simulator.layout.schedules import check_schedule_args, placement, schedule_peak_in_flight
+from simulator.common.units import GiB
 from simulator.workload.frameworks import fsdp_gathered_once, resolve
 from simulator.workload.software import CROSS_ENTROPY
 
@@ -635,7 +635,7 @@ def _stage_memory(s: Scenario, part: tuple[_Params, float, int], stage: int, wei
     if fsdp_gathered_once(s) if gathered_once is None else gathered_once:
         # torch pipelining: every layer of the stage stays gathered from its first forward to the
         # chunk's last backward, and its unsharded gradient accumulates over the micro-batches
-        # (frameworks/torchtitan.yaml fsdp.pipeline_unsharded)
+        # (simulator/data/frameworks/torchtitan.yaml fsdp.pipeline_unsharded)
         buffers = stage_params * (weight_bytes + grad_bytes)
     elif zero >= 3:
         buffers = params.largest_unit * (2 * weight_bytes + grad_bytes)
@@ -651,7 +651,7 @@ def memory_peak(s: Scenario) -> tuple[float, float]:
     """(peak GiB per GPU, GPU capacity GiB) exactly as ``memory_report`` gives them (its
     ``peak_gib`` and each stage's ``capacity_gib``), without building the report: what the
     planner needs for each of its tens of thousands of layouts."""
-    from simulator.physical.hardware import gpu_of
+    from simulator.parts.gpus import gpu_of
 
     capacity = gpu_of(s.cluster, s.training.precision).hbm_capacity_bytes / GiB
     _check(s)
@@ -678,7 +678,7 @@ def memory_record(
     ``gpu_capacity_bytes`` defaults to the HBM capacity of ``s.cluster.gpu``.
     """
     if gpu_capacity_bytes is None:
-        from simulator.physical.hardware import gpu_of
+        from simulator.parts.gpus import gpu_of
 
         gpu_capacity_bytes = gpu_of(s.cluster, s.training.precision).hbm_capacity_bytes
     if not gpu_capacity_bytes > 0:

@@ -17,7 +17,7 @@ row-parallel, so per GPU the up and output GEMMs are split by tp and the down GE
 
 from __future__ import annotations
 
-from simulator.config import ModelConfig
+from simulator.scenario.config import ModelConfig
 
 
 def mla_gemms(model: ModelConfig, tp: int) -> list[tuple[str, float, float]]:

@@ -1,7 +1,7 @@
 """An MoE layer as Megatron-core runs it on one GPU: its kernels, and its all-to-all payloads.
 
 Pure functions of the model, the parallel layout and the ``moe:`` scenario section
-(:class:`simulator.config.MoEConfig`). ``moe_steps`` returns the layer's kernels in forward order;
+(:class:`simulator.scenario.config.MoEConfig`). ``moe_steps`` returns the layer's kernels in forward order;
 the engine runs the ones before the dispatch, the all-to-all, the expert kernels, the all-to-all,
 and the rest (``split_moe_block``). Every cost is its own op in the trace:
 
@@ -72,7 +72,7 @@ from __future__ import annotations
 
 import math
 
-from simulator.config import QUANTIZED_PRECISIONS, ModelConfig, MoEConfig, ParallelConfig
+from simulator.scenario.config import QUANTIZED_PRECISIONS, ModelConfig, MoEConfig, ParallelConfig
 from simulator.workload.frameworks import routing_graphed
 
 ACT_BYTES = 2

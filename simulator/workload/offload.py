@@ -41,8 +41,8 @@ compute. The host memory is assumed large enough (480 GB LPDDR5X per Grace, 2 TB
 
 from __future__ import annotations
 
-from simulator.config import ModelConfig, Scenario
-from simulator.errors import ConfigError
+from simulator.scenario.config import ModelConfig, Scenario
+from simulator.common.errors import ConfigError
 from simulator.workload.memory import ACT_BYTES, FP8_SAVED_INPUT_BYTES
 
 # Megatron-core's --offload-modules choices for transformer layers (transformer_config.py);
@@ -147,8 +147,8 @@ def resident_window(s: Scenario) -> int:
 def host_link_Bps(s: Scenario) -> float:
     """Bytes per second, per direction, of one GPU's link to its host memory: the cluster's
     ``host_link_GBps`` when set, else the GPU's catalogued link (``hardware.GPUSpec.host_link_Bps``)."""
-    from simulator.physical.hardware import gpu_of
-    from simulator.units import GBps
+    from simulator.parts.gpus import gpu_of
+    from simulator.common.units import GBps
 
     if s.cluster.host_link_GBps is not None:
         return GBps(s.cluster.host_link_GBps)

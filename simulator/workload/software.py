@@ -69,7 +69,7 @@ as its own named :class:`Op` (so a ``megatron-core`` profile adds nothing):
   same activation (fused_bias_geglu.py:434), a stream sync per MoE forward, and the attention
   output bias left unfused (bias_dropout_fusion off with biases, well under 1% of a layer).
 - Host issue (``host_issue_s`` per kernel) is applied by the engine, which keeps each rank's host
-  clock: see ``simulator.step.engine``; ``BlockCost.kernels`` counts the launches.
+  clock: see ``simulator.engine.engine``; ``BlockCost.kernels`` counts the launches.
 - Selective recompute per framework (profile ``recompute.selective``, with ``training.recompute:
   selective``): ``attention_core`` is the reference (Megatron, Korthikanti et al. 2022);
   ``every_second_matmul`` is torchtitan's per-op SAC (torchtitan/distributed/activation_checkpoint.py),
@@ -156,8 +156,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from simulator.config import ModelConfig, ParallelConfig, TrainingConfig
-from simulator.physical.hardware import GPUSpec
+from simulator.scenario.config import ModelConfig, ParallelConfig, TrainingConfig
+from simulator.parts.gpus import GPUSpec
 from simulator.workload.compute import (
     ACT_BYTES, MEGATRON_CROSS_ENTROPY, RECOMPUTE_MODULE_OPS, BlockCost, LayerCost, Op, _Gemm, _attn_plan,
     _local_tokens, _mlp_plan, mem_chain,

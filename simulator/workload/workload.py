@@ -32,10 +32,10 @@ from dataclasses import dataclass, replace
 from simulator.workload.compute import (BlockCost, LayerCost, embedding_cost, head_cost, joined, layer_cost,
                                         optimizer_cost, param_counts)
 from simulator.workload import moe as moe_model
-from simulator.config import Scenario, TrainingConfig
-from simulator.physical.hardware import GPUSpec
-from simulator.step.plan import vstage_layers
-from simulator.step.schedules import placement
+from simulator.scenario.config import Scenario, TrainingConfig
+from simulator.parts.gpus import GPUSpec
+from simulator.layout.grid import vstage_layers
+from simulator.layout.schedules import placement
 from simulator.workload.frameworks import Software, moe_fusions, resolve
 from simulator.workload.software import CROSS_ENTROPY, head_with_software, layer_with_software, optimizer_block
 
@@ -85,7 +85,7 @@ def build_workload(s: Scenario, gpu: GPUSpec) -> Workload:
     sw = resolve(s)
     if gpu.host_overhead != 1.0:  # a slower host CPU issues every kernel later (hardware.GRACE_HOST_OVERHEAD)
         sw = replace(sw, host_issue_s=sw.host_issue_s * gpu.host_overhead)
-    if t.attention == "flash":  # the framework's fused kernel (frameworks/*.yaml attention.kernel)
+    if t.attention == "flash":  # the framework's fused kernel (simulator/data/frameworks/*.yaml attention.kernel)
         t = replace(t, attention=sw.attention_kernel)
     place = placement(s.pipeline_schedule, p, v)
     vstages = vstage_layers(m.num_hidden_layers, p, v, par.first_pipeline_num_layers, par.last_pipeline_num_layers)

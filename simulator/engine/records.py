@@ -1,0 +1,110 @@
+"""What a simulated step produces: the options it ran with, the rows of its trace, the result.
+
+These are plain records, so the reports, the critical path, the comm map and the Perfetto export
+read them without importing the simpy engine that fills them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from simulator.scenario.config import Scenario
+from simulator.network.cluster import Cluster
+from simulator.layout.grid import Plan
+from simulator.workload.workload import Workload
+
+
+@dataclass(frozen=True)
+class SimOptions:
+    communication: bool = True  # False: every transfer takes no time (for closed-form checks)
+    extras: bool = True  # embedding, LM head, loss and optimizer step
+    fold: bool = True
+    merge: bool = True
+    algorithm: str = "auto"
+    record_flows: bool = False  # keep every transfer's rate history (for link use and the comm map)
+    compute_scale: float = 1.0  # what-if: GPU peak FLOP/s and HBM bandwidth multiplied by this
+    contention: bool = True  # compute runs on the SMs that in-flight communication kernels leave
+    # stop as soon as the step provably exceeds this many seconds (``bound.ProgressBound``), raising
+    # ``StepAbove``: what the planner needs of a layout that can only enter its result below it
+    stop_above_s: float | None = None
+
+
+class StepAbove(Exception):
+    """A simulation stopped by ``SimOptions.stop_above_s``: its step is at least ``bound_s``, more
+    than ``cutoff_s``; ``at_s`` is the simulated moment it stopped at, ``events`` those run so far."""
+
+    def __init__(self, bound_s: float, cutoff_s: float, at_s: float, events: int):
+        super().__init__(f"step >= {bound_s:.6g} s > {cutoff_s:.6g} s (stopped at {at_s:.6g} s)")
+        self.bound_s, self.cutoff_s, self.at_s, self.events = bound_s, cutoff_s, at_s, events
+
+
+@dataclass(frozen=True)
+class Row:
+    """One interval on one rank's stream. ``kind``: F, B, W (weight gradient of a split backward), R (recompute), embed, head, opt, wait,
+    idle (waiting on a pipeline dependency), comm. ``axis``: tp, pp, dp, cp, ep, fsdp, offload (CPU activation
+    offloading's copies, on streams d2h and h2d) or ''."""
+
+    rank: int
+    stage: int
+    stream: str
+    kind: str
+    axis: str
+    start: float
+    end: float
+    microbatch: int = -1
+    chunk: int = -1
+    layer: int = -1
+    label: str = ""
+    nbytes: float = 0.0
+    flops: float = 0.0
+    dep: tuple | None = None  # (rank, stream, time) whose end released this row, if not its predecessor
+    contention_s: float = 0.0  # of a compute row's time, what communication kernels' SMs cost it
+    host_s: float = 0.0  # of a compute row's time, the GPU waiting on the host (kernel issue, MoE token-count sync)
+
+
+@dataclass
+class Trace:
+    rows: list[Row] = field(default_factory=list)
+
+    def add(self, row: Row) -> None:
+        if row.end > row.start or row.kind in ("F", "B", "W"):
+            self.rows.append(row)
+
+
+@dataclass(frozen=True)
+class SimResult:
+    scenario: Scenario
+    options: SimOptions
+    plan: Plan
+    cluster: Cluster
+    workload: Workload
+    trace: tuple[Row, ...]
+    step_time_s: float
+    stage_end_s: tuple[float, ...]
+    simulated_ranks: tuple[int, ...]
+    events: int
+    link_bytes: object
+    transfers: int
+    flows: tuple = ()  # network.FlowRecord per transfer, when SimOptions.record_flows
+    comm_calls: tuple = ()  # (rank, axis, op, calls, bytes, seconds from launch to done), sorted
+
+
+class CommCalls:
+    """Per (rank, axis, op): calls, bytes, and seconds from launch to done (``SimResult.comm_calls``)."""
+
+    def __init__(self):
+        self.calls: dict = {}
+
+    def count(self, env, rank: int, axis: str, op: str, size: float, event) -> None:
+        """Count one call of ``rank`` and, when ``event`` fires, the time it took."""
+        rec = self.calls.setdefault((rank, axis, op), [0, 0.0, 0.0])
+        rec[0] += 1
+        rec[1] += size
+        t0 = env.now
+
+        def done(_e):
+            rec[2] += env.now - t0
+        event.callbacks.append(done)
+
+    def rows(self) -> tuple:
+        return tuple(sorted((*k, *v) for k, v in self.calls.items()))

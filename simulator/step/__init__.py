@@ -1,1 +1,0 @@
-"""One training step: the rank grid, pipeline schedules, and the engine that walks them."""
