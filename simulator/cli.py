@@ -35,7 +35,8 @@ class _Parser(argparse.ArgumentParser):
 
 def _collective(args) -> int:
     from simulator.network.collectives import ALGORITHMS, OPS, algorithm_used, bus_factor, time_collective
-    from simulator.network.cluster import build_cluster, load_topology
+    from simulator.network.cluster import build_cluster
+    from simulator.parts.topology import load_topology
 
     if args.op not in OPS:
         raise ConfigError("--op", args.op, f"valid: {', '.join(OPS)}")
@@ -76,7 +77,8 @@ def _collective(args) -> int:
 
 
 def _load(args):
-    from simulator.scenario.load import load_scenario, validate_plan
+    from simulator.scenario.load import load_scenario
+    from simulator.layout.rules import validate_plan
 
     s = load_scenario(args.scenario, args.set or [])
     warnings = validate_plan(s)

@@ -280,7 +280,8 @@ def test_fp8_attention_needs_an_fp8_recipe_and_the_fused_kernel():
     from pathlib import Path
 
     from simulator.common.errors import ConfigError
-    from simulator.scenario.load import load_scenario, validate_plan
+    from simulator.scenario.load import load_scenario
+    from simulator.layout.rules import validate_plan
 
     tiny = str(Path(__file__).resolve().parents[1] / "scenarios" / "tiny.yaml")
     with pytest.raises(ConfigError, match="training.fp8_attention"):

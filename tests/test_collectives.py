@@ -7,7 +7,8 @@ import pytest
 import yaml
 
 from simulator.network import collectives as C
-from simulator.network.cluster import build_cluster, load_topology
+from simulator.network.cluster import build_cluster
+from simulator.parts.topology import load_topology
 
 VALIDATION = Path(__file__).resolve().parents[2] / "shared" / "validation"
 GiB = 2**30

@@ -14,7 +14,8 @@ from simulator.scenario.load import load_scenario, scenario_from_dict, scenario_
 from simulator.engine.engine import simulate
 from simulator.studies.validate import case_to_scenario_dict
 from simulator.workload.compute import _Gemm, layer_cost
-from simulator.workload.frameworks import framework_names, load_profile, resolve
+from simulator.workload.frameworks import resolve
+from simulator.parts.frameworks import framework_names, load_profile
 from simulator.workload.software import fp8_extra, layer_with_software
 
 H100 = get_gpu("H100")
@@ -335,7 +336,7 @@ def test_a_profile_flag_that_is_not_true_or_false_is_a_one_line_error(bad, tmp_p
     import yaml as _yaml
 
     from simulator.common.errors import ConfigError
-    from simulator.workload import frameworks
+    from simulator.parts import frameworks
 
     from simulator.common import resources
 

@@ -16,7 +16,8 @@ from simulator import cli
 from simulator.common.errors import ConfigError
 from simulator.common.outputs import check_output_folder, check_output_path
 from simulator.reports.timeline import parse_stages, parse_window, select, timeline
-from simulator.scenario.load import load_scenario, validate_plan
+from simulator.scenario.load import load_scenario
+from simulator.layout.rules import validate_plan
 from simulator.engine.engine import simulate
 from simulator.workload.compute import hardware_flops_per_token, model_flops_per_token
 

@@ -7,7 +7,7 @@ import pytest
 
 from simulator.scenario.config import ClusterConfig, FrameworkOptions, ModelConfig, ParallelConfig, Scenario, TrainingConfig
 from simulator.common.errors import ConfigError
-from simulator.scenario.load import validate_plan
+from simulator.layout.rules import validate_plan
 from simulator.engine.engine import SimOptions, simulate
 from simulator.layout.grid import Plan
 from simulator.program.builder import Launch, Enqueue, build_program

@@ -9,9 +9,11 @@ import pytest
 from simulator.scenario.config import FrameworkOptions, ModelConfig, ParallelConfig, Scenario, TrainingConfig
 from simulator.common.errors import ConfigError
 from simulator.parts.gpus import get_gpu
-from simulator.scenario.load import scenario_from_dict, yarn_mscale
+from simulator.scenario.load import scenario_from_dict
+from simulator.scenario.hf import yarn_mscale
 from simulator.workload.compute import layer_cost
-from simulator.workload.frameworks import load_profile, resolve
+from simulator.workload.frameworks import resolve
+from simulator.parts.frameworks import load_profile
 from simulator.workload.software import EXPERT_BIAS, GLU_CLAMP, MEGATRON_ROPE_UNFUSED, layer_with_software
 
 H100 = get_gpu("H100")

@@ -547,7 +547,7 @@ def test_fp8_memory_follows_the_framework_that_saves_quantized_inputs():
     """The same FP8 layout: a Transformer Engine stack (megatron-core) holds fewer activation bytes
     than in BF16; torchtitan (torchao's rowwise path keeps the 16-bit input) holds the same."""
     from simulator.scenario.load import load_scenario
-    from simulator.workload.frameworks import load_profile
+    from simulator.parts.frameworks import load_profile
 
     assert load_profile("megatron-core")["fp8"]["saves_quantized_inputs"] is True
     assert load_profile("torchtitan")["fp8"]["saves_quantized_inputs"] is False

@@ -11,7 +11,8 @@ import pytest
 from simulator.scenario.config import MoEConfig, ParallelConfig, TrainingConfig
 from simulator.common.errors import ConfigError
 from simulator.parts.gpus import get_gpu
-from simulator.scenario.load import scenario_from_dict, validate_plan
+from simulator.scenario.load import scenario_from_dict
+from simulator.layout.rules import validate_plan
 from simulator.studies.validate import _uneven, case_to_scenario_dict
 from simulator.workload import moe
 from simulator.workload.compute import layer_cost, model_flops_per_token, param_counts
@@ -548,7 +549,7 @@ def test_a_weight_gradient_accumulated_into_fp32_main_grad_moves_eight_bytes_per
 
 
 def test_framework_profiles_say_where_the_weight_gradient_goes():
-    from simulator.workload.frameworks import load_profile
+    from simulator.parts.frameworks import load_profile
 
     assert load_profile("megatron-core")["optimizer"]["wgrad_bytes_per_param"] == 8
     assert load_profile("nemo")["optimizer"]["wgrad_bytes_per_param"] == 8

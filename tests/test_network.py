@@ -199,7 +199,8 @@ def test_networks_on_one_cluster_share_its_link_classes_but_not_their_refinement
     and once on a copy of its capacities (a fresh unique), takes the same time and carries the
     same bytes per link."""
     from simulator.network.collectives import time_collective
-    from simulator.network.cluster import build_cluster, load_topology
+    from simulator.network.cluster import build_cluster
+    from simulator.parts.topology import load_topology
 
     cluster = build_cluster(load_topology("dgx-h100"), 4)
     first, net1 = time_collective(cluster, "all_reduce", range(32), 2**30)

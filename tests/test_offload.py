@@ -4,7 +4,8 @@ import pytest
 
 from simulator.common.errors import ConfigError
 from simulator.reports.report import step_report
-from simulator.scenario.load import scenario_from_dict, validate_plan
+from simulator.scenario.load import scenario_from_dict
+from simulator.layout.rules import validate_plan
 from simulator.program import builder as P
 from simulator.engine.engine import simulate
 from simulator.engine.inputs import step_inputs

@@ -7,7 +7,8 @@ import pytest
 
 from simulator.scenario.config import ClusterConfig, ModelConfig, ParallelConfig, Scenario, TrainingConfig
 from simulator.common.errors import ConfigError
-from simulator.scenario.load import scenario_from_dict, validate_plan
+from simulator.scenario.load import scenario_from_dict
+from simulator.layout.rules import validate_plan
 from simulator.engine.engine import simulate
 from simulator.program.builder import build_program, schedule_steps
 from simulator.studies.validate import case_to_scenario_dict

@@ -6,7 +6,8 @@ from simulator.engine.engine import simulate
 from simulator.common.errors import ConfigError
 from simulator.workload.memory import memory_report
 from simulator.reports.report import step_report
-from simulator.scenario.load import scenario_from_dict, validate_plan
+from simulator.scenario.load import scenario_from_dict
+from simulator.layout.rules import validate_plan
 
 
 @st.composite

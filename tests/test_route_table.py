@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from simulator.common import resources
-from simulator.network.cluster import build_cluster, load_topology, path_nodes
+from simulator.network.cluster import build_cluster, path_nodes
+from simulator.parts.topology import load_topology
 
 SHIPPED = list(resources.names("topologies"))
 

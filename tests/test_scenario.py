@@ -10,13 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from simulator.common.errors import ConfigError
-from simulator.scenario.load import (
-    apply_overrides,
-    load_scenario,
-    scenario_from_dict,
-    scenario_to_dict,
-    validate_plan,
-)
+from simulator.scenario.load import apply_overrides, load_scenario, scenario_from_dict, scenario_to_dict
+from simulator.layout.rules import validate_plan
 
 SCENARIOS = sorted((Path(__file__).resolve().parent.parent / "scenarios").glob("*.yaml"))
 TINY = next(p for p in SCENARIOS if p.name == "tiny.yaml")
@@ -490,7 +485,8 @@ def test_random_scenarios_validate_or_raise_config_error(d, overrides):
 
 
 def test_vp_above_one_with_1f1b_means_interleaved_as_the_issue_example_says(tmp_path):
-    from simulator.scenario.load import scenario_from_dict, validate_plan
+    from simulator.scenario.load import scenario_from_dict
+    from simulator.layout.rules import validate_plan
     s = scenario_from_dict({
         "name": "gpt3-175b-128xh100",
         "model": {"hidden_size": 12288, "num_hidden_layers": 96, "num_attention_heads": 96,
@@ -507,7 +503,7 @@ def test_expert_tp_must_divide_tp_and_needs_sequence_parallelism_below_it():
 
     from simulator.scenario.config import ModelConfig, ParallelConfig, Scenario, ClusterConfig, TrainingConfig
     from simulator.common.errors import ConfigError
-    from simulator.scenario.load import validate_plan
+    from simulator.layout.rules import validate_plan
 
     moe = ModelConfig(hidden_size=1024, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=8,
                       intermediate_size=1024, vocab_size=32000, hidden_act="silu", num_experts=16,

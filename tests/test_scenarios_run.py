@@ -10,7 +10,8 @@ import pytest
 from simulator.engine.engine import simulate
 from simulator.workload.memory import memory_report
 from simulator.reports.report import step_report
-from simulator.scenario.load import load_scenario, validate_plan
+from simulator.scenario.load import load_scenario
+from simulator.layout.rules import validate_plan
 
 SCENARIOS = sorted((Path(__file__).resolve().parents[1] / "scenarios").glob("*.yaml"))
 REPORT_FIELDS = {"step_time_s", "tokens_per_s", "tokens_per_s_per_gpu", "model_tflops_per_gpu", "mfu",

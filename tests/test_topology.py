@@ -5,7 +5,8 @@ import pytest
 
 from simulator.common.errors import ConfigError
 from simulator.common import resources
-from simulator.network.cluster import build_cluster, load_topology, route_nodes
+from simulator.network.cluster import build_cluster, route_nodes
+from simulator.parts.topology import load_topology
 
 SHIPPED = list(resources.names("topologies"))
 

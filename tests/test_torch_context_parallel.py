@@ -11,7 +11,8 @@ from simulator.parts.gpus import get_gpu, power_factor
 from simulator.workload import attention
 from simulator.workload.attention import AttentionKernel, h100_tflops
 from simulator.workload.compute import layer_cost
-from simulator.workload.frameworks import load_profile, resolve
+from simulator.workload.frameworks import resolve
+from simulator.parts.frameworks import load_profile
 from simulator.workload.software import cp_merge_bytes, layer_with_software
 from simulator.workload.workload import build_workload
 

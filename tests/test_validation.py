@@ -7,7 +7,8 @@ import pytest
 import yaml
 
 from simulator.network.collectives import bus_factor, time_collective
-from simulator.network.cluster import build_cluster, load_topology
+from simulator.network.cluster import build_cluster
+from simulator.parts.topology import load_topology
 from simulator.studies.validate import case_to_scenario_dict, predict, validate_file
 
 VALIDATION = Path(__file__).resolve().parents[2] / "shared" / "validation"

@@ -9,7 +9,8 @@ from dataclasses import dataclass, replace
 from simulator.scenario.config import Scenario
 from simulator.network.faults import apply_link_faults
 from simulator.parts.gpus import GPUSpec, gpu_of
-from simulator.network.cluster import Cluster, build_cluster, load_topology
+from simulator.network.cluster import Cluster, build_cluster
+from simulator.parts.topology import load_topology
 from simulator.layout.grid import Plan
 from simulator.program.builder import Op, build_program
 from simulator.engine.records import SimOptions

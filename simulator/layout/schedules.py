@@ -534,6 +534,8 @@ SCHEDULES: dict[str, Callable[..., tuple[Step, ...]]] = {
     "dualpipev": dualpipev,
 }
 
+# Schedules whose backward leaves the weight gradients to a later W step.
+SPLIT_BACKWARD = ("zb-h1", "zb-h2", "zb-v", "dualpipe", "dualpipev")
 # Schedules that place their own two chunks per rank (vp must be 2) and DualPipe (vp must be 1).
 V_SHAPED = ("zb-v", "dualpipev")
 

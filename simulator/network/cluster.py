@@ -9,120 +9,20 @@ network model works on the numbered link arrays of :class:`Cluster`.
 Node names: ``n{node}.g{i}`` GPU, ``n{node}.nvs`` NVSwitch domain, ``n{node}.nic{j}`` NIC,
 ``pod{p}.leaf{k}``, ``pod{p}.spine{j}``, ``core{j}.{c}``.
 
-Fabric structure (fat tree, Leiserson 1985; NVIDIA DGX SuperPOD reference architectures):
-- A leaf switch serves ``nodes_per_leaf`` nodes. Rail-optimized: one leaf per rail, NIC ``j`` of
-  each of those nodes on leaf/rail ``j``; otherwise all NICs of those nodes on one leaf.
-- A leaf with D down ports has ``U = ceil(D / oversubscription)`` uplinks, one to each of the U
-  spines of its pod. A pod has ``leaves_per_pod`` leaves.
-- With more than one pod (three tiers) spine ``j`` of every pod connects to the core group ``j``
-  of ``C = ceil(leaves_per_pod / core_oversubscription)`` core switches.
+The fabric structure (fat tree, rails, pods) is described in :mod:`simulator.parts.topology`.
 """
 
 from __future__ import annotations
 
-import functools
-import math
-from dataclasses import dataclass, field, fields, replace
-from pathlib import Path
+from dataclasses import dataclass, field, replace
 
 import networkx as nx
 import numpy as np
 
-from simulator.common import resources, units
+from simulator.common import units
 from simulator.common.errors import ConfigError
-from simulator.common.yamlfile import load_yaml_text
-from simulator.parts.gpus import get_gpu
-
-LINK_CLASSES = ("nvlink", "pcie", "nic", "leaf-spine", "spine-core")
-
-
-@dataclass(frozen=True)
-class TopologySpec:
-    """One node type and one fabric, in the units of the topology file."""
-
-    name: str
-    gpus_per_node: int = 8
-    gpu: str = "H100-SXM5-80GB"
-    nvlink_bandwidth_GBps: float = 450.0
-    nvlink_latency_us: float = 0.8
-    nics_per_node: int = 8
-    network_bandwidth_Gbps: float = 400.0
-    pcie_bandwidth_GBps: float = 64.0
-    pcie_latency_us: float = 0.5
-    nic_latency_us: float = 1.0
-    switch_latency_us: float = 0.6
-    fabric_link_bandwidth_Gbps: float | None = None  # switch-to-switch links; default: the NIC rate
-    rail_optimized: bool = True
-    nodes_per_leaf: int = 32
-    leaves_per_pod: int = 64
-    oversubscription: float = 1.0
-    core_oversubscription: float = 1.0
-    nvls: bool = False  # NVSwitch gen 3+ in the node: NVLink SHARP (NCCL's NVLS algorithm) inside the node
-    sharp: bool = False  # SHARP-capable fabric switches: NCCL's NVLS+SHARP all_reduce (algorithm: sharp)
-    description: str = ""
-    source: str = ""
-
-
-_POSITIVE_FIELDS = (
-    "gpus_per_node", "nvlink_bandwidth_GBps", "nics_per_node", "network_bandwidth_Gbps",
-    "pcie_bandwidth_GBps", "nodes_per_leaf", "leaves_per_pod",
-)
-_NONNEGATIVE_FIELDS = ("nvlink_latency_us", "pcie_latency_us", "nic_latency_us", "switch_latency_us")
-
-
-def _check_spec(spec: TopologySpec, where: str) -> TopologySpec:
-    for name in _POSITIVE_FIELDS:
-        value = getattr(spec, name)
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
-            raise ConfigError(f"{where}{name}", value, "must be a positive number")
-    for name in _NONNEGATIVE_FIELDS:
-        value = getattr(spec, name)
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
-            raise ConfigError(f"{where}{name}", value, "must be a number >= 0")
-    for name in ("oversubscription", "core_oversubscription"):
-        value = getattr(spec, name)
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 1:
-            raise ConfigError(f"{where}{name}", value, "must be a ratio >= 1 (1 = full bisection)")
-    for name in ("nvls", "sharp", "rail_optimized"):
-        if not isinstance(getattr(spec, name), bool):
-            raise ConfigError(f"{where}{name}", getattr(spec, name), "must be true or false")
-    fab = spec.fabric_link_bandwidth_Gbps
-    if fab is not None and (not isinstance(fab, (int, float)) or fab <= 0):
-        raise ConfigError(f"{where}fabric_link_bandwidth_Gbps", fab, "must be a positive number or null")
-    for name in ("gpus_per_node", "nics_per_node", "nodes_per_leaf", "leaves_per_pod"):
-        if int(getattr(spec, name)) != getattr(spec, name):
-            raise ConfigError(f"{where}{name}", getattr(spec, name), "must be a whole number")
-    if spec.gpus_per_node % spec.nics_per_node:
-        raise ConfigError(f"{where}nics_per_node", spec.nics_per_node,
-                          f"must divide gpus_per_node ({spec.gpus_per_node})")
-    return spec
-
-
-def load_topology(name_or_path: str) -> TopologySpec:
-    """A shipped topology by name (``dgx-h100``) or a YAML file by path."""
-    path = Path(name_or_path)
-    if not path.suffix:
-        path = resources.entry("topologies", name_or_path)
-    if not path.is_file():
-        raise ConfigError("cluster.topology", name_or_path,
-                          f"valid: a topology file path or one of {', '.join(resources.names('topologies'))}")
-    return _spec_from_text(path.read_text(), str(path), path.name.rsplit(".", 1)[0])
-
-
-@functools.lru_cache(maxsize=32)
-def _spec_from_text(text: str, where: str, stem: str) -> TopologySpec:
-    """The checked spec of a topology file's text; cached because the planner validates
-    thousands of layouts of one scenario and each ``validate_plan`` loads the topology (the
-    spec is frozen, and an edited file has new text, so the cache never serves stale data)."""
-    raw = load_yaml_text(text, "cluster.topology", where)
-    if not isinstance(raw, dict):
-        raise ConfigError("cluster.topology", where, "must be a YAML mapping of topology fields")
-    known = {f.name for f in fields(TopologySpec)}
-    for key in raw:
-        if key not in known:
-            raise ConfigError(f"topology.{key}", raw[key], f"unknown field; valid: {', '.join(sorted(known))}")
-    raw.setdefault("name", stem)
-    return _check_spec(TopologySpec(**raw), "topology.")
+from simulator.parts.topology import (TopologySpec, check_spec, nvlink_efficiency, nvlink_GBps, nvlink_generation,
+                                      pod_geometry)
 
 
 @dataclass(frozen=True, eq=False)
@@ -271,7 +171,7 @@ class _LinkIndex:
         spec = c.spec
         gpn, nics = spec.gpus_per_node, spec.nics_per_node
         per_nic = gpn // nics
-        rails, _, uplinks, groups_per_pod, _, cores = _pod_geometry(spec, c.num_nodes)
+        rails, _, uplinks, groups_per_pod, _, cores = pod_geometry(spec, c.num_nodes)
         k = len(src)
         out = np.full((k, 10), -1, dtype=np.int64)
         pos = np.zeros(k, dtype=np.int64)
@@ -362,21 +262,9 @@ class _LinkNames:
         return self._graph
 
 
-def _pod_geometry(spec: TopologySpec, num_nodes: int):
-    rails = spec.nics_per_node if spec.rail_optimized else 1
-    groups = math.ceil(num_nodes / spec.nodes_per_leaf)
-    down = spec.nodes_per_leaf * (1 if spec.rail_optimized else spec.nics_per_node)
-    uplinks = max(1, math.ceil(down / spec.oversubscription - 1e-9))
-    groups_per_pod = max(1, spec.leaves_per_pod // rails)
-    pods = math.ceil(groups / groups_per_pod)
-    leaves_in_pod = groups_per_pod * rails
-    cores = max(1, math.ceil(leaves_in_pod / spec.core_oversubscription - 1e-9))
-    return rails, groups, uplinks, groups_per_pod, pods, cores
-
-
 def leaf_of(cluster: Cluster, gpu: int) -> tuple[int, int]:
     """(pod, leaf index inside the pod) of the NIC serving ``gpu``."""
-    rails, _, _, groups_per_pod, _, _ = _pod_geometry(cluster.spec, cluster.num_nodes)
+    rails, _, _, groups_per_pod, _, _ = pod_geometry(cluster.spec, cluster.num_nodes)
     group = cluster.node_of(gpu) // cluster.spec.nodes_per_leaf
     rail = cluster.nic_of(gpu) if cluster.spec.rail_optimized else 0
     return group // groups_per_pod, (group % groups_per_pod) * rails + rail
@@ -418,7 +306,7 @@ def route_nodes(cluster: Cluster, src: int, dst: int) -> list[str]:
     (s_pod, s_leaf), (d_pod, d_leaf) = leaf_of(cluster, src), leaf_of(cluster, dst)
     path = [s_name, s_nic, f"pod{s_pod}.leaf{s_leaf}"]
     if (s_pod, s_leaf) != (d_pod, d_leaf):
-        _, _, uplinks, _, _, cores = _pod_geometry(cluster.spec, cluster.num_nodes)
+        _, _, uplinks, _, _, cores = pod_geometry(cluster.spec, cluster.num_nodes)
         spine = leaf_position(cluster, dst) % uplinks
         path.append(f"pod{s_pod}.spine{spine}")
         if s_pod != d_pod:
@@ -490,7 +378,7 @@ def _alternatives(cluster: Cluster, src: int, dst: int):
     else:
         a0, b0 = cluster.nic_of(src), cluster.nic_of(dst)
         nic_pairs = [((a0 + a) % nics, (b0 + b) % nics) for a in range(nics) for b in range(nics)]
-    _, _, uplinks, _, _, cores = _pod_geometry(spec, cluster.num_nodes)
+    _, _, uplinks, _, _, cores = pod_geometry(spec, cluster.num_nodes)
     for a, b in nic_pairs:
         via_s, via_d = s_node * spec.gpus_per_node + a * per_nic, d_node * spec.gpus_per_node + b * per_nic
         head = [cluster.gpu_name(src)]
@@ -516,38 +404,6 @@ def _alternatives(cluster: Cluster, src: int, dst: int):
                 yield head + [f"pod{s_pod}.spine{spine}", core, f"pod{d_pod}.spine{spine}"] + tail
 
 
-def _nvlink_efficiency(gpu: str) -> float:
-    try:
-        return get_gpu(gpu).nvlink_efficiency
-    except ConfigError:
-        return 1.0
-
-
-def nvlink_generation(gpu: str) -> int:
-    try:
-        return get_gpu(gpu).nvlink_generation
-    except ConfigError:
-        return 0
-
-
-def nvlink_GBps(spec: TopologySpec, gpu: str | None = None, override: float | None = None) -> float:
-    """The nominal NVLink rate (GB/s per direction) of a node of ``spec`` holding ``gpu``: the
-    scenario's ``override``, else the GPU's own rate when it is not the GPU the topology was built
-    for, else the topology's. NVLink ports belong to the GPU, so an H800 or A800 in a DGX-H100 or
-    DGX-A100 node runs at its own 400 GB/s bidirectional (``hardware.GPU_CATALOG``), not the
-    topology's H100 / A100 rate; the topology's rate stands for its own GPU, a GPU the catalog
-    lacks, or a topology whose NVLink rate is not its GPU's (a file that sets its own links)."""
-    if override is not None:
-        return override
-    try:
-        own, built_for = get_gpu(gpu), get_gpu(spec.gpu)
-    except ConfigError:
-        return spec.nvlink_bandwidth_GBps
-    if own is built_for or not math.isclose(spec.nvlink_bandwidth_GBps * 1e9, built_for.nvlink_bandwidth_Bps):
-        return spec.nvlink_bandwidth_GBps
-    return own.nvlink_bandwidth_Bps / 1e9
-
-
 def build_cluster(spec: TopologySpec, num_nodes: int, *, gpus_per_node: int | None = None,
                   nvlink_bandwidth_GBps: float | None = None, network_bandwidth_Gbps: float | None = None,
                   oversubscription: float | None = None, gpu: str | None = None) -> Cluster:
@@ -565,9 +421,9 @@ def build_cluster(spec: TopologySpec, num_nodes: int, *, gpus_per_node: int | No
         if v is not None}
     if "gpus_per_node" in overrides and spec.nics_per_node > overrides["gpus_per_node"]:
         overrides["nics_per_node"] = overrides["gpus_per_node"]
-    spec = _check_spec(replace(spec, **overrides), "cluster.")
+    spec = check_spec(replace(spec, **overrides), "cluster.")
 
-    nv_bw = units.GBps(spec.nvlink_bandwidth_GBps) * _nvlink_efficiency(gpu or spec.gpu)
+    nv_bw = units.GBps(spec.nvlink_bandwidth_GBps) * nvlink_efficiency(gpu or spec.gpu)
     nv_lat = units.us(spec.nvlink_latency_us)
     nic_bw = units.Gbps(spec.network_bandwidth_Gbps)
     fab_bw = units.Gbps(spec.fabric_link_bandwidth_Gbps or spec.network_bandwidth_Gbps)
@@ -576,7 +432,7 @@ def build_cluster(spec: TopologySpec, num_nodes: int, *, gpus_per_node: int | No
 
     # links in the order _named_links names them (see _LinkIndex), as whole blocks
     gpus = num_nodes * spec.gpus_per_node
-    rails, groups, uplinks, groups_per_pod, pods, cores = _pod_geometry(spec, num_nodes)
+    rails, groups, uplinks, groups_per_pod, pods, cores = pod_geometry(spec, num_nodes)
     blocks = [(4 * gpus, [nv_bw, nv_bw, pcie_bw, pcie_bw], [nv_lat, nv_lat, pcie_lat, pcie_lat], [0, 0, 1, 1])]
     leaves_in_pod = groups_per_pod * rails
     slots = np.zeros(0, dtype=np.int64)
@@ -623,7 +479,7 @@ def _named_links(spec: TopologySpec, num_nodes: int) -> list[tuple[str, str]]:
             link(f"n{n}.g{i}", f"n{n}.nvs")
             link(f"n{n}.g{i}", f"n{n}.nic{i // per_nic}")
 
-    rails, groups, uplinks, groups_per_pod, pods, cores = _pod_geometry(spec, num_nodes)
+    rails, groups, uplinks, groups_per_pod, pods, cores = pod_geometry(spec, num_nodes)
     if num_nodes > 1:
         leaves_used = set()
         for n in range(num_nodes):

@@ -1,20 +1,7 @@
 """Link faults: a degraded or failed link is a change of the cluster, nothing else.
 
-Which links a fault entry ``{node: N, link_class: C, index: i}`` means, in the order ``index``
-counts them (every one of them when ``index`` is left out; each physical link is both of its
-directed edges):
-
-- ``nvlink``: the NVLink of each GPU of node N to its NVSwitch, GPU 0 first;
-- ``pcie``: each GPU's PCIe link to its NIC, GPU 0 first;
-- ``nic``: each NIC's link to its leaf switch, NIC 0 first;
-- ``leaf-spine``: the uplinks of the leaf switches node N's NICs attach to: the leaf of NIC 0
-  (its rail) to spine 0, 1, ..., U-1, then the leaf of NIC 1, ... (one leaf when the fabric is
-  not rail-optimized). These leaves serve the other nodes of N's leaf group too.
-  ``index: 0`` is one link: node N's first leaf to spine 0, which D-mod-K routing uses for
-  traffic to nodes at leaf position 0 (node N itself when it is first under its leaf) and
-  from them to other leaves;
-- ``spine-core``: the links of the spines of node N's pod to their cores, spine 0 to core 0,
-  1, ..., C-1, then spine 1, ...
+Which links a fault entry means, and in what order ``index`` counts them, is
+``simulator.parts.topology.node_links``.
 
 A ``bandwidth_fraction`` below 1 multiplies those links' bandwidth; 0 fails them: they keep
 their place in the link arrays (link ids stay stable) but enter ``Cluster.down`` and no route
@@ -31,55 +18,10 @@ from dataclasses import replace
 import numpy as np
 
 from simulator.scenario.config import Faults, LinkFault
-from simulator.common.errors import ConfigError
-from simulator.network.cluster import Cluster, TopologySpec, _pod_geometry
+from simulator.network.cluster import Cluster
+from simulator.parts.topology import TopologySpec, node_links
 
 CHECK_ALL_NODES = 256  # beyond, check_reachable checks a node against one node per leaf group
-
-
-def effective_spec(spec: TopologySpec, gpus_per_node: int | None = None,
-                   oversubscription: float | None = None) -> TopologySpec:
-    """``spec`` with the scenario's overrides that change the fabric's shape (as ``build_cluster``)."""
-    out = spec
-    if gpus_per_node is not None:
-        out = replace(out, gpus_per_node=gpus_per_node, nics_per_node=min(spec.nics_per_node, gpus_per_node))
-    if oversubscription is not None:
-        out = replace(out, oversubscription=oversubscription)
-    return out
-
-
-def _leaves_of_node(spec: TopologySpec, num_nodes: int, node: int) -> list[tuple[int, int]]:
-    rails, _, _, groups_per_pod, _, _ = _pod_geometry(spec, num_nodes)
-    group = node // spec.nodes_per_leaf
-    pod = group // groups_per_pod
-    return [(pod, (group % groups_per_pod) * rails + r) for r in range(rails)]
-
-
-def node_links(spec: TopologySpec, num_nodes: int, node: int, link_class: str) -> list[tuple[str, str]]:
-    """The physical links of ``link_class`` that belong to ``node``, in ``index`` order (module
-    docstring), each as one direction's (from, to) names; empty when the cluster has none."""
-    g, nics = spec.gpus_per_node, spec.nics_per_node
-    rails, groups, uplinks, groups_per_pod, pods, cores = _pod_geometry(spec, num_nodes)
-    if link_class == "nvlink":
-        return [(f"n{node}.g{i}", f"n{node}.nvs") for i in range(g)]
-    if link_class == "pcie":
-        return [(f"n{node}.g{i}", f"n{node}.nic{i // (g // nics)}") for i in range(g)]
-    if num_nodes == 1:
-        return []
-    if link_class == "nic":
-        leaves = _leaves_of_node(spec, num_nodes, node)
-        return [(f"n{node}.nic{j}", "pod{}.leaf{}".format(*leaves[j if rails > 1 else 0])) for j in range(nics)]
-    if link_class == "leaf-spine":
-        if rails * groups <= 1:
-            return []
-        return [(f"pod{pod}.leaf{leaf}", f"pod{pod}.spine{s}")
-                for pod, leaf in _leaves_of_node(spec, num_nodes, node) for s in range(uplinks)]
-    if link_class == "spine-core":
-        if pods <= 1:
-            return []
-        pod = node // spec.nodes_per_leaf // groups_per_pod
-        return [(f"pod{pod}.spine{s}", f"core{s}.{c}") for s in range(uplinks) for c in range(cores)]
-    raise ValueError(f"unknown link class {link_class!r}")
 
 
 def fault_links(spec: TopologySpec, num_nodes: int, fault: LinkFault) -> list[tuple[str, str]]:

@@ -12,7 +12,8 @@ each other on node-aligned layouts).
 from __future__ import annotations
 
 from simulator.scenario.config import Scenario
-from simulator.network.cluster import LINK_CLASSES, Cluster
+from simulator.network.cluster import Cluster
+from simulator.parts.topology import LINK_CLASSES
 from simulator.layout.grid import Plan
 
 AXES = ("tp", "cp", "dp", "zero", "ep", "edp", "pp")

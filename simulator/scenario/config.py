@@ -1,55 +1,125 @@
-"""Scenario configuration: frozen dataclasses grouped by concern.
+"""The scenario format: frozen dataclasses grouped by concern, each key declared once.
 
-The YAML key names are a contract with users (see README): model fields use Hugging Face
-``config.json`` names; cluster, training and parallelism fields carry their units in the name.
-What-ifs are ``dataclasses.replace``, never mutation.
+Every field is a scenario key declared with :func:`simulator.scenario.schema.key`: its default,
+its kind (type, bounds, allowed values), one line of help and its unit. Checks, ``--set`` parsing,
+error messages, the JSON Schema (``stepsim schema``) and ``docs/scenario-reference.md`` are all
+derived from these declarations.
+
+The YAML key names are a contract with users: model fields use Hugging Face ``config.json``
+names; cluster, training and parallelism fields carry their units in the name. What-ifs are
+``dataclasses.replace``, never mutation.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+
+from simulator.common import limits
+from simulator.common.errors import ConfigError
+from simulator.parts.frameworks import CROSS_ENTROPY_IMPLS, CUDA_GRAPH_SCOPES, FP8_RECIPES, SELECTIVE_POLICIES
+from simulator.scenario.schema import (Between, Choice, Flag, Names, Number, PerLayer, Text, Whole, key)
+
+# --- the vocabulary of the format: the values a key may take ---------------------------------
+
+HIDDEN_ACTS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "silu", "swiglu")
+PRECISIONS = ("bf16", "fp16", "fp8", "mxfp8", "nvfp4")  # GEMM precision; attention 16-bit unless training.fp8_attention
+RECOMPUTE = ("none", "selective", "full")
+ZERO_STAGES = (0, 1, 2, 3)
+LAYER_TYPES = ("full_attention", "sliding_attention")
+SCORING_FUNCS = ("softmax", "sigmoid")
+# training.attention: the framework's fused kernel (flash) or a named one (simulator.workload.attention)
+ATTENTION_BACKENDS = ("flash", "fa2", "sdpa", "fa3", "cudnn", "cudnn91", "flex", "triton", "unfused")
+# Megatron-core --recompute-modules (simulator.workload.compute.RECOMPUTE_MODULE_OPS)
+RECOMPUTE_MODULES = ("core_attn", "layernorm", "mla_up_proj", "moe_act", "shared_experts", "mlp", "moe")
+# Megatron-core --offload-modules (simulator.workload.offload)
+OFFLOAD_MODULES = ("attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm", "expert_fc1", "moe_act")
+MOE_OFFLOAD_MODULES = ("expert_fc1", "moe_act")  # offload MoE expert tensors
+# Pipeline schedules (simulator.layout.schedules.SCHEDULES)
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "zb-v", "dualpipe", "dualpipev")
+CP_COMM_TYPES = ("p2p", "all_gather")
+TOKEN_DISPATCHERS = ("alltoall", "allgather", "flex")
+# Megatron-core --moe-flex-dispatcher-backend: the kernels behind the flex dispatcher
+FLEX_BACKENDS = ("deepep", "hybridep")
+ROUTER_DTYPES = ("fp32", "bf16")
+# GEMM precisions whose operands are quantized (Transformer Engine FP8 recipes, MXFP8, NVFP4)
+QUANTIZED_PRECISIONS = ("fp8", "mxfp8", "nvfp4")
+OPTIMIZER_STATE_DTYPES = ("fp32", "bf16")  # training.optimizer_state_dtype: Adam's moments
+LINK_CLASSES = ("nvlink", "pcie", "nic", "leaf-spine", "spine-core")
+MAX_SLOWDOWN = 100.0  # a GPU 100x slower than its peers is down, not straggling
+MAX_JITTER_CV = 1.0  # measured kernel-time noise is a few percent; cv 1 is already a wild spread
+
+
+def optimizer_state_bytes(dtype: str) -> int:
+    """Bytes per parameter of the optimizer state: the fp32 master weight (4) and Adam's two moments
+    (4 each in fp32, 2 each in bf16; Rajbhandari et al. 2020 count 12 for fp32 moments)."""
+    return 4 + 2 * (2 if dtype == "bf16" else 4)
+
+
+def _graph_scope_rule(name: str, scope: tuple[str, ...]) -> None:
+    if "moe_preprocess" in scope and "moe_router" not in scope:
+        raise ConfigError(name, list(scope), "moe_preprocess is captured with moe_router only (Megatron-core): add moe_router")
+
+
+def _dim(minimum: int = 1, limit: limits.Limit = limits.HIDDEN_SIZE, optional: bool = True) -> Whole:
+    return Whole(minimum, limit, optional)
+
+
+def _upto(limit: limits.Limit, minimum: int = 1) -> Whole:
+    return Whole(minimum, limit)
+
+
+_MAYBE = Flag(optional=True)
 
 
 @dataclass(frozen=True)
 class ModelConfig:
     """A decoder-only transformer, in Hugging Face config.json field names."""
 
-    hidden_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    intermediate_size: int
-    vocab_size: int
-    hidden_act: str = "gelu"  # gelu: 2 MLP matrices; silu: SwiGLU, 3 matrices
-    tie_word_embeddings: bool = False
-    num_experts: int = 0  # routed experts; 0 = dense
-    num_experts_per_tok: int = 0
-    moe_intermediate_size: int | None = None
-    num_shared_experts: int = 0
-    first_k_dense_replace: int = 0  # leading dense layers in an MoE model (DeepSeek field name)
-    kv_channels: int | None = None  # per-head dimension when not hidden / heads (HF head_dim, Megatron kv_channels)
-    q_lora_rank: int | None = None  # MLA (DeepSeek-V2/V3): query down-projection rank; None: no compression
-    kv_lora_rank: int | None = None  # MLA: compressed KV rank; None: standard (GQA) attention
-    qk_nope_head_dim: int | None = None
-    qk_rope_head_dim: int | None = None
-    v_head_dim: int | None = None
-    num_nextn_predict_layers: int = 0  # multi-token-prediction modules on the last stage (DeepSeek-V3)
-    interleave_moe_layer_step: int = 1  # every k-th layer is MoE (Llama 4; Qwen decoder_sparse_step)
-    sliding_window: int | None = None  # key window of the layers layer_types marks sliding_attention
-    layer_types: tuple[str, ...] | None = None  # per layer: full_attention | sliding_attention
-    scoring_func: str = "softmax"  # router: softmax (Mixtral, Qwen) or sigmoid (DeepSeek-V3)
-    norm_topk_prob: bool = False  # renormalise the top-k router weights (one more pass over them)
-    mlp_gated: bool | None = None  # gated MLP (3 matrices) whatever hidden_act says (Grok-1: gated GELU)
-    swiglu_limit: float | None = None  # GLU inputs clamped to this (GPT-OSS: 7.0, HF swiglu_limit)
-    expert_bias: bool = False  # routed experts' linear layers carry biases (GPT-OSS; HF model_type gpt_oss)
+    hidden_size: int = key(kind=_upto(limits.HIDDEN_SIZE), help="model width (HF hidden_size)")
+    num_hidden_layers: int = key(kind=_upto(limits.NUM_LAYERS), help="transformer layers")
+    num_attention_heads: int = key(kind=_upto(limits.HIDDEN_SIZE), help="query heads")
+    num_key_value_heads: int = key(kind=_upto(limits.HIDDEN_SIZE),
+                                   help="key/value heads (GQA); left out: num_attention_heads")
+    intermediate_size: int = key(kind=_upto(limits.INTERMEDIATE_SIZE), help="dense MLP width")
+    vocab_size: int = key(kind=_upto(limits.VOCAB_SIZE), help="vocabulary size", unit="tokens")
+    hidden_act: str = key("gelu", Choice(HIDDEN_ACTS), help="MLP activation: gelu-like means 2 MLP matrices, silu/swiglu a gated MLP of 3")
+    tie_word_embeddings: bool = key(False, Flag(), help="the LM head shares the embedding matrix")
+    num_experts: int = key(0, _upto(limits.NUM_EXPERTS, 0), help="routed experts per MoE layer; 0: a dense model")
+    num_experts_per_tok: int = key(0, _upto(limits.NUM_EXPERTS, 0), help="experts each token is routed to (top-k)")
+    moe_intermediate_size: int | None = key(None, _dim(limit=limits.INTERMEDIATE_SIZE),
+                                            help="width of each routed expert; null: intermediate_size")
+    num_shared_experts: int = key(0, _upto(limits.NUM_EXPERTS, 0), help="shared experts every token passes through")
+    first_k_dense_replace: int = key(0, _upto(limits.NUM_LAYERS, 0),
+                                     help="leading dense layers of an MoE model (DeepSeek field name)", unit="layers")
+    kv_channels: int | None = key(None, _dim(), help="per-head width when not hidden / heads (HF head_dim, Megatron kv_channels)")
+    q_lora_rank: int | None = key(None, _dim(), help="MLA (DeepSeek-V2/V3): query down-projection rank; null: no compression")
+    kv_lora_rank: int | None = key(None, _dim(), help="MLA: compressed key/value rank; null: standard (GQA) attention")
+    qk_nope_head_dim: int | None = key(None, _dim(0), help="MLA: per-head query/key width without RoPE")
+    qk_rope_head_dim: int | None = key(None, _dim(0), help="MLA: per-head query/key width with RoPE")
+    v_head_dim: int | None = key(None, _dim(), help="MLA: per-head value width")
+    num_nextn_predict_layers: int = key(0, _upto(limits.NUM_LAYERS, 0),
+                                        help="multi-token-prediction modules on the last stage (DeepSeek-V3)")
+    interleave_moe_layer_step: int = key(1, _upto(limits.NUM_LAYERS, 1),
+                                         help="every k-th layer is MoE (Llama 4; Qwen decoder_sparse_step)")
+    sliding_window: int | None = key(None, _dim(limit=limits.SEQ_LENGTH),
+                                     help="key window of the layers layer_types marks sliding_attention", unit="tokens")
+    layer_types: tuple[str, ...] | None = key(None, PerLayer(LAYER_TYPES),
+                                              help="per layer: full_attention or sliding_attention")
+    scoring_func: str = key("softmax", Choice(SCORING_FUNCS), help="router scores: softmax (Mixtral, Qwen) or sigmoid (DeepSeek-V3)")
+    norm_topk_prob: bool = key(False, Flag(), help="renormalise the top-k router weights (one more pass over them)")
+    mlp_gated: bool | None = key(None, _MAYBE, help="gated MLP (3 matrices) whatever hidden_act says (Grok-1: gated GELU); null: from hidden_act")
+    swiglu_limit: float | None = key(None, Number(0, False), help="GLU inputs clamped to this (GPT-OSS: 7.0, HF swiglu_limit); null: no clamp")
+    expert_bias: bool = key(False, Flag(), help="routed experts' linear layers carry biases (GPT-OSS)")
     # YaRN's attention factor on cos/sin, as Megatron-core derives it from rope_scaling
     # (_yarn_get_concentration_factor): 0.1 ln(factor) + 1 without mscale / mscale_all_dim (GPT-OSS:
     # 1.347), their ratio with them (DeepSeek-V3: 1.0); 1.0 without YaRN
-    rope_mscale: float = 1.0
+    rope_mscale: float = key(1.0, Between(1.0, math.inf, "must be a number >= 1"),
+                             help="YaRN attention factor on cos/sin (from rope_scaling in a Hugging Face config); 1: no YaRN")
     # RMSNorm on each query and key head before RoPE (Qwen3: HF Qwen3Attention q_norm / k_norm, which
     # its config has no field for; Megatron-core qk_layernorm, which Megatron-Bridge's Qwen3 and
     # Qwen3-MoE bridges set)
-    qk_norm: bool = False
+    qk_norm: bool = key(False, Flag(), help="RMSNorm on each query and key head before RoPE (Qwen3; set from model_type)")
 
     @property
     def head_dim(self) -> int:
@@ -102,18 +172,28 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class ClusterConfig:
-    topology: str = "dgx-h100"
-    num_nodes: int = 1
-    gpus_per_node: int = 8
-    gpu: str = "H100-SXM5-80GB"
-    nvlink_bandwidth_GBps: float | None = None
-    network_bandwidth_Gbps: float | None = None
-    oversubscription: float | None = None
-    gpu_memory_gib: float | None = None  # optional overrides of the catalog GPU
-    gpu_peak_tflops: float | None = None  # dense peak at the run's precision
-    gpu_power_limit_W: float | None = None  # board power limit (nvidia-smi -pl); None: the part's default
-    storage_bandwidth_GBps: float | None = None  # checkpoint write rate per node; None: checkpoint.DEFAULT_STORAGE_GBPS
-    host_link_GBps: float | None = None  # GPU <-> host memory, per GPU and direction (activation offloading); None: the GPU's
+    """The machines: a topology, how many nodes of it, and optional overrides of its parts."""
+
+    topology: str = key("dgx-h100", Text(), help="a shipped topology name or a topology YAML file (path relative to the scenario)")
+    num_nodes: int = key(1, _upto(limits.NUM_GPUS), help="nodes (NVLink domains) in the job")
+    gpus_per_node: int = key(8, _upto(limits.GPUS_PER_NODE), help="GPUs per node the job uses; null or left out: the topology's")
+    gpu: str = key("H100-SXM5-80GB", Text(), help="a GPU of the catalog (name or alias); null or left out: the topology's")
+    nvlink_bandwidth_GBps: float | None = key(None, Number(0, False, limits.NVLINK_GBPS),
+                                              help="NVLink rate per GPU; null: the GPU's or the topology's", unit="GB/s per direction")
+    network_bandwidth_Gbps: float | None = key(None, Number(0, False, limits.NETWORK_GBPS),
+                                               help="NIC line rate; null: the topology's", unit="Gb/s per NIC")
+    oversubscription: float | None = key(None, Number(1, True, limits.OVERSUBSCRIPTION),
+                                         help="leaf uplink oversubscription; null: the topology's (1 = full bisection)")
+    gpu_memory_gib: float | None = key(None, Number(0, False, limits.GPU_MEMORY_GIB),
+                                       help="override of the GPU's HBM capacity", unit="GiB")
+    gpu_peak_tflops: float | None = key(None, Number(0, False, limits.GPU_PEAK_TFLOPS),
+                                        help="override of the GPU's dense peak at the run's precision", unit="TFLOP/s")
+    gpu_power_limit_W: float | None = key(None, Number(0, False, limits.GPU_POWER_W),
+                                          help="board power limit (nvidia-smi -pl); null: the part's default", unit="W")
+    storage_bandwidth_GBps: float | None = key(None, Number(0, False, limits.STORAGE_GBPS),
+                                               help="checkpoint write rate per node; null: simulator.workload.checkpoint's default", unit="GB/s")
+    host_link_GBps: float | None = key(None, Number(0, False, limits.HOST_LINK_GBPS),
+                                       help="GPU to host memory rate for activation offloading; null: the GPU's", unit="GB/s per GPU and direction")
 
     @property
     def num_gpus(self) -> int:
@@ -122,49 +202,63 @@ class ClusterConfig:
 
 @dataclass(frozen=True)
 class TrainingConfig:
-    seq_length: int = 2048
-    micro_batch_size: int = 1
-    global_batch_size: int = 1
-    precision: str = "bf16"  # bf16 | fp16 | fp8 | mxfp8 | nvfp4 (GEMMs; attention 16-bit unless fp8_attention)
-    recompute: str = "none"  # none | selective | full
-    # with recompute: selective, Megatron-core's --recompute-modules (None: core_attn, its default)
-    recompute_modules: tuple[str, ...] | None = None
-    attention: str = "flash"  # flash (the framework's fused kernel) | fa2 | sdpa | fa3 | cudnn | cudnn91 | flex | unfused (materialised scores, pre-2023 Megatron)
-    fp8_attention: bool = False  # attention matmuls in FP8 (Transformer Engine fp8_dot_product_attention, cuDNN); needs an FP8 precision
+    """The batch, the precision and what the step re-runs."""
+
+    seq_length: int = key(2048, _upto(limits.SEQ_LENGTH), help="tokens per sequence", unit="tokens")
+    micro_batch_size: int = key(1, _upto(limits.MICRO_BATCH), help="sequences per micro-batch", unit="sequences")
+    global_batch_size: int = key(1, _upto(limits.GLOBAL_BATCH), help="sequences per step over all data-parallel ranks", unit="sequences")
+    precision: str = key("bf16", Choice(PRECISIONS), help="GEMM precision (attention stays 16-bit unless fp8_attention)")
+    recompute: str = key("none", Choice(RECOMPUTE), help="activation recompute: none, selective (the framework's policy) or full")
+    recompute_modules: tuple[str, ...] | None = key(None, Names(RECOMPUTE_MODULES),
+                                                    help="with recompute: selective, Megatron-core's --recompute-modules; null: core_attn")
+    attention: str = key("flash", Choice(ATTENTION_BACKENDS),
+                         help="attention kernel: flash (the framework's fused kernel) or a named one; unfused materialises the scores")
+    fp8_attention: bool = key(False, Flag(), help="attention matmuls in FP8 (Transformer Engine, cuDNN); needs an FP8 precision")
     # Adam's first and second moments: fp32, or bf16 (Megatron-core --use-precision-aware-optimizer
     # --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16; DeepSeek-V3); the master weights stay fp32
-    optimizer_state_dtype: str = "fp32"
+    optimizer_state_dtype: str = key("fp32", Choice(OPTIMIZER_STATE_DTYPES),
+                                     help="Adam's moments in fp32 or bf16 (the master weights stay fp32)")
     # Times the step runs the pipeline schedule, each pass over num_microbatches / pipeline_passes
     # micro-batches with its own fill, drain and gradient reduction: a framework whose gradient
     # accumulation loop calls the pipeline schedule once per accumulation step (NeMo AutoModel's
     # train_ft.py, torch.distributed.pipelining's schedule.step). 1: one schedule (Megatron).
-    pipeline_passes: int = 1
+    pipeline_passes: int = key(1, _upto(limits.MICROBATCHES),
+                               help="times the step runs the pipeline schedule, each over an equal share of the micro-batches")
     # CPU activation offloading (``simulator.workload.offload``). Layer-level: the activations of the
     # first N transformer layers go to host memory in the forward and come back for the backward
     # (Megatron-core --cpu-offloading-num-layers, Transformer Engine's get_cpu_offload_context); 0: off.
-    activation_offload_layers: int = 0
+    activation_offload_layers: int = key(0, _upto(limits.NUM_LAYERS, minimum=0),
+                                         help="CPU offloading of the first N layers' activations (Megatron-core); 0: off", unit="layers")
     # Module-level: the inputs of these submodules go to host memory in every layer (Megatron-core
     # --fine-grained-activation-offloading --offload-modules); None: off.
-    activation_offload_modules: tuple[str, ...] | None = None
+    activation_offload_modules: tuple[str, ...] | None = key(None, Names(OFFLOAD_MODULES),
+                                                             help="CPU offloading of these submodules' inputs in every layer; null: off")
 
 
 @dataclass(frozen=True)
 class ParallelConfig:
-    tp: int = 1
-    pp: int = 1
-    dp: int | None = None
-    cp: int = 1
-    ep: int = 1
-    vp: int = 1
-    sequence_parallel: bool = False
-    zero_stage: int = 0
-    first_pipeline_num_layers: int | None = None  # Megatron-core decoder_first_pipeline_num_layers
-    last_pipeline_num_layers: int | None = None  # decoder_last_pipeline_num_layers
-    etp: int | None = None  # expert tensor parallel size (Megatron-core); None: the same as tp
-    cp_comm_type: str | None = None  # p2p (K/V ring under the attention core) | all_gather (gathered first); None: the framework's
+    """How the model is split over the GPUs."""
+
+    tp: int = key(1, _upto(limits.NUM_GPUS), help="tensor-parallel size")
+    pp: int = key(1, _upto(limits.NUM_GPUS), help="pipeline-parallel stages")
+    dp: int | None = key(None, Whole(1, limits.NUM_GPUS, optional=True),
+                         help="data-parallel size; null: GPUs / (tp x pp x cp)")
+    cp: int = key(1, _upto(limits.NUM_GPUS), help="context-parallel size (the sequence split over cp ranks)")
+    ep: int = key(1, _upto(limits.NUM_GPUS), help="expert-parallel size (MoE)")
+    vp: int = key(1, _upto(limits.NUM_LAYERS), help="virtual pipeline chunks per rank (interleaved 1F1B)")
+    sequence_parallel: bool = key(False, Flag(), help="Megatron sequence parallelism with tp > 1")
+    zero_stage: int = key(0, Choice(ZERO_STAGES), help="ZeRO stage: 1 shards the optimizer, 2 also the gradients, 3 (FSDP) also the weights")
+    first_pipeline_num_layers: int | None = key(None, Whole(0, limits.NUM_LAYERS, optional=True),
+                                                help="layers of the first stage (Megatron-core decoder_first_pipeline_num_layers); null: even split")
+    last_pipeline_num_layers: int | None = key(None, Whole(0, limits.NUM_LAYERS, optional=True),
+                                               help="layers of the last stage (decoder_last_pipeline_num_layers); null: even split")
+    etp: int | None = key(None, Whole(1, limits.NUM_GPUS, optional=True), help="expert tensor-parallel size (Megatron-core); null: tp")
+    cp_comm_type: str | None = key(None, Choice(CP_COMM_TYPES, optional=True),
+                                   help="p2p (K/V ring under the attention core) or all_gather (gathered first); null: the framework's")
     # Hybrid sharding (HSDP): ZeRO/FSDP shards over dp x cp / dp_replicate ranks, and dp_replicate
     # copies of the sharded state reduce their gradients with one all-reduce across the copies.
-    dp_replicate: int = 1
+    dp_replicate: int = key(1, _upto(limits.NUM_GPUS),
+                            help="hybrid sharding: copies of the ZeRO/FSDP-sharded state (HSDP); 1: plain sharding")
 
     @property
     def expert_tp(self) -> int:
@@ -175,82 +269,74 @@ class ParallelConfig:
         return dp * self.cp // self.dp_replicate
 
 
-TOKEN_DISPATCHERS = ("alltoall", "allgather", "flex")
-# Megatron-core --moe-flex-dispatcher-backend: the kernels behind the flex dispatcher
-FLEX_BACKENDS = ("deepep", "hybridep")
-# GEMM precisions whose operands are quantized (Transformer Engine FP8 recipes, MXFP8, NVFP4)
-QUANTIZED_PRECISIONS = ("fp8", "mxfp8", "nvfp4")
-OPTIMIZER_STATE_DTYPES = ("fp32", "bf16")  # training.optimizer_state_dtype: Adam's moments
-
-
-def optimizer_state_bytes(dtype: str) -> int:
-    """Bytes per parameter of the optimizer state: the fp32 master weight (4) and Adam's two moments
-    (4 each in fp32, 2 each in bf16; Rajbhandari et al. 2020 count 12 for fp32 moments)."""
-    return 4 + 2 * (2 if dtype == "bf16" else 4)
-
-
 @dataclass(frozen=True)
 class MoEConfig:
-    """How the MoE layers run (Megatron-core names in comments); see simulator.workload.moe."""
+    """How the MoE layers run (Megatron-core names in help); see simulator.workload.moe."""
 
-    imbalance: float = 1.0  # busiest expert rank's routed tokens / the mean (1.0: force-balanced)
-    capacity_factor: float | None = None  # moe_expert_capacity_factor: drop and pad to capacity; None: dropless
-    max_nodes_per_token: int | None = None  # node-limited routing (DeepSeek-V3: 4); None: unlimited
-    token_dispatcher: str = "alltoall"  # moe_token_dispatcher_type: alltoall | allgather | flex (DeepEP)
-    flex_backend: str = "deepep"  # moe_flex_dispatcher_backend: deepep | hybridep (flex only)
-    overlap_a2a: bool = False  # EP all-to-all hidden behind other compute (only if the framework does it)
-    grouped_gemm: bool = True  # moe_grouped_gemm: one grouped kernel for the local experts
+    imbalance: float = key(1.0, Number(1, True, required="must be a number >= 1 (busiest expert rank's tokens / the mean)"),
+                           help="busiest expert rank's routed tokens / the mean; 1: force-balanced")
+    capacity_factor: float | None = key(None, Number(0, False),
+                                        help="moe_expert_capacity_factor: drop and pad to capacity; null: dropless")
+    max_nodes_per_token: int | None = key(None, Whole(1, optional=True),
+                                          help="node-limited routing (DeepSeek-V3: 4); null: unlimited")
+    token_dispatcher: str = key("alltoall", Choice(TOKEN_DISPATCHERS),
+                                help="moe_token_dispatcher_type: alltoall, allgather or flex (DeepEP, HybridEP)")
+    flex_backend: str = key("deepep", Choice(FLEX_BACKENDS), help="moe_flex_dispatcher_backend (flex only)")
+    overlap_a2a: bool = key(False, Flag(), help="EP all-to-all hidden behind other compute (only if the framework does it)")
+    grouped_gemm: bool = key(True, Flag(), help="moe_grouped_gemm: one grouped kernel for the local experts")
     # Transformer Engine's GroupedLinear on Hopper: one cuBLAS GEMM per expert, round-robin on 4
     # streams (simulator.workload.moe); None: one grouped kernel over all experts' tiles (CUTLASS)
-    grouped_gemm_streams: int | None = None
-    router_dtype: str = "fp32"  # moe_router_dtype: fp32 (Megatron recipes) or bf16
+    grouped_gemm_streams: int | None = key(None, Whole(1, optional=True),
+                                           help="TE GroupedLinear: one GEMM per expert on this many streams; null: one grouped kernel")
+    router_dtype: str = key("fp32", Choice(ROUTER_DTYPES), help="moe_router_dtype: fp32 (Megatron recipes) or bf16")
 
 
 @dataclass(frozen=True)
 class OverlapConfig:
-    """Which communication the framework hides under compute; None takes the framework profile's
+    """Which communication the framework hides under compute; null takes the framework profile's
     default (``simulator/data/frameworks/<name>.yaml``)."""
 
-    tp_comm: bool | None = None  # backward TP all-reduce / reduce-scatter under the weight-gradient GEMM
-    grad_reduce: bool | None = None  # DP gradient buckets reduced during the last backward
-    param_gather: bool | None = None  # ZeRO-1/2 parameter all-gather under the forward; FSDP prefetch
-    param_prefetch_depth: int | None = None  # FSDP (ZeRO-3) layers gathered ahead of the one computing
-    async_tp: bool | None = None  # forward TP all-gather / reduce-scatter pipelined with the GEMMs
-    cp_comm: bool | None = None  # context-parallel K/V exchange under the attention core
+    tp_comm: bool | None = key(None, _MAYBE, help="backward TP all-reduce / reduce-scatter under the weight-gradient GEMM")
+    grad_reduce: bool | None = key(None, _MAYBE, help="DP gradient buckets reduced during the last backward")
+    param_gather: bool | None = key(None, _MAYBE, help="ZeRO-1/2 parameter all-gather under the forward; FSDP prefetch")
+    param_prefetch_depth: int | None = key(None, Whole(0, limits.PREFETCH_DEPTH, optional=True),
+                                           help="FSDP (ZeRO-3) layers gathered ahead of the one computing", unit="layers")
+    async_tp: bool | None = key(None, _MAYBE, help="forward TP all-gather / reduce-scatter pipelined with the GEMMs")
+    cp_comm: bool | None = key(None, _MAYBE, help="context-parallel K/V exchange under the attention core")
 
 
 @dataclass(frozen=True)
 class FrameworkOptions:
-    """Switches of the training framework; None takes the profile's default."""
+    """Switches of the training framework; null takes the profile's default."""
 
-    compile: bool | None = None  # torch.compile / XLA: fused elementwise kernels, lower host cost
-    cuda_graphs: bool | None = None  # kernels replayed from a CUDA graph: no per-kernel host issue
+    compile: bool | None = key(None, _MAYBE, help="torch.compile / XLA: fused elementwise kernels, lower host cost")
+    cuda_graphs: bool | None = key(None, _MAYBE, help="kernels replayed from a CUDA graph: no per-kernel host issue")
     # Megatron-core --cuda-graph-scope: only these modules replayed from CUDA graphs (attn, mlp,
     # moe_router, moe_preprocess, moe); the rest is issued kernel by kernel
-    cuda_graph_scope: tuple[str, ...] | None = None
-    fp8_recipe: str | None = None  # delayed | tensorwise | rowwise | blockwise | mxfp8
+    cuda_graph_scope: tuple[str, ...] | None = key(None, Names(CUDA_GRAPH_SCOPES, rule=_graph_scope_rule),
+                                                   help="Megatron-core --cuda-graph-scope: only these modules replayed from CUDA graphs")
+    fp8_recipe: str | None = key(None, Choice(FP8_RECIPES, optional=True), help="FP8 scaling recipe; null: the profile's")
     # hybrid sharding: cross-copy gradient all-reduces combined up to this many bytes per GPU
     # (XLA's --xla_gpu_all_reduce_combine_threshold_bytes when layers are not scanned)
-    replica_combine_bytes: float | None = None
+    replica_combine_bytes: float | None = key(None, Number(0, True),
+                                              help="hybrid sharding: cross-copy gradient all-reduces combined up to this size", unit="bytes per GPU")
     # Megatron-core use_transformer_engine_op_fuser (Megatron-Bridge cutedsl_fused_grouped_mlp): the
     # experts' fc1, activation and fc2 run as one Transformer Engine fused op, biases and the GLU
     # clamp inside it (moe/experts.py _make_fused_ops, Megatron-core 0.18)
-    te_op_fuser: bool | None = None
+    te_op_fuser: bool | None = key(None, _MAYBE, help="Megatron-core use_transformer_engine_op_fuser: the experts as one TE fused op")
     # Megatron-core moe_router_fusion (Transformer Engine's fused top-k routing) and moe_permute_fusion
     # (TE's fused permutation, chunk sort and unpermutation); None: off, Megatron-core's default
     # (transformer_config.py). Their kernels and host ops: simulator.workload.moe
-    moe_router_fusion: bool | None = None
-    moe_permute_fusion: bool | None = None
+    moe_router_fusion: bool | None = key(None, _MAYBE, help="Megatron-core moe_router_fusion (TE fused top-k routing); null: off")
+    moe_permute_fusion: bool | None = key(None, _MAYBE, help="Megatron-core moe_permute_fusion (TE fused permutation); null: off")
     # Megatron-core --enable-experimental: with moe_permute_fusion, the DeepEP path converts the
     # received top-k indices to its routing map in one fused kernel (fused_indices_to_multihot)
     # instead of PyTorch ops that wait for the GPU three times; None: off, Megatron's default
-    enable_experimental: bool | None = None
-    # the language-model loss implementation (simulator.workload.frameworks.CROSS_ENTROPY_IMPLS);
-    # None: the profile's (fusion.cross_entropy, or fusion.cross_entropy_compiled with compile)
-    cross_entropy: str | None = None
-    # what training.recompute: selective re-runs (simulator.workload.frameworks.SELECTIVE_POLICIES);
-    # None: the profile's (recompute.selective)
-    selective_recompute: str | None = None
+    enable_experimental: bool | None = key(None, _MAYBE, help="Megatron-core --enable-experimental (DeepEP's fused routing map); null: off")
+    cross_entropy: str | None = key(None, Choice(CROSS_ENTROPY_IMPLS, optional=True),
+                                    help="the language-model loss implementation; null: the profile's")
+    selective_recompute: str | None = key(None, Choice(SELECTIVE_POLICIES, optional=True),
+                                          help="what recompute: selective re-runs; null: the profile's")
 
 
 @dataclass(frozen=True)
@@ -258,21 +344,23 @@ class Straggler:
     """A slow GPU (``rank``) or every GPU of a node (``node``): its kernels take
     ``compute_slowdown`` times as long (1.25: a GPU held at 80% clock by a thermal or power cap)."""
 
-    compute_slowdown: float
-    rank: int | None = None
-    node: int | None = None
+    compute_slowdown: float = key(kind=Between(1.0, MAX_SLOWDOWN, f"must be a compute-time multiplier from 1 to {MAX_SLOWDOWN:g} (1.25: 25% slower)"),
+                                  help="compute-time multiplier of the slow GPU(s)")
+    rank: int | None = key(None, Whole(0, optional=True), help="the slow GPU (give rank or node)")
+    node: int | None = key(None, Whole(0, optional=True), help="every GPU of this node is slow (give rank or node)")
 
 
 @dataclass(frozen=True)
 class LinkFault:
     """Links of one class belonging to node ``node`` carry ``bandwidth_fraction`` of their rate
     (0: failed, routes avoid them). ``index`` picks one of them; which links a node owns, and in
-    what order, is in :mod:`simulator.network.faults`."""
+    what order, is in :mod:`simulator.parts.topology`."""
 
-    node: int
-    link_class: str
-    bandwidth_fraction: float
-    index: int | None = None
+    node: int = key(kind=Whole(0), help="the node whose links are degraded")
+    link_class: str = key(kind=Choice(LINK_CLASSES), help="which of the node's links")
+    bandwidth_fraction: float = key(kind=Between(0.0, 1.0, "must be a number from 0 (failed) to 1 (healthy)"),
+                                    help="fraction of the rate they keep; 0: failed, routed around")
+    index: int | None = key(None, Whole(0, optional=True), help="one of those links (simulator.parts.topology.node_links order); null: all")
 
 
 @dataclass(frozen=True)
@@ -280,10 +368,11 @@ class Faults:
     """What is broken or noisy in the step: slow GPUs, degraded or failed links, and per-kernel
     time jitter (coefficient of variation, drawn from ``seed``). Tuples, so a Scenario hashes."""
 
-    stragglers: tuple[Straggler, ...] = ()
-    links: tuple[LinkFault, ...] = ()
-    compute_jitter_cv: float = 0.0
-    seed: int = 0
+    stragglers: tuple[Straggler, ...] = key((), help="slow GPUs or nodes: {rank: R} or {node: N}, each with compute_slowdown")
+    links: tuple[LinkFault, ...] = key((), help="degraded or failed links: {node: N, link_class: C, bandwidth_fraction: f}, optional index")
+    compute_jitter_cv: float = key(0.0, Between(0.0, MAX_JITTER_CV, f"must be a coefficient of variation from 0 to {MAX_JITTER_CV:g} (kernel-time noise is a few percent)"),
+                                   help="per-kernel time noise, coefficient of variation")
+    seed: int = key(0, Whole(0), help="seed of the jitter draws")
 
     @property
     def active(self) -> bool:
@@ -293,17 +382,19 @@ class Faults:
 
 @dataclass(frozen=True)
 class Scenario:
-    name: str
-    model: ModelConfig
-    cluster: ClusterConfig = field(default_factory=ClusterConfig)
-    training: TrainingConfig = field(default_factory=TrainingConfig)
-    parallelism: ParallelConfig = field(default_factory=ParallelConfig)
-    schedule: str = "1f1b"  # gpipe | 1f1b | interleaved
-    framework: str = "megatron-core"  # a profile in simulator/data/frameworks/
-    overlap: OverlapConfig = field(default_factory=OverlapConfig)
-    framework_options: FrameworkOptions = field(default_factory=FrameworkOptions)
-    moe: MoEConfig = field(default_factory=MoEConfig)
-    faults: Faults = field(default_factory=Faults)
+    """One training step to simulate: the model, the machines, the batch, the layout, the software."""
+
+    name: str = key(kind=Text(), help="the scenario's name in reports; left out: the file's stem")
+    model: ModelConfig = key(help="the model: Hugging Face config.json fields, hf_config: path, or a Hugging Face id")
+    cluster: ClusterConfig = field(default_factory=ClusterConfig, metadata={"section": "the machines"})
+    training: TrainingConfig = field(default_factory=TrainingConfig, metadata={"section": "the batch and precision"})
+    parallelism: ParallelConfig = field(default_factory=ParallelConfig, metadata={"section": "the layout"})
+    schedule: str = key("1f1b", Choice(SCHEDULES), help="pipeline schedule (vp > 1 with 1f1b runs interleaved 1F1B)")
+    framework: str = key("megatron-core", Text(), help="a shipped framework profile (simulator/data/frameworks) by name")
+    overlap: OverlapConfig = field(default_factory=OverlapConfig, metadata={"section": "communication overlap"})
+    framework_options: FrameworkOptions = field(default_factory=FrameworkOptions, metadata={"section": "framework switches"})
+    moe: MoEConfig = field(default_factory=MoEConfig, metadata={"section": "MoE layers"})
+    faults: Faults = field(default_factory=Faults, metadata={"section": "faults and noise"})
 
     @property
     def pipeline_schedule(self) -> str:

@@ -179,7 +179,8 @@ def audit(path: str | Path, sets=()) -> dict:
     """Simulate the plan file and judge every claim. JSON: ``claims`` (name, stated, simulated, verdict,
     why), ``tolerances`` per claim, ``name``, ``layout``, counts of ``holds`` and ``fails``."""
     from simulator.reports.report import step_report
-    from simulator.scenario.load import read_scenario_file, scenario_from_dict, validate_plan
+    from simulator.scenario.load import read_scenario_file, scenario_from_dict
+    from simulator.layout.rules import validate_plan
     from simulator.engine.engine import simulate
     from simulator.workload.memory import memory_report
 

@@ -28,7 +28,8 @@ def example(name: str) -> str:
 _STEP = """
 import json, resource, sys, time
 t0 = time.perf_counter()
-from simulator.scenario.load import load_scenario, validate_plan
+from simulator.scenario.load import load_scenario
+from simulator.layout.rules import validate_plan
 from simulator.engine.engine import simulate
 from simulator.reports.report import step_report
 s = load_scenario(sys.argv[1], sys.argv[2:])
@@ -46,7 +47,8 @@ _ALL_REDUCE = """
 import json, resource, time
 t0 = time.perf_counter()
 from simulator.network.collectives import time_collective
-from simulator.network.cluster import build_cluster, load_topology
+from simulator.network.cluster import build_cluster
+from simulator.parts.topology import load_topology
 cluster = build_cluster(load_topology("dgx-h100"), 128)
 t1 = time.perf_counter()
 sim, net = time_collective(cluster, "all_reduce", range(1024), 8 * 2**30)

@@ -139,7 +139,7 @@ def gather(scenario: str, sets: Sequence[str] = (), *, factor: float = 2.0, exec
            workers: int | None = None, fallback=fallback_design) -> dict:
     """All numbers and figures of the design memo for one scenario file (see the module docstring)."""
     from simulator.parts.gpus import gpu_of
-    from simulator.network.cluster import LINK_CLASSES
+    from simulator.parts.topology import LINK_CLASSES
     from simulator.trace.commmap import comm_map
     from simulator.trace.critical_path import critical_path
     from simulator.trace.linkuse import link_use
@@ -147,7 +147,8 @@ def gather(scenario: str, sets: Sequence[str] = (), *, factor: float = 2.0, exec
     from simulator.reports.plots import plot_memory, plot_timeline, plot_tornado
     from simulator.reports.report import step_report
     from simulator.reports.timeline import timeline
-    from simulator.scenario.load import load_scenario, scenario_to_dict, validate_plan
+    from simulator.scenario.load import load_scenario, scenario_to_dict
+    from simulator.layout.rules import validate_plan
     from simulator.engine.engine import SimOptions, scenario_cluster, simulate
     from simulator.studies.whatif import whatif
     from simulator.workload.checkpoint import checkpoint_plan

@@ -78,7 +78,8 @@ def _simulate(path: str) -> tuple[dict, dict]:
     """(scenario keys, step report with memory) of one scenario file; a plan that does not fit is
     still simulated, as in a sweep."""
     from simulator.reports.report import step_report
-    from simulator.scenario.load import load_scenario, scenario_to_dict, validate_plan
+    from simulator.scenario.load import load_scenario, scenario_to_dict
+    from simulator.layout.rules import validate_plan
     from simulator.engine.engine import simulate
     from simulator.workload.memory import memory_report
 

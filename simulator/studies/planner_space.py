@@ -27,7 +27,7 @@ import itertools
 import math
 import re
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields, replace
 
 import yaml
@@ -35,7 +35,9 @@ import yaml
 from simulator.scenario.config import Scenario
 from simulator.common.errors import ConfigError
 from simulator.workload.offload import layer_offload_runs, module_offload_runs
-from simulator.scenario.load import RECOMPUTE, ZERO_STAGES, scenario_from_dict, scenario_to_dict, validate_plan
+from simulator.scenario.load import scenario_from_dict, scenario_to_dict
+from simulator.scenario.config import RECOMPUTE, ZERO_STAGES
+from simulator.layout.rules import validate_plan
 from simulator.layout.schedules import SCHEDULES
 from simulator.studies.validate import pipeline_ends
 

@@ -84,7 +84,8 @@ def evaluate(task: Task) -> dict:
     from simulator.engine.engine import SimOptions, StepAbove, scenario_cluster, simulate
     from simulator.workload.memory import memory_report
     from simulator.reports.report import step_report
-    from simulator.scenario.load import scenario_from_dict, validate_plan
+    from simulator.scenario.load import scenario_from_dict
+    from simulator.layout.rules import validate_plan
 
     row: dict = dict.fromkeys(METRICS)
     try:

@@ -127,12 +127,14 @@ import re
 from pathlib import Path
 
 from simulator.workload.compute import param_counts
-from simulator.workload.frameworks import CUDA_GRAPH_SCOPES
+from simulator.parts.frameworks import CUDA_GRAPH_SCOPES
 from simulator.scenario.config import QUANTIZED_PRECISIONS, ModelConfig
 from simulator.common.errors import ConfigError
 from simulator.common.yamlfile import load_yaml_file
 from simulator.studies.workers import check_local_workers, process_pool
-from simulator.scenario.load import optional_whole, scenario_from_dict, validate_plan, whole
+from simulator.scenario.load import scenario_from_dict
+from simulator.scenario.schema import optional_whole, whole
+from simulator.layout.rules import validate_plan
 
 
 def _moe_shape(model: dict) -> dict:
@@ -453,7 +455,7 @@ def _moe_options(case: dict, m: dict, model, ep: int, etp: int, gpn: int) -> tup
 
 def _recompute_modules(case: dict) -> list[str] | None:
     """The Megatron-core recompute modules a selective-recompute case names, else None."""
-    from simulator.workload.compute import RECOMPUTE_MODULES
+    from simulator.scenario.config import RECOMPUTE_MODULES
 
     stated = (case.get("framework_options") or {}).get("recompute_modules")
     if isinstance(stated, (list, tuple)):

@@ -34,7 +34,7 @@ from pathlib import Path
 from simulator.common.errors import ConfigError
 from simulator.common.files import atomic_write_text
 from simulator.studies.sweep import Task, base_of, run_tasks
-from simulator.network.cluster import LINK_CLASSES
+from simulator.parts.topology import LINK_CLASSES
 
 TARGETS = (*LINK_CLASSES, "compute", "moe_imbalance")
 STRAGGLER_SLOWDOWN = 1.25  # a GPU at 80% clock: compute takes 1 / 0.8 as long
@@ -56,7 +56,8 @@ def whatif(scenario, *, sets: Sequence[str] = (), factor: float = 2.0, executor:
     ``targets`` limits the rows to some of ``TARGETS`` and ``FAULT_TARGETS`` (default: all of them);
     ``progress.advance(task_id, total)`` is called as each simulation finishes."""
     from simulator.engine.engine import scenario_cluster
-    from simulator.scenario.load import scenario_from_dict, validate_plan
+    from simulator.scenario.load import scenario_from_dict
+    from simulator.layout.rules import validate_plan
 
     if not isinstance(factor, (int, float)) or isinstance(factor, bool) or not 1 < factor <= MAX_FACTOR:
         raise ConfigError("--factor", factor, f"must be a number > 1 and at most {MAX_FACTOR:g} "

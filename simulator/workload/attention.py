@@ -98,7 +98,6 @@ from simulator.parts.gpus import power_factor
 H100_PEAK_TFLOPS = 989.0
 A100_PEAK_TFLOPS = 312.0
 SEQ_POINTS = (512, 1024, 2048, 4096, 8192, 16384)
-ATTENTION_BACKENDS = ("flash", "fa2", "sdpa", "fa3", "cudnn", "cudnn91", "flex", "triton", "unfused")
 
 # llm-foundry's Triton FlashAttention over FlashAttention-2, by direction (module docstring,
 # ``triton``): FA2 is 1.3-1.5x faster forward and about 2x backward (Dao 2023, Sec. 4.1).

@@ -28,7 +28,8 @@ import functools
 import math
 from dataclasses import dataclass
 
-from simulator.scenario.config import QUANTIZED_PRECISIONS, ModelConfig, MoEConfig, ParallelConfig, TrainingConfig
+from simulator.scenario.config import (ATTENTION_BACKENDS, QUANTIZED_PRECISIONS, RECOMPUTE, ModelConfig, MoEConfig,
+                                       ParallelConfig, TrainingConfig)
 from simulator.common.errors import ConfigError
 from simulator.parts.gpus import GPUSpec, gemm_ceiling, peak
 from simulator.workload import attention
@@ -41,7 +42,6 @@ FA_BWD_FLOP_RATIO = 2.5
 # (Dao 2023, Sec. 4.1) reaches up to 73% of A100 peak forward and 63% backward; FlashAttention-3
 # shows the same gap on H100. The backward kernel's efficiency is the forward's x 63/73.
 FA_BWD_EFFICIENCY = 63 / 73
-RECOMPUTE_MODES = ("none", "selective", "full")
 # Ops whose time is the GPU waiting on the host, not running kernels: the dropless MoE layer's
 # token-count sync and Megatron-core's GLU-clamp offset copy (``moe.price_host_sync``).
 HOST_WAIT_OPS = ("moe_host_sync", "moe_glu_sync")
@@ -270,7 +270,6 @@ def _attn_core(
 CP_MERGE_BYTES = 10.0
 
 
-ATTENTION_KERNELS = attention.ATTENTION_BACKENDS
 UNFUSED_ATTENTION_OPS = ("attn_scores", "attn_softmax", "attn_dropout", "attn_values")
 ATTENTION_DROPOUT = 0.1  # the unfused path is the GPT-3-era recipe, which trained with dropout 0.1
 
@@ -524,10 +523,10 @@ def layer_cost(
     ``moe_fusions``: Megatron-core's (moe_router_fusion, moe_permute_fusion, fused multihot) when
     Megatron-core runs the MoE layer (``moe.moe_steps``, ``frameworks.moe_fusions``).
     """
-    if training.recompute not in RECOMPUTE_MODES:
-        raise ConfigError("training.recompute", training.recompute, f"valid: {', '.join(RECOMPUTE_MODES)}")
-    if training.attention not in ATTENTION_KERNELS:
-        raise ConfigError("training.attention", training.attention, f"valid: {', '.join(ATTENTION_KERNELS)}")
+    if training.recompute not in RECOMPUTE:
+        raise ConfigError("training.recompute", training.recompute, f"valid: {', '.join(RECOMPUTE)}")
+    if training.attention not in ATTENTION_BACKENDS:
+        raise ConfigError("training.attention", training.attention, f"valid: {', '.join(ATTENTION_BACKENDS)}")
     tokens, tokens_norm = _local_tokens(training, par)
     attn = _attn_plan(model, tokens, tokens_norm, par.tp, model.attention_window(layer))
     mlp = _mlp_plan(model, layer, tokens, tokens_norm, par, moe, training.precision, moe_fusions)
@@ -578,7 +577,6 @@ RECOMPUTE_MODULE_OPS = {
     "mlp": (),
     "moe": (),
 }
-RECOMPUTE_MODULES = tuple(RECOMPUTE_MODULE_OPS)
 
 
 def recompute_blocks(attn_fwd: BlockCost, mlp_fwd: BlockCost, modules: tuple[str, ...],
@@ -797,8 +795,8 @@ def recompute_flops_per_token(model: ModelConfig, seq_length: int, recompute: st
     ...) = 4 x 24 B s l h^2 (1 + s/6h); the LM head is not recomputed). "selective" re-runs the
     attention core, Q K^T and P V (Korthikanti et al. 2022, Sec. 5). "none" adds nothing.
     """
-    if recompute not in RECOMPUTE_MODES:
-        raise ConfigError("training.recompute", recompute, f"valid: {', '.join(RECOMPUTE_MODES)}")
+    if recompute not in RECOMPUTE:
+        raise ConfigError("training.recompute", recompute, f"valid: {', '.join(RECOMPUTE)}")
     if recompute == "none":
         return 0.0
     from simulator.workload.mla import window_fraction

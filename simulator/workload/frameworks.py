@@ -1,11 +1,8 @@
-"""Framework profiles: what the training software does around the GEMMs, read from ``simulator/data/frameworks/*.yaml``.
+"""A scenario's framework behaviour, resolved: its profile (``simulator.parts.frameworks``) with
+the scenario's overrides, as one :class:`Software` value.
 
-A profile is data, one YAML file per framework (``simulator/data/frameworks/``): which
-communication overlaps exist and are on by default, which elementwise ops run fused, eager or
-compiled execution and its host cost per kernel, the FP8 recipe and how its casts are fused, and
-the optimizer's passes. Every entry carries the framework docs or source it comes from. The
-engine and the cost models read the resolved :class:`Software` value only; nothing branches on a
-framework's name.
+The engine and the cost models read the resolved :class:`Software` value only; nothing branches
+on a framework's name.
 
 Resolution: the profile's defaults, then the scenario's ``framework_options`` and ``overlap``
 keys (each overrides the profile's value).
@@ -13,49 +10,15 @@ keys (each overrides the profile's value).
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
-import yaml
-
-from simulator.common import resources
-from simulator.common.errors import ConfigError
-
-FP8_RECIPES = ("delayed", "tensorwise", "rowwise", "blockwise", "mxfp8")
-OVERLAP_KEYS = ("tp_comm", "grad_reduce", "param_gather", "param_prefetch_depth", "async_tp", "cp_comm")
-FUSION_KEYS = ("norm", "rope", "activation", "cross_entropy", "cross_entropy_compiled")
-EXECUTION_KEYS = ("compile", "cuda_graphs", "host_issue_us", "compiled_host_issue_us")
-# Megatron-core --cuda-graph-scope (megatron/core/transformer/enums.py CudaGraphModule, d98e8a6;
-# the DeepSeek-V3 GB200 guide, Sec. 2.3): the attention block, the dense MLP, the MoE router (and
-# shared experts), the EP preprocess (with the router only), the whole MoE layer (token-drop only)
-CUDA_GRAPH_SCOPES = ("attn", "mlp", "moe_router", "moe_preprocess", "moe")
+from simulator.parts.frameworks import load_profile
 
 
 def routing_graphed(scope: tuple[str, ...]) -> bool:
     """Whether an MoE layer's router and EP preprocess replay from a CUDA graph: captured with the
     whole layer (``moe``) or as ``moe_router`` with ``moe_preprocess``."""
     return "moe" in scope or {"moe_router", "moe_preprocess"} <= set(scope)
-FP8_KEYS = ("recipe", "casts_fused_into_producers", "weight_cast_once_per_step", "saves_quantized_inputs")
-OPTIMIZER_KEYS = ("adam_bytes_per_param", "clip_bytes_per_param", "zero_grad_bytes_per_param", "wgrad_bytes_per_param")
-# What training.recompute: selective re-runs, per framework (software.recompute_shares,
-# memory.saved_op_activation_bytes): Megatron's attention core, torchtitan's per-op SAC, MaxText's
-# minimal_flash (elementwise ops only) and MaxText's custom policy saving Q, K, V and the output
-# projection (attention core, MLP input projections and elementwise ops re-run)
-SELECTIVE_POLICIES = ("attention_core", "every_second_matmul", "elementwise", "attention_projections")
-ATTENTION_KERNELS = ("fa2", "sdpa", "fa3", "cudnn")
-# The language-model loss as the framework computes it (costs in software.CROSS_ENTROPY): Megatron-core's
-# vocab_parallel_cross_entropy unfused or with cross_entropy_loss_fusion (impl native), Transformer
-# Engine's parallel_cross_entropy (impl te), PyTorch's F.cross_entropy on fp32 logits eager or under
-# torch.compile, flash-attn's Triton CrossEntropyLoss, XLA's fusion of MaxText's custom-VJP loss
-CROSS_ENTROPY_IMPLS = ("megatron", "megatron-fused", "te", "torch", "torch-compiled", "triton", "xla")
-CP_COMM_TYPES = ("p2p", "all_gather")
-CP_MERGES = ("te", "torch")
-# Whose transformer-layer code runs: Megatron-core's (megatron/core/transformer, its RoPE and
-# MoE experts, with their model-specific unfused paths, ``software.megatron_layer_extras``) or the
-# framework's own model code
-MODEL_CODES = ("megatron-core", "own")
-SECTIONS = {"model": ("code",), "attention": ("kernel", "cp_comm_type", "kv_heads_expanded", "cp_merge"), "overlap": OVERLAP_KEYS, "fusion": FUSION_KEYS, "execution": EXECUTION_KEYS, "fp8": FP8_KEYS,
-            "optimizer": OPTIMIZER_KEYS, "recompute": ("selective",), "fsdp": ("pipeline_unsharded", "replica_combine_bytes")}
 
 
 @dataclass(frozen=True)
@@ -105,47 +68,6 @@ class Software:
     moe_permute_fusion: bool = False
     enable_experimental: bool = False  # framework_options.enable_experimental (Megatron-core's, off by default)
     cross_entropy: str = "megatron"  # the loss implementation (CROSS_ENTROPY_IMPLS)
-
-
-def framework_names() -> tuple[str, ...]:
-    """Profiles shipped in ``data/frameworks/``, sorted."""
-    return resources.names("frameworks")
-
-
-@functools.lru_cache(maxsize=16)
-def load_profile(name: str) -> dict:
-    """The profile's values by section (sources dropped), or a one-line ConfigError."""
-    names = framework_names()
-    if name not in names:
-        raise ConfigError("framework", name, f"valid: {', '.join(names)}")
-    path = resources.entry("frameworks", name)
-    raw = yaml.safe_load(path.read_text())
-    out: dict = {}
-    for section, keys in SECTIONS.items():
-        entries = raw.get(section) or {}
-        out[section] = {}
-        for key in keys:
-            entry = entries.get(key)
-            if not isinstance(entry, dict) or "value" not in entry or not entry.get("source"):
-                raise ConfigError(f"{path.name}: {section}.{key}", entry, "needs a value and a source")
-            out[section][key] = entry["value"]
-    if out["recompute"]["selective"] not in SELECTIVE_POLICIES:
-        raise ConfigError(f"{path.name}: recompute.selective", out["recompute"]["selective"],
-                          f"valid: {', '.join(SELECTIVE_POLICIES)}")
-    for key, valid in (("kernel", ATTENTION_KERNELS), ("cp_comm_type", CP_COMM_TYPES), ("cp_merge", CP_MERGES)):
-        if out["attention"][key] not in valid:
-            raise ConfigError(f"{path.name}: attention.{key}", out["attention"][key], f"valid: {', '.join(valid)}")
-    if out["model"]["code"] not in MODEL_CODES:
-        raise ConfigError(f"{path.name}: model.code", out["model"]["code"], f"valid: {', '.join(MODEL_CODES)}")
-    for key in ("cross_entropy", "cross_entropy_compiled"):
-        if out["fusion"][key] not in CROSS_ENTROPY_IMPLS:
-            raise ConfigError(f"{path.name}: fusion.{key}", out["fusion"][key], f"valid: {', '.join(CROSS_ENTROPY_IMPLS)}")
-    for key in ("casts_fused_into_producers", "weight_cast_once_per_step", "saves_quantized_inputs"):
-        if not isinstance(out["fp8"][key], bool):
-            raise ConfigError(f"{path.name}: fp8.{key}", out["fp8"][key], "valid: true, false")
-    if out["fp8"]["recipe"] not in FP8_RECIPES:
-        raise ConfigError(f"{path.name}: fp8.recipe", out["fp8"]["recipe"], f"valid: {', '.join(FP8_RECIPES)}")
-    return out
 
 
 def _pick(override, default):

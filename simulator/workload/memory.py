@@ -36,7 +36,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, replace
 
-from simulator.scenario.config import ModelConfig, Scenario, optimizer_state_bytes
+from simulator.scenario.config import RECOMPUTE, ZERO_STAGES, ModelConfig, Scenario, optimizer_state_bytes
 from simulator.common.errors import ConfigError
 from simulator.common.records import Record
 from simulator.layout.grid import vstage_layers
@@ -45,8 +45,6 @@ from simulator.common.units import GiB
 from simulator.workload.frameworks import fsdp_gathered_once, resolve
 from simulator.workload.software import CROSS_ENTROPY
 
-RECOMPUTE_MODES = ("none", "selective", "full")
-ZERO_STAGES = (0, 1, 2, 3)
 COMPONENTS = ("weights", "gradients", "optimizer", "activations", "other")
 
 ACT_BYTES = 2
@@ -112,7 +110,7 @@ def korthikanti_activation_bytes(
         if sp:
             return s * b * h / t * (34 + 5 * a * s / h)
         return s * b * h * (10 + 24 / t + 5 * a * s / (h * t))
-    raise ConfigError("training.recompute", recompute, f"valid: {', '.join(RECOMPUTE_MODES)}")
+    raise ConfigError("training.recompute", recompute, f"valid: {', '.join(RECOMPUTE)}")
 
 
 def layer_activation_bytes(
@@ -149,8 +147,8 @@ def layer_activation_bytes(
     GEMM, keeps the norm output as before, each routed copy's expert input and down-projection
     input take 1 byte, and shared experts keep a 1-byte copy of the norm output besides.
     """
-    if recompute not in RECOMPUTE_MODES:
-        raise ConfigError("training.recompute", recompute, f"valid: {', '.join(RECOMPUTE_MODES)}")
+    if recompute not in RECOMPUTE:
+        raise ConfigError("training.recompute", recompute, f"valid: {', '.join(RECOMPUTE)}")
     h, d, a = model.hidden_size, model.head_dim, model.num_attention_heads
     tokens = s * b
     rep = 1 / t if sp else 1.0
@@ -444,8 +442,8 @@ def _check(s: Scenario) -> None:
         raise ConfigError("parallelism.dp", s.dp, "must be at least 1: use more GPUs or smaller tp x pp x cp")
     if par.zero_stage not in ZERO_STAGES:
         raise ConfigError("parallelism.zero_stage", par.zero_stage, "valid: 0, 1, 2, 3")
-    if tr.recompute not in RECOMPUTE_MODES:
-        raise ConfigError("training.recompute", tr.recompute, f"valid: {', '.join(RECOMPUTE_MODES)}")
+    if tr.recompute not in RECOMPUTE:
+        raise ConfigError("training.recompute", tr.recompute, f"valid: {', '.join(RECOMPUTE)}")
     for name in ("seq_length", "micro_batch_size"):
         if getattr(tr, name) < 1:
             raise ConfigError(f"training.{name}", getattr(tr, name), "must be a positive integer")

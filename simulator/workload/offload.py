@@ -42,58 +42,13 @@ compute. The host memory is assumed large enough (480 GB LPDDR5X per Grace, 2 TB
 from __future__ import annotations
 
 from simulator.scenario.config import ModelConfig, Scenario
-from simulator.common.errors import ConfigError
+from simulator.layout.schedules import SPLIT_BACKWARD
 from simulator.workload.memory import ACT_BYTES, FP8_SAVED_INPUT_BYTES
 
 # Megatron-core's --offload-modules choices for transformer layers (transformer_config.py);
 # fused_group_mlp (TE op fuser) and gdp_qkv (gated delta product) are not modelled.
-OFFLOAD_MODULES = ("attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm", "expert_fc1", "moe_act")
-MOE_ONLY = ("expert_fc1", "moe_act")
 
 LSE_BYTES = 4  # the attention kernel's fp32 log-sum-exp per head and token
-
-
-def check_offload(s: Scenario) -> None:
-    """Raise ConfigError for an offload setting the framework would refuse (Megatron-core's rules)."""
-    t, par, m = s.training, s.parallelism, s.model
-    n = t.activation_offload_layers
-    if n:
-        if n >= m.num_hidden_layers:
-            raise ConfigError("training.activation_offload_layers", n,
-                              f"must be below the model's {m.num_hidden_layers} layers (Megatron-core's rule)")
-        if par.pp > 1:
-            raise ConfigError("training.activation_offload_layers", n,
-                              f"layer offloading runs without pipeline parallelism only (Megatron-core), got pp "
-                              f"{par.pp}: use pp 1, or training.activation_offload_modules")
-        if t.recompute != "none":
-            raise ConfigError("training.activation_offload_layers", n,
-                              f"layer offloading runs without recompute only (Megatron-core), got recompute "
-                              f"{t.recompute}: use recompute none, or training.activation_offload_modules")
-        if t.activation_offload_modules:
-            raise ConfigError("training.activation_offload_modules", list(t.activation_offload_modules),
-                              "set either layer offloading (activation_offload_layers) or module offloading, not both")
-    mods = t.activation_offload_modules or ()
-    if mods:
-        if t.recompute == "full":
-            raise ConfigError("training.activation_offload_modules", list(mods),
-                              "module offloading works with recompute none or selective (full recompute keeps only "
-                              "each layer's input)")
-        if "attn_proj" in mods and "core_attn" not in mods:
-            raise ConfigError("training.activation_offload_modules", list(mods),
-                              "attn_proj is offloaded together with core_attn (Megatron-core): add core_attn")
-        moe_only = [x for x in mods if x in MOE_ONLY]
-        if moe_only and not m.is_moe:
-            raise ConfigError("training.activation_offload_modules", list(mods),
-                              f"{', '.join(moe_only)} offload MoE expert tensors and the model has no experts")
-    if (n or mods) and s.pipeline_schedule in SPLIT_BACKWARD:
-        field = "training.activation_offload_layers" if n else "training.activation_offload_modules"
-        raise ConfigError(field, n or list(mods),
-                          f"offloading is modelled with schedules whose backward is not split; got {s.schedule}: "
-                          "use 1f1b, interleaved or gpipe")
-
-
-# Schedules whose backward leaves the weight gradients to a later W step (``schedules``).
-SPLIT_BACKWARD = ("zb-h1", "zb-h2", "zb-v", "dualpipe", "dualpipev")
 
 
 def module_offload_bytes(model: ModelConfig, layer: int, s: float, b: float, t: int, sp: bool,

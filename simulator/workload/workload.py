@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from simulator.workload.compute import (BlockCost, LayerCost, embedding_cost, head_cost, joined, layer_cost,
-                                        optimizer_cost, param_counts)
+                                        param_counts)
 from simulator.workload import moe as moe_model
 from simulator.scenario.config import Scenario, TrainingConfig
 from simulator.parts.gpus import GPUSpec
