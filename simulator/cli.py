@@ -77,35 +77,30 @@ def _collective(args) -> int:
 
 
 def _load(args):
-    from simulator.scenario.load import load_scenario
-    from simulator.layout.rules import validate_plan
+    """The scenario of a command's arguments, checked; its warnings go to stderr."""
+    from simulator import simulation
 
-    s = load_scenario(args.scenario, args.set or [])
-    warnings = validate_plan(s)
+    s = simulation.load_scenario(args.scenario, args.set or [])
+    warnings = simulation.check(s)
     for w in warnings:
-        print(f"stepsim: warning: {w}", file=sys.stderr)
-    return s, warnings
+        _warn(w)
+    return s, list(warnings)
 
 
-def _check_memory(s, args) -> dict:
-    from simulator.workload.memory import memory_report
+def _warn(text: str) -> None:
+    print(f"stepsim: warning: {text}", file=sys.stderr)
 
-    mem = memory_report(s)
-    if not mem["fits"] and not args.allow_oom:
-        worst = max(mem["stages"], key=lambda st: st["total_gib"])
-        raise ConfigError("memory", f"{worst['total_gib']:.1f} GiB on stage {worst['stage']}",
-                          f"exceeds the {worst['capacity_gib']:.1f} GiB of {s.cluster.gpu}; biggest component: "
-                          f"{worst['biggest']} ({worst[worst['biggest'] + '_gib']:.1f} GiB); "
-                          "shard more (tp, pp, zero_stage), recompute, or pass --allow-oom")
-    return mem
+
+def _check_memory(s, args) -> None:
+    from simulator import simulation
+
+    if not args.allow_oom:
+        simulation.check_fits(s, simulation.memory_record(s))
 
 
 def _run(args) -> int:
-    import time
-
+    from simulator import simulation
     from simulator.network.collectives import ALGORITHMS
-    from simulator.engine.engine import SimOptions, simulate
-    from simulator.reports.report import format_summary, step_report
 
     if args.algorithm not in ALGORITHMS:
         raise ConfigError("--algorithm", args.algorithm, f"valid: {', '.join(ALGORITHMS)}")
@@ -118,54 +113,41 @@ def _run(args) -> int:
                           args.stages if args.stages is not None else args.window, "only applies with --timeline FILE")
     with progress_from_args(args, "run") as bar:
         bar.phase("loading the scenario")
-        s, warnings = _load(args)
+        s = simulation.load_scenario(args.scenario, args.set or [])
         if args.stages is not None or args.window is not None:
             from simulator.reports.timeline import parse_stages, parse_window
             if args.stages is not None:
                 parse_stages(args.stages, s.parallelism.pp)
             if args.window is not None:
                 parse_window(args.window, math.inf)
-        bar.phase("memory")
-        mem = _check_memory(s, args)
-        bar.phase("simulating the step")
-        t0 = time.perf_counter()
         fold = not (args.no_fold or args.trace_all_ranks)
-        result = simulate(s, SimOptions(fold=fold, algorithm=args.algorithm, record_flows=bool(args.json)))
-        report = step_report(result, time.perf_counter() - t0)
-        report["memory_gib_per_gpu"] = mem
-        report["warnings"] = warnings
+        result = simulation.run(s, fold=fold, algorithm=args.algorithm, allow_oom=args.allow_oom,
+                                record_flows=bool(args.json), progress=bar, on_warning=_warn)
         if args.trace:
             bar.phase(f"writing {args.trace}")
-            from simulator.trace.perfetto import write_trace
-            write_trace(result, args.trace)
+            result.write_trace(args.trace)
         if args.timeline:
             bar.phase(f"drawing {args.timeline}")
             from simulator.reports.plots import plot_timeline
             from simulator.reports.timeline import parse_stages, parse_window, select, timeline
-            tl = timeline(result, report)
+            tl = timeline(result.result, result.to_dict(analyses=False))
             stages = parse_stages(args.stages, tl.stages) if args.stages is not None else None
             window = parse_window(args.window, tl.step_time_s) if args.window is not None else None
             plot_timeline(select(tl, stages, window), args.timeline)
         if args.json:
             bar.phase("critical path, link use, communication map")
-            from simulator.trace.commmap import comm_map
-            from simulator.trace.critical_path import critical_path
-            from simulator.trace.linkuse import link_use
-            report["critical_path"] = critical_path(result)
-            report["link_use"] = link_use(result)
-            report["comm_map"] = comm_map(result)
-    if args.json:
-        print(json.dumps(report, indent=2))
-    else:
-        print(format_summary(report))
+            text = result.to_json()
+    print(text if args.json else result.summary())
     return 0
 
 
 def _memory(args) -> int:
-    from simulator.workload.memory import format_memory_table, memory_report
+    from simulator import simulation
 
     s, _ = _load(args)
-    mem = memory_report(s)
+    from simulator.reports.memory import format_memory_table
+
+    mem = simulation.memory_record(s).to_dict()
     print(json.dumps(mem, indent=2) if args.json else format_memory_table(mem))
     return 0
 

@@ -6,16 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from simulator.workload.compute import (
-    BlockCost,
-    embedding_cost,
-    gemm_efficiency,
-    head_cost,
-    layer_cost,
-    model_flops_per_token,
-    optimizer_cost,
-    param_counts,
-)
+from simulator.workload.compute import (embedding_cost, gemm_efficiency, head_cost, layer_cost, model_flops_per_token, optimizer_cost, param_counts)
+from simulator.workload.kernels import BlockCost
 from simulator.scenario.config import ModelConfig, ParallelConfig, TrainingConfig
 from simulator.common.errors import ConfigError
 from simulator.parts.gpus import get_gpu, peak

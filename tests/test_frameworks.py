@@ -13,7 +13,8 @@ from simulator.reports.report import step_report
 from simulator.scenario.load import load_scenario, scenario_from_dict, scenario_to_dict
 from simulator.engine.engine import simulate
 from simulator.studies.validate import case_to_scenario_dict
-from simulator.workload.compute import _Gemm, layer_cost
+from simulator.workload.compute import layer_cost
+from simulator.workload.kernels import Gemm
 from simulator.workload.frameworks import resolve
 from simulator.parts.frameworks import framework_names, load_profile
 from simulator.workload.software import fp8_extra, layer_with_software
@@ -94,12 +95,12 @@ def test_fp8_tensorwise_cast_bytes_per_gemm_closed_form():
     the weight once per step."""
     m, n, k = 4096.0, 3072.0, 1024.0
     sw = resolve(scen("torchtitan", options=FrameworkOptions(compile=True, fp8_recipe="tensorwise"), precision="fp8"))
-    fb, _, bb, _ = fp8_extra([_Gemm("out_proj", m, n, k)], sw)
+    fb, _, bb, _ = fp8_extra([Gemm("out_proj", m, n, k)], sw)
     assert fb == pytest.approx(2 * m * k + 6 * k * n) and bb == pytest.approx(2 * m * n)
-    fb, _, bb, _ = fp8_extra([_Gemm("qkv_proj", m, n, k)], sw)
+    fb, _, bb, _ = fp8_extra([Gemm("qkv_proj", m, n, k)], sw)
     assert fb == pytest.approx(6 * m * k + 6 * k * n) and bb == pytest.approx(2 * m * n)
     te = resolve(scen("megatron-core", precision="fp8"))
-    assert fp8_extra([_Gemm("qkv_proj", m, n, k), _Gemm("out_proj", m, n, k)], te) == (0.0, 0, 0.0, 0)
+    assert fp8_extra([Gemm("qkv_proj", m, n, k), Gemm("out_proj", m, n, k)], te) == (0.0, 0, 0.0, 0)
 
 
 def _dp(report):

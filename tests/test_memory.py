@@ -10,16 +10,8 @@ from hypothesis import strategies as st
 from simulator.workload.compute import param_counts
 from simulator.scenario.config import ClusterConfig, ModelConfig, ParallelConfig, Scenario, TrainingConfig
 from simulator.common.errors import ConfigError
-from simulator.workload.memory import (
-    format_memory_table,
-    korthikanti_activation_bytes,
-    layer_activation_bytes,
-    memory_report,
-    microbatches_in_flight,
-    model_state_bytes,
-    stage_layers,
-    stage_memory,
-)
+from simulator.workload.memory import (korthikanti_activation_bytes, layer_activation_bytes, memory_report, microbatches_in_flight, model_state_bytes, stage_layers, stage_memory)
+from simulator.reports.memory import format_memory_table
 from simulator.layout.schedules import SCHEDULES
 from simulator.common.units import GiB
 

@@ -1,14 +1,14 @@
-"""A simulation asked to stop above a cutoff (``SimOptions.stop_above_s``, the planner's): the bound
+"""A simulation asked to stop above a cutoff (``bound.simulate_below``, the planner's): the bound
 it stops on (``bound.ProgressBound``) never exceeds the step it would have simulated, a cutoff at
 or above that step changes nothing, and a cutoff well below it does stop the run."""
 
 import pytest
 
 import simulator.studies.bound as bound_module
-import simulator.engine.engine as engine
+from simulator.engine.engine import simulate
 from simulator.reports.report import step_report
 from simulator.scenario.load import load_scenario
-from simulator.engine.engine import SimOptions, StepAbove, simulate
+from simulator.studies.bound import StepAbove, simulate_below
 
 CASES = {
     "pp2-1f1b-zero1": ["parallelism.pp=2", "parallelism.dp=8", "parallelism.zero_stage=1"],
@@ -37,9 +37,9 @@ def test_the_bound_never_exceeds_the_step_at_any_moment(key, monkeypatch):
         return value
 
     monkeypatch.setattr(bound_module.ProgressBound, "__call__", spy)
-    monkeypatch.setattr(engine, "STOP_CHECKS", tuple(k / 40 for k in range(1, 41)))
-    monkeypatch.setattr(engine, "SKIP_AHEAD", False)
-    r = simulate(s, SimOptions(stop_above_s=step))
+    monkeypatch.setattr(bound_module, "STOP_CHECKS", tuple(k / 40 for k in range(1, 41)))
+    monkeypatch.setattr(bound_module, "SKIP_AHEAD", False)
+    r = simulate_below(s, cutoff_s=step)
     assert r.step_time_s == step
     assert len(seen) >= 30
     assert all(now <= value <= step for now, value in seen)
@@ -51,14 +51,14 @@ def test_the_bound_never_exceeds_the_step_at_any_moment(key, monkeypatch):
 def test_a_cutoff_at_the_step_changes_nothing_and_one_below_it_stops_with_a_sound_bound(key):
     s = _scenario(key)
     full = simulate(s)
-    same = simulate(s, SimOptions(stop_above_s=full.step_time_s))
+    same = simulate_below(s, cutoff_s=full.step_time_s)
     assert step_report(same) == step_report(full)
     assert same.events == full.events
     stops = 0
     for fraction in (0.5, 0.8, 0.95, 0.999):
         cutoff = fraction * full.step_time_s
         try:
-            r = simulate(s, SimOptions(stop_above_s=cutoff))
+            r = simulate_below(s, cutoff_s=cutoff)
         except StepAbove as stop:
             stops += 1
             assert cutoff < stop.bound_s <= full.step_time_s
@@ -73,7 +73,7 @@ def test_jitter_turns_the_stop_off():
     the engine then runs to the end whatever the cutoff."""
     s = load_scenario("scenarios/tiny.yaml", ["faults.compute_jitter_cv=0.05"])
     full = simulate(s)
-    assert simulate(s, SimOptions(stop_above_s=0.5 * full.step_time_s)).step_time_s == full.step_time_s
+    assert simulate_below(s, cutoff_s=0.5 * full.step_time_s).step_time_s == full.step_time_s
 
 
 def test_a_pipeline_transfer_alone_is_at_least_its_route_latency_and_its_bytes_at_the_slowest_link():

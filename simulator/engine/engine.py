@@ -14,6 +14,7 @@ unfolded runs on small clusters.
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import Generator
 
 import simpy
@@ -25,17 +26,24 @@ from simulator.network.flows import Network
 from simulator.network.cluster import Cluster
 from simulator.program import builder as P
 from simulator.engine.inputs import StepInputs, scaled_gpu, scenario_cluster, step_inputs
-from simulator.engine.records import CommCalls, Row, SimOptions, SimResult, StepAbove, Trace
+from simulator.engine.records import CommCalls, Row, SimOptions, SimResult, Trace
 from simulator.engine.variability import StepVariability
 
-__all__ = ["SimOptions", "SimResult", "Row", "Trace", "StepAbove", "StepEngine", "simulate", "scenario_cluster",
+__all__ = ["SimOptions", "SimResult", "Row", "Trace", "Snapshot", "StepEngine", "simulate", "scenario_cluster",
            "scaled_gpu"]
 
-# Moments, as fractions of ``SimOptions.stop_above_s``, at which a simulation that may stop asks
-# ``bound.ProgressBound`` whether its step already provably exceeds it (each ask walks every
-# rank's remaining program once: a few tens of ms on a 16K-GPU step).
-STOP_CHECKS = (0.0, 0.15, 0.3, 0.5, 0.65, 0.75, 0.82, 0.88, 0.93, 0.97, 1.0)
-SKIP_AHEAD = True  # skip the moments before the walk could reach the cutoff (``_run_checked``)
+@dataclass(frozen=True)
+class Snapshot:
+    """Where a simulation in progress is at ``now_s``: ``at``: rank -> (index of the op it is at,
+    when it began); ``posted``: mailbox key -> when that pipeline send was posted; ``ended``: rank ->
+    end of its finished program; ``streams``: rank -> (whether its data-parallel stream is running a
+    collective, the (group, op, bytes) queued behind it)."""
+
+    now_s: float
+    at: dict
+    posted: dict
+    ended: dict
+    streams: dict
 
 
 class StepEngine:
@@ -63,6 +71,7 @@ class StepEngine:
         self.at: dict[int, tuple[int, float]] = {}  # rank -> (op index it waits in, when it began)
         self.streams: dict[int, list] = {}  # rank -> [its data-parallel stream busy, its queue]
         self.copy_free: dict[tuple[int, str], float] = {}  # (rank, d2h | h2d) -> when that copy stream is free
+        self.ranks: list[int] = []  # the simulated ranks (``start``)
 
     # communication ---------------------------------------------------------------------------
 
@@ -306,12 +315,42 @@ class StepEngine:
                 yield dp_proc
         self.stage_end[rank] = self.env.now
 
-    def run(self) -> SimResult:
+    def start(self) -> list[int]:
+        """Start one process per simulated rank (one per stage folded, every rank unfolded); the ranks."""
         plan = self.plan
         ranks = [int(plan.grid[st, 0, 0, 0]) for st in range(plan.pp)] if self.opt.fold else list(range(plan.world))
         for r in ranks:
             self.procs[r] = self.env.process(self.rank_process(r))
-        events = self._run_checked(ranks) if self.opt.stop_above_s is not None and not self.varies else 0
+        self.ranks = ranks
+        return ranks
+
+    def run_until(self, t: float) -> int:
+        """Run every event up to simulated time ``t``; the number run."""
+        events = 0
+        while self.env.peek() <= t:
+            self.env.step()
+            events += 1
+        return events
+
+    def next_event_s(self) -> float:
+        """When the next event happens (inf: none is left)."""
+        return self.env.peek()
+
+    @property
+    def finished(self) -> bool:
+        """Whether every simulated rank has walked its whole program."""
+        return len(self.stage_end) == len(self.ranks)
+
+    def snapshot(self) -> Snapshot:
+        """Where each rank is now (``Snapshot``), for a caller that bounds the step in progress."""
+        posted = {k: box[1] for k, box in self._mail.items() if box[1] is not None}
+        streams = {r: (busy, [item[:3] for item in queue.items if item is not None])
+                   for r, (busy, queue) in self.streams.items()}
+        return Snapshot(self.env.now, dict(self.at), posted, dict(self.stage_end), streams)
+
+    def finish(self, events: int = 0) -> SimResult:
+        """Run to the end (after ``events`` already run) and return the result."""
+        plan, ranks = self.plan, self.ranks
         while True:
             try:
                 self.env.step()
@@ -331,72 +370,9 @@ class StepEngine:
             transfers=self.net.stats.transfers, flows=tuple(self.net.flows),
             comm_calls=self.comm_calls.rows())
 
-    def _run_checked(self, ranks: list[int]) -> int:
-        """Run until the last of ``STOP_CHECKS``, asking ``bound.ProgressBound`` at each whether
-        the step already exceeds ``stop_above_s`` (then raise ``StepAbove``); the events run."""
-        from simulator.network.collectives import cluster_cache, time_collective
-        from simulator.studies.bound import ProgressBound
-
-        cutoff = self.opt.stop_above_s
-        times: dict = {}  # (rank, group, op, bytes) -> seconds of that collective alone
-        pp_times: dict = {}  # (source, destination) -> seconds of a pipeline transfer alone
-        alone_on_cluster = cluster_cache(self.cluster).setdefault("alone", {})  # shared by a plan's layouts
-
-        def least(rank: int, group: str, op: str, size: float) -> float:
-            if not self.opt.communication:
-                return 0.0
-            key = (rank, group, op, size)
-            hit = times.get(key)
-            if hit is None:
-                members = self.plan.group_of(rank, group)
-                alone = (op, size, members, self.opt.algorithm)
-                if alone not in alone_on_cluster:
-                    alone_on_cluster[alone] = (time_collective(self.cluster, op, members, size, self.opt.algorithm)[0]
-                                               if size > 0 and len(members) > 1 else 0.0)
-                hit = times[key] = alone_on_cluster[alone]
-            return hit
-
-        def least_pp(src: int, dst: int) -> float:
-            """A pipeline transfer alone: its route's latency and bytes at its slowest link."""
-            if not self.opt.communication or src == dst or self.work.pp_bytes <= 0:
-                return 0.0
-            key = (src, dst)
-            if key not in pp_times:
-                links = self.cluster.route_links([src], [dst])
-                pp_times[key] = (self.cluster.route_latency(src, dst)
-                                 + self.work.pp_bytes / float(self.cluster.link_bw[links].min()))
-            return pp_times[key]
-
-        def sms_of(op: str, axis: str) -> int:
-            return kernel_sms(op, axis, self.s.moe.token_dispatcher) if self.opt.contention else 0
-
-        walk = ProgressBound(self.programs, ranks, self.plan.stage_of, self.plan.pp_peer, least, least_pp, sms_of,
-                             self.gpu.num_sms)
-        events = 0
-        ready = 0.0  # the next moment worth a walk
-        for check in (cutoff * f for f in STOP_CHECKS):
-            if SKIP_AHEAD and check < ready and check < cutoff:
-                continue
-            while self.env.peek() <= check:
-                self.env.step()
-                events += 1
-            if len(self.stage_end) == len(ranks):
-                return events
-            posted = {k: box[1] for k, box in self._mail.items() if box[1] is not None}
-            streams = {r: (busy, [item[:3] for item in queue.items if item is not None])
-                       for r, (busy, queue) in self.streams.items()}
-            bound = walk(check, self.at, posted, self.stage_end, streams)
-            if bound > cutoff:
-                raise StepAbove(bound, cutoff, check, events)
-            # The walk rarely gains more than the time simulated since the last one (each rank's
-            # clock starts at the moment asked), so skip the moments before it could reach the
-            # cutoff: that only saves walks, never changes when a run that finishes finishes.
-            ready = check + (cutoff - bound)
-        after = self.env.peek()
-        if after == float("inf"):
-            return events  # nothing left to run with ranks unfinished: run() reports the deadlock
-        # past the cutoff with a rank still running: the step ends at an event after it
-        raise StepAbove(after, cutoff, cutoff, events)
+    def run(self) -> SimResult:
+        self.start()
+        return self.finish()
 
 
 def simulate(s: Scenario, options: SimOptions = SimOptions(), cluster: Cluster | None = None) -> SimResult:

@@ -24,18 +24,6 @@ class SimOptions:
     record_flows: bool = False  # keep every transfer's rate history (for link use and the comm map)
     compute_scale: float = 1.0  # what-if: GPU peak FLOP/s and HBM bandwidth multiplied by this
     contention: bool = True  # compute runs on the SMs that in-flight communication kernels leave
-    # stop as soon as the step provably exceeds this many seconds (``bound.ProgressBound``), raising
-    # ``StepAbove``: what the planner needs of a layout that can only enter its result below it
-    stop_above_s: float | None = None
-
-
-class StepAbove(Exception):
-    """A simulation stopped by ``SimOptions.stop_above_s``: its step is at least ``bound_s``, more
-    than ``cutoff_s``; ``at_s`` is the simulated moment it stopped at, ``events`` those run so far."""
-
-    def __init__(self, bound_s: float, cutoff_s: float, at_s: float, events: int):
-        super().__init__(f"step >= {bound_s:.6g} s > {cutoff_s:.6g} s (stopped at {at_s:.6g} s)")
-        self.bound_s, self.cutoff_s, self.at_s, self.events = bound_s, cutoff_s, at_s, events
 
 
 @dataclass(frozen=True)

@@ -39,8 +39,8 @@ from dataclasses import dataclass, replace
 
 from simulator.scenario.config import Scenario
 from simulator.layout.schedules import SCHEDULES, Placement, Step, placement
-from simulator.workload.compute import (CP_CORE_OPS, CP_LOCAL_OPS, BlockCost, joined, split_around,
-                                        split_at_gemm, split_weight_grad)
+from simulator.workload.compute import CP_CORE_OPS, CP_LOCAL_OPS, joined, split_around, split_at_gemm, split_weight_grad
+from simulator.workload.kernels import BlockCost
 from simulator.workload.frameworks import fsdp_gathered_once, routing_graphed
 from simulator.workload.moe import split_moe_block
 from simulator.workload.offload import resident_window

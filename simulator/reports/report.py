@@ -24,9 +24,10 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from simulator.common.records import Record
-from simulator.workload.compute import hardware_flops_per_token, model_flops_per_token
 from simulator.engine.records import SimResult
 from simulator.parts.gpus import gpu_of, peak
+from simulator.reports.faults import fault_report, format_faults
+from simulator.workload.compute import hardware_flops_per_token, model_flops_per_token, param_counts
 
 AXES = ("tp", "pp", "dp", "fsdp", "cp", "ep", "offload")  # offload: waits on CPU activation offloading copies
 FLOPS_CONVENTION = ("model FLOPs 6N + 12 L h s per token (PaLM App. B; Megatron-LM): attention counted over the "
@@ -134,8 +135,6 @@ def stage_times(result: SimResult) -> tuple[StageTimes, ...]:
 
 def model_params(model) -> dict:
     """Total and per-token active parameters (``compute.param_counts``; MTP modules left out)."""
-    from simulator.workload.compute import param_counts
-
     counts = param_counts(model)
     return {"total": counts["total"], "active": counts["active"]}
 
@@ -159,8 +158,6 @@ def step_record(result: SimResult, wall_s: float | None = None) -> StepReport:
     par = s.parallelism
     faults = None
     if s.faults.active:
-        from simulator.reports.faults import fault_report
-
         faults = fault_report(s, result.plan, result.cluster)
     return StepReport(
         name=s.name,
@@ -225,8 +222,6 @@ def format_summary(report: dict) -> str:
     if mem:
         lines.append(f"  memory peak        {mem['peak_gib']:.1f} GiB per GPU ({'fits' if mem['fits'] else 'DOES NOT FIT'})")
     if "faults" in report:
-        from simulator.reports.faults import format_faults
-
         lines += format_faults(report["faults"])
     if "sim_wall_s" in report:
         lines.append(f"  simulated in       {report['sim_wall_s']:.2f} s wall, {report['events']:,} events")

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from simulator.common.errors import ConfigError
+from simulator.scenario.load import read_scenario_file, scenario_from_dict
+from simulator.simulation import run
 
 RELATIONS = ("at_most", "at_least")
 STEP_TOLERANCE = 0.15
@@ -178,19 +180,12 @@ def judge(name: str, relation: str, stated: float, simulated: float) -> tuple[bo
 def audit(path: str | Path, sets=()) -> dict:
     """Simulate the plan file and judge every claim. JSON: ``claims`` (name, stated, simulated, verdict,
     why), ``tolerances`` per claim, ``name``, ``layout``, counts of ``holds`` and ``fails``."""
-    from simulator.reports.report import step_report
-    from simulator.scenario.load import read_scenario_file, scenario_from_dict
-    from simulator.layout.rules import validate_plan
-    from simulator.engine.engine import simulate
-    from simulator.workload.memory import memory_report
-
     p = Path(path)
     raw = read_scenario_file(p)
     claims = parse_claims(raw)
-    s = scenario_from_dict(raw, sets, base_dir=p.parent, default_name=p.stem)
-    warnings = validate_plan(s)
-    mem = memory_report(s)
-    report = step_report(simulate(s))
+    r = run(scenario_from_dict(raw, sets, base_dir=p.parent, default_name=p.stem), allow_oom=True,
+            record_flows=False)
+    s, warnings, mem, report = r.scenario, list(r.warnings), r.memory.to_dict(), r.report.to_dict()
     measured = Measured(report, mem, s)
     rows = []
     for name, relation, stated in claims:

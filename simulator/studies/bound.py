@@ -87,7 +87,19 @@ import weakref
 from collections.abc import Callable
 
 from simulator.scenario.config import Scenario
-from simulator.workload.workload import Workload
+from simulator.layout.grid import Plan
+from simulator.layout.schedules import SCHEDULES, placement
+from simulator.network.nccl import NCCL_KERNEL_SMS, kernel_sms
+from simulator.program import builder as P
+from simulator.program.builder import grad_reduce_op, schedule_steps
+from simulator.workload.compute import split_at_gemm, split_weight_grad
+from simulator.workload.frameworks import fsdp_gathered_once
+from simulator.workload.workload import GRAD_BYTES, PARAM_BYTES, Workload
+from simulator.engine.engine import StepEngine
+from simulator.engine.inputs import step_inputs
+from simulator.engine.records import SimOptions, SimResult
+from simulator.network.cluster import Cluster
+from simulator.network.collectives import cluster_cache, time_collective
 
 ROUNDING_MARGIN = 1e-9
 
@@ -162,8 +174,6 @@ def _moe_mlp_tp(s: Scenario, w: Workload, collective_time: CollectiveTime) -> fl
 
 def split_backward(s: Scenario) -> bool:
     """Whether the scenario's schedule splits the backward (a W step takes the weight gradients)."""
-    from simulator.layout.schedules import SCHEDULES
-
     par = s.parallelism
     return any(st.split for st in SCHEDULES[s.pipeline_schedule](0, par.pp, s.num_microbatches, par.vp))
 
@@ -184,9 +194,6 @@ def overlap_contention_s(s: Scenario, w: Workload, collective_time: CollectiveTi
     ``g + max(a - g, a (1 - r))``. A host stall before the GEMM or more SMs held only add. Zero for a
     layer without these GEMMs (MoE MLPs), for split backwards (their W step takes the weight-gradient
     GEMMs out of the overlap) and without ``num_sms``."""
-    from simulator.network.nccl import kernel_sms
-    from simulator.workload.compute import split_at_gemm
-
     par, sw = s.parallelism, w.software
     tp = par.tp
     zero = {False: 0.0, True: 0.0}
@@ -263,10 +270,6 @@ def fsdp_stage_compute(s: Scenario, w: Workload, blocking: dict[bool, tuple[floa
                        group_time: GroupTime) -> tuple[list[float], list[float]]:
     """(F(vs), B(vs)) under ZeRO-3: each virtual stage's layers as an ``fsdp_chain`` of their
     compute (and blocking TP) behind their parameter all-gathers."""
-    from simulator.layout.grid import Plan
-    from simulator.layout.schedules import placement
-    from simulator.workload.workload import PARAM_BYTES
-
     par = s.parallelism
     plan = Plan.build(par.tp, par.pp, s.dp, par.cp, par.ep, par.expert_tp, par.dp_replicate)
     place = placement(s.pipeline_schedule, par.pp, par.vp)
@@ -306,9 +309,6 @@ def fsdp_link_busy(s: Scenario, w: Workload, group_time: GroupTime) -> dict[int,
     """Seconds the busiest link of each ZeRO-3 stage's DP x CP group is busy with that group's FSDP
     traffic alone, by pipeline stage (stages whose group is one rank are left out): per layer and
     micro-batch two parameter all-gathers and one gradient reduce-scatter (module docstring)."""
-    from simulator.layout.grid import Plan
-    from simulator.layout.schedules import placement
-
     par = s.parallelism
     plan = Plan.build(par.tp, par.pp, s.dp, par.cp, par.ep, par.expert_tp, par.dp_replicate)
     place = placement(s.pipeline_schedule, par.pp, par.vp)
@@ -350,11 +350,6 @@ def schedule_walk_bound(s: Scenario, w: Workload, fwd: list[float], bwd: list[fl
 
     Expert buckets over their own group are left out. It walks every step of every stage, so the
     planner adds it only to the layouts it would otherwise simulate (``planner._Bounds.refined``)."""
-    from simulator.layout.grid import Plan
-    from simulator.program.builder import grad_reduce_op, schedule_steps
-    from simulator.layout.schedules import placement
-    from simulator.workload.workload import GRAD_BYTES, PARAM_BYTES
-
     par = s.parallelism
     place = placement(s.pipeline_schedule, par.pp, par.vp)
     if place.copies != 1:
@@ -449,8 +444,6 @@ def stage_fsdp_busy(group: tuple, params: list[float], m: int, group_time: Group
 def _layer_fsdp_load(group_time: GroupTime, group: tuple, params: float):
     """Seconds each link is busy with one layer's FSDP collectives for one micro-batch (two
     parameter all-gathers, one gradient reduce-scatter) over ``group``."""
-    from simulator.workload.workload import GRAD_BYTES, PARAM_BYTES
-
     return 2 * group_time("all_gather", group, params * PARAM_BYTES)[1] + \
         group_time("reduce_scatter", group, params * GRAD_BYTES)[1]
 
@@ -483,9 +476,6 @@ def fsdp_contention_bound(s: Scenario, w: Workload, busy: dict[int, float], num_
     its DP x CP group carries that group's FSDP bytes (``fsdp_link_busy``), plus ``(SMs - k) / SMs``
     of what it cannot compute in: the TP collectives its compute stream waits on (``blocking``) and
     the pipeline's fill before its first forward (``heads``, by stage; module docstring)."""
-    from simulator.network.nccl import NCCL_KERNEL_SMS
-    from simulator.layout.schedules import placement
-
     par = s.parallelism
     place = placement(s.pipeline_schedule, par.pp, par.vp)
     per_chunk = s.num_microbatches // place.copies
@@ -506,8 +496,6 @@ def fsdp_contention_bound(s: Scenario, w: Workload, busy: dict[int, float], num_
 def weight_grad_s(w: Workload) -> list[float]:
     """Seconds of each virtual stage's weight-gradient GEMMs per micro-batch: what a split backward
     leaves to its W step (``compute.split_weight_grad``)."""
-    from simulator.workload.compute import split_weight_grad
-
     return [sum(split_weight_grad(w.layer_costs[x].attn_bwd)[1].time_s
                 + split_weight_grad(w.layer_costs[x].mlp_bwd)[1].time_s for x in w.layers(vs))
             for vs in range(len(w.vstages))]
@@ -520,8 +508,6 @@ def step_compute(s: Scenario, w: Workload, blocking: dict[bool, tuple[float, flo
     ``fsdp_chain``, otherwise compute and blocking TP (``stage_compute``) with the backward's
     ``overlap_contention_s``. (ZeRO-3 gathered once per step under a pipeline, torch pipelining's
     ``Software.fsdp_pipeline_unsharded``, has no per-micro-batch gathers to charge.)"""
-    from simulator.workload.frameworks import fsdp_gathered_once
-
     if group_time is not None and s.parallelism.zero_stage == 3 and not fsdp_gathered_once(s, w.software):
         return fsdp_stage_compute(s, w, blocking, group_time)
     fwd, bwd = stage_compute(w, blocking)
@@ -538,9 +524,6 @@ def step_lower_bound(s: Scenario, w: Workload, collective_time: CollectiveTime |
     without ``collective_time`` compute only, without ``group_time`` no FSDP all-gathers, with the
     GPU's ``num_sms`` the contention the backward's overlapped TP collectives must cost
     (``overlap_contention_s``)."""
-    from simulator.layout.schedules import placement
-    from simulator.workload.frameworks import fsdp_gathered_once
-
     par = s.parallelism
     p, m = par.pp, s.num_microbatches
     place = placement(s.pipeline_schedule, p, par.vp)
@@ -612,7 +595,7 @@ class ProgressBound:
     Every op of the walk ends no later than the same op of the simulation (by induction along
     the programs, the sends and the stream), so the largest end of the walk is at most the step.
     The engine asks for it at a few moments when a caller (the planner) only needs to know
-    whether the step exceeds a cutoff (``SimOptions.stop_above_s``), and stops there when it does.
+    whether the step exceeds a cutoff (``simulate_below``), and stops there when it does.
     """
 
     def __init__(self, programs: dict, ranks: list[int], stage_of, pp_peer, least, least_pp, sms_of,
@@ -629,8 +612,6 @@ class ProgressBound:
         expressions add up), the ops that neither take time nor order ranks left out; per op,
         the entry holding it (or the next one) and, for a block, the time of the blocks after it
         in its run."""
-        from simulator.program import builder as P
-
         entries: list = []
         entry_of = [0] * len(program)
         after = [0.0] * len(program)
@@ -674,8 +655,6 @@ class ProgressBound:
         time the engine posted that send; ``ended``: rank -> end of its finished program;
         ``streams``: rank -> (whether its data-parallel stream is running a collective, the
         (group, op, bytes) queued behind it)."""
-        from simulator.program import builder as P
-
         least, least_pp, S = self.least, self.least_pp, self.num_sms
         best = max(ended.values(), default=0.0)
         # (receiving rank, vstage, micro-batch, kind) -> least arrival: the sends the engine posted
@@ -765,3 +744,92 @@ class ProgressBound:
                 break  # cannot happen for a program the engine completes; stay a bound
             state = blocked
         return best * (1 - ROUNDING_MARGIN)
+
+
+# Moments, as fractions of the cutoff, at which a simulation that may stop asks ``ProgressBound``
+# whether its step already provably exceeds it (each ask walks every rank's remaining program
+# once: a few tens of ms on a 16K-GPU step).
+STOP_CHECKS = (0.0, 0.15, 0.3, 0.5, 0.65, 0.75, 0.82, 0.88, 0.93, 0.97, 1.0)
+SKIP_AHEAD = True  # skip the moments before the walk could reach the cutoff (``simulate_below``)
+
+
+class StepAbove(Exception):
+    """A simulation stopped by ``simulate_below``: its step is at least ``bound_s``, more than
+    ``cutoff_s``; ``at_s`` is the simulated moment it stopped at, ``events`` those run so far."""
+
+    def __init__(self, bound_s: float, cutoff_s: float, at_s: float, events: int):
+        super().__init__(f"step >= {bound_s:.6g} s > {cutoff_s:.6g} s (stopped at {at_s:.6g} s)")
+        self.bound_s, self.cutoff_s, self.at_s, self.events = bound_s, cutoff_s, at_s, events
+
+
+def simulate_below(s: Scenario, options: SimOptions = SimOptions(), cluster: Cluster | None = None, *,
+                   cutoff_s: float) -> SimResult:
+    """Simulate ``s``, or raise ``StepAbove`` as soon as its step provably exceeds ``cutoff_s``
+    (what the planner needs of a layout that can only enter its result below it). The result of a
+    run that finishes is the one ``simulate`` gives. With variability a block may run shorter than
+    its cost, so the walk would not be a bound: such a run goes to the end whatever the cutoff."""
+    engine = StepEngine(step_inputs(s, options, cluster))
+    ranks = engine.start()
+    if engine.varies:
+        return engine.finish()
+    return engine.finish(_run_checked(engine, ranks, cutoff_s))
+
+
+def _run_checked(engine: StepEngine, ranks: list[int], cutoff: float) -> int:
+    """Run until the last of ``STOP_CHECKS``, asking ``ProgressBound`` at each whether the step
+    already exceeds ``cutoff`` (then raise ``StepAbove``); the events run."""
+    opt, plan, cluster, work = engine.opt, engine.plan, engine.cluster, engine.work
+    times: dict = {}  # (rank, group, op, bytes) -> seconds of that collective alone
+    pp_times: dict = {}  # (source, destination) -> seconds of a pipeline transfer alone
+    alone_on_cluster = cluster_cache(cluster).setdefault("alone", {})  # shared by a plan's layouts
+
+    def least(rank: int, group: str, op: str, size: float) -> float:
+        if not opt.communication:
+            return 0.0
+        key = (rank, group, op, size)
+        hit = times.get(key)
+        if hit is None:
+            members = plan.group_of(rank, group)
+            alone = (op, size, members, opt.algorithm)
+            if alone not in alone_on_cluster:
+                alone_on_cluster[alone] = (time_collective(cluster, op, members, size, opt.algorithm)[0]
+                                           if size > 0 and len(members) > 1 else 0.0)
+            hit = times[key] = alone_on_cluster[alone]
+        return hit
+
+    def least_pp(src: int, dst: int) -> float:
+        """A pipeline transfer alone: its route's latency and bytes at its slowest link."""
+        if not opt.communication or src == dst or work.pp_bytes <= 0:
+            return 0.0
+        key = (src, dst)
+        if key not in pp_times:
+            links = cluster.route_links([src], [dst])
+            pp_times[key] = cluster.route_latency(src, dst) + work.pp_bytes / float(cluster.link_bw[links].min())
+        return pp_times[key]
+
+    def sms_of(op: str, axis: str) -> int:
+        return kernel_sms(op, axis, engine.s.moe.token_dispatcher) if opt.contention else 0
+
+    walk = ProgressBound(engine.programs, ranks, plan.stage_of, plan.pp_peer, least, least_pp, sms_of,
+                         engine.gpu.num_sms)
+    events = 0
+    ready = 0.0  # the next moment worth a walk
+    for check in (cutoff * f for f in STOP_CHECKS):
+        if SKIP_AHEAD and check < ready and check < cutoff:
+            continue
+        events += engine.run_until(check)
+        if engine.finished:
+            return events
+        snap = engine.snapshot()
+        bound = walk(check, snap.at, snap.posted, snap.ended, snap.streams)
+        if bound > cutoff:
+            raise StepAbove(bound, cutoff, check, events)
+        # The walk rarely gains more than the time simulated since the last one (each rank's
+        # clock starts at the moment asked), so skip the moments before it could reach the
+        # cutoff: that only saves walks, never changes when a run that finishes finishes.
+        ready = check + (cutoff - bound)
+    after = engine.next_event_s()
+    if after == float("inf"):
+        return events  # nothing left to run with ranks unfinished: finish() reports the deadlock
+    # past the cutoff with a rank still running: the step ends at an event after it
+    raise StepAbove(after, cutoff, cutoff, events)

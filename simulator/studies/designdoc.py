@@ -17,6 +17,17 @@ from pathlib import Path
 
 from simulator.common.errors import ConfigError
 from simulator.studies.sweep import Task, base_of, run_tasks
+from simulator.engine.engine import scenario_cluster
+from simulator.parts.gpus import gpu_of
+from simulator.parts.topology import LINK_CLASSES
+from simulator.reports.placement import placement
+from simulator.reports.plots import plot_memory, plot_timeline, plot_tornado
+from simulator.reports.timeline import timeline
+from simulator.scenario.load import scenario_from_dict, scenario_to_dict
+from simulator.simulation import checked, run
+from simulator.studies.whatif import whatif
+from simulator.workload.checkpoint import checkpoint_plan
+from simulator.workload.compute import param_counts
 
 RECOMPUTE_ORDER = ("none", "selective", "full")
 
@@ -64,8 +75,6 @@ def fallback_design(scenario, sets: Sequence[str] = (), *, executor: str = "proc
 
     Returns ``source``, ``candidates`` (label, overrides, step time, MFU, bubble, peak memory, or why
     it was dropped) and ``best`` (the fastest valid candidate, None when no neighbour runs)."""
-    from simulator.scenario.load import scenario_from_dict
-
     raw, base_dir, name = base_of(scenario, sets)
     s = scenario_from_dict(raw, base_dir=base_dir, default_name=name)
     moves = neighbours(s)
@@ -99,8 +108,6 @@ def batch_study(scenario, sets: Sequence[str] = (), *, executor: str = "process"
                 report: dict) -> list[dict]:
     """The same layout at half and double the global batch (skipped where the batch is not a valid
     multiple), with the baseline row taken from ``report``."""
-    from simulator.scenario.load import scenario_from_dict
-
     raw, base_dir, name = base_of(scenario, sets)
     s = scenario_from_dict(raw, base_dir=base_dir, default_name=name)
     gbs = s.training.global_batch_size
@@ -138,38 +145,15 @@ def _png(draw, *args) -> bytes:
 def gather(scenario: str, sets: Sequence[str] = (), *, factor: float = 2.0, executor: str = "process",
            workers: int | None = None, fallback=fallback_design) -> dict:
     """All numbers and figures of the design memo for one scenario file (see the module docstring)."""
-    from simulator.parts.gpus import gpu_of
-    from simulator.parts.topology import LINK_CLASSES
-    from simulator.trace.commmap import comm_map
-    from simulator.trace.critical_path import critical_path
-    from simulator.trace.linkuse import link_use
-    from simulator.reports.placement import placement
-    from simulator.reports.plots import plot_memory, plot_timeline, plot_tornado
-    from simulator.reports.report import step_report
-    from simulator.reports.timeline import timeline
-    from simulator.scenario.load import load_scenario, scenario_to_dict
-    from simulator.layout.rules import validate_plan
-    from simulator.engine.engine import SimOptions, scenario_cluster, simulate
-    from simulator.studies.whatif import whatif
-    from simulator.workload.checkpoint import checkpoint_plan
-    from simulator.workload.compute import param_counts
-    from simulator.workload.memory import memory_report
-
-    s = load_scenario(scenario, sets)
-    warnings = validate_plan(s)
-    mem = memory_report(s)
+    c = checked(scenario, sets)
+    s, mem = c.scenario, c.memory.to_dict()
     if not mem["fits"]:
         worst = max(mem["stages"], key=lambda st: st["total_gib"])
         raise ConfigError("memory", f"{worst['total_gib']:.1f} GiB on stage {worst['stage']}",
                           f"exceeds the {worst['capacity_gib']:.1f} GiB of {s.cluster.gpu}: a memo needs a plan "
                           "that runs; shard more (tp, pp, zero_stage) or recompute")
-    result = simulate(s, SimOptions(record_flows=True))
-    report = step_report(result)
-    report["memory_gib_per_gpu"] = mem
-    report["warnings"] = warnings
-    report["critical_path"] = critical_path(result)
-    report["link_use"] = link_use(result)
-    report["comm_map"] = comm_map(result)
+    r = run(c, allow_oom=True)
+    result, report = r.result, r.to_dict(wall=False)
     used = [c for c in LINK_CLASSES if report["link_use"]["classes"].get(c, {}).get("bytes", 0) > 0]
     wi = whatif(scenario, sets=sets, factor=factor, executor=executor, workers=workers,
                 targets=(*used, "compute"))

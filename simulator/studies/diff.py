@@ -14,6 +14,9 @@ import math
 from pathlib import Path
 
 from simulator.common.errors import ConfigError
+from dataclasses import replace
+from simulator.scenario.load import scenario_to_dict
+from simulator.simulation import run
 
 VOLATILE = ("sim_wall_s",)
 REPORT_SUFFIXES = (".json",)
@@ -77,17 +80,10 @@ def load_report(path: str, field: str) -> dict:
 def _simulate(path: str) -> tuple[dict, dict]:
     """(scenario keys, step report with memory) of one scenario file; a plan that does not fit is
     still simulated, as in a sweep."""
-    from simulator.reports.report import step_report
-    from simulator.scenario.load import load_scenario, scenario_to_dict
-    from simulator.layout.rules import validate_plan
-    from simulator.engine.engine import simulate
-    from simulator.workload.memory import memory_report
-
-    s = load_scenario(path)
-    validate_plan(s)
-    report = step_report(simulate(s))
-    report["memory_gib_per_gpu"] = memory_report(s)
-    return scenario_to_dict(s), report
+    r = run(path, allow_oom=True, record_flows=False)
+    report = replace(r.report, sim_wall_s=None).to_dict()
+    report["memory_gib_per_gpu"] = r.memory.to_dict()
+    return scenario_to_dict(r.scenario), report
 
 
 def diff_files(a: str, b: str, progress=None) -> dict:

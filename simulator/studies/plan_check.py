@@ -17,6 +17,9 @@ from pathlib import Path
 from simulator.common.errors import ConfigError
 from simulator.studies.planner import plan
 from simulator.studies.validate import case_to_scenario_dict, load_cases
+from simulator.scenario.load import scenario_from_dict
+import argparse
+import sys
 
 TOP = 5
 
@@ -27,8 +30,6 @@ def narrow_space(raw: dict) -> list[str]:
     its micro-batch size and twice it, its ZeRO stage and 1 (Megatron's distributed optimizer),
     and (the default space's) its hybrid-sharding copies and 1: at most 12 layouts, 24 with hybrid
     sharding, the published one among them."""
-    from simulator.scenario.load import scenario_from_dict
-
     s = scenario_from_dict(raw)
     p, tr = s.parallelism, s.training
     mbs = [tr.micro_batch_size]
@@ -162,9 +163,6 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m simulator.studies.plan_check [runs.yaml ...] [--out table.txt] [--full]``: every
     published run of the files (default: shared/validation/public-runs.yaml and tests/data/), planned
     over ``narrow_space`` (``--full``: the default space), as one table per file and a total."""
-    import argparse
-    import sys
-
     ap = argparse.ArgumentParser(prog="python -m simulator.studies.plan_check")
     ap.add_argument("runs", nargs="*")
     ap.add_argument("--out")

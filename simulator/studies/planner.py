@@ -54,7 +54,6 @@ import sys
 import time
 from bisect import insort
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
 from pathlib import Path
 
 import yaml
@@ -66,8 +65,20 @@ from simulator.reports.report import AXES
 from simulator.scenario.load import scenario_from_dict, scenario_to_dict
 from simulator.studies.planner_space import (Layout, candidate_scenario, enumerate_layouts, layout_of,
                                              layout_order, merge_enumerations, parse_space)
-from simulator.studies.sweep import EXECUTORS, Task, _Lock, base_of, evaluate, point_id, read_log, scenario_hash
-from simulator.studies.workers import check_local_workers
+from dataclasses import dataclass, replace
+from simulator.common.units import GiB
+from simulator.engine.engine import scenario_cluster
+from simulator.layout.grid import Plan, vstage_layers
+from simulator.layout.schedules import placement
+from simulator.network.collectives import time_collective
+from simulator.parts.gpus import gpu_of
+from simulator.reports.plots import plot_pareto
+from simulator.studies.bound import (blocking_tp_s, schedule_walk_bound, stage_fsdp_busy, step_compute, step_lower_bound)
+from simulator.studies.sweep import (EXECUTORS, METRICS, Task, _Lock, base_of, evaluate, point_id, read_log, scenario_hash)
+from simulator.studies.workers import check_local_workers, local_limit, process_pool
+from simulator.workload.frameworks import fsdp_gathered_once
+from simulator.workload.memory import memory_peak, memory_report
+from simulator.workload.workload import build_workload
 
 OBJECTIVES = ("step_time", "tokens_per_s_per_gpu")
 # ``--tolerance``: the bound prunes a layout unless it could beat a shown one by more than this
@@ -102,8 +113,6 @@ def _enumerate_part(args: tuple):
 
 def _screen(args: tuple) -> list[tuple[float, bool]]:
     """(peak GiB, fits) of each layout: the memory pass, run in the worker pool."""
-    from simulator.workload.memory import memory_peak
-
     s, layouts, fraction = args
     out = []
     for layout in layouts:
@@ -144,8 +153,6 @@ class _Bounds:
     checks cheap <= exact on every fitting layout of its spaces."""
 
     def __init__(self, s: Scenario):
-        from simulator.parts.gpus import gpu_of
-
         self.s = s
         self.gpu = gpu_of(s.cluster, s.training.precision)
         self.collective_time = node_collective_time(s)
@@ -157,22 +164,16 @@ class _Bounds:
 
     def _workload(self, layout: Layout):
         """(the layout's scenario, its workload on this scenario's GPU)."""
-        from simulator.workload.workload import build_workload
-
         cs = candidate_scenario(self.s, layout)
         return cs, build_workload(cs, self.gpu)
 
     def exact(self, layout: Layout) -> float:
-        from simulator.studies.bound import step_lower_bound
-
         cs, w = self._workload(layout)
         return step_lower_bound(cs, w, self.collective_time, self.group_time, self.gpu.num_sms)
 
     def refined(self, layout: Layout, exact: float) -> float:
         """``exact`` (the layout's exact bound) or ``bound.schedule_walk_bound``, whichever is larger:
         a walk of every step of every stage, computed only for the layouts the plan would simulate."""
-        from simulator.studies.bound import blocking_tp_s, schedule_walk_bound, step_compute
-
         cs, w = self._workload(layout)
         blocking = blocking_tp_s(cs, w, self.collective_time)
         fwd, bwd = step_compute(cs, w, blocking, self.collective_time, self.group_time, self.gpu.num_sms)
@@ -180,9 +181,6 @@ class _Bounds:
 
     def cheap(self, layout: Layout) -> float | None:
         """The cheap bound, or None when it does not apply (DualPipe's two model copies)."""
-        from simulator.studies.bound import blocking_tp_s
-        from simulator.layout.schedules import placement
-
         if placement(layout.schedule, layout.pp, layout.vp).copies != 1:
             return None
         key = (layout.tp, layout.cp, layout.sequence_parallel, layout.ep, layout.etp, layout.micro_batch_size,
@@ -206,11 +204,6 @@ class _Bounds:
         bound are at least; 0 when the layers stay gathered across micro-batches
         (``fsdp_gathered_once``). The group and each layer's parameters per GPU (tp, ep and etp
         only) come from caches, the sum over links is memoised by group, layers and micro-batches."""
-        from simulator.studies.bound import stage_fsdp_busy
-        from simulator.layout.grid import Plan, vstage_layers
-        from simulator.layout.schedules import placement
-        from simulator.workload.frameworks import fsdp_gathered_once
-
         if layout.pp > 1 and self._gathered_once is None:
             self._gathered_once = fsdp_gathered_once(candidate_scenario(self.s, layout))
         if layout.pp > 1 and self._gathered_once:
@@ -237,11 +230,6 @@ class _Bounds:
 def node_collective_time(s: Scenario):
     """(op, n, bytes) -> seconds of a collective over the first n GPUs of one idle node of ``s``'s
     cluster (its link overrides applied), memoised: what ``bound.blocking_tp_s`` needs."""
-    from dataclasses import replace
-
-    from simulator.network.collectives import time_collective
-    from simulator.engine.engine import scenario_cluster
-
     node = scenario_cluster(replace(s, cluster=replace(s.cluster, num_nodes=1)))
     cache: dict = {}
 
@@ -258,9 +246,6 @@ def cluster_collective_time(s: Scenario):
     """(op, ranks, bytes) -> (seconds of a collective over those global ranks alone on ``s``'s idle
     cluster, seconds each link is busy with its bytes), memoised, the cluster built on first use:
     what ``bound.fsdp_stage_compute`` and ``bound.fsdp_link_busy`` need."""
-    from simulator.network.collectives import time_collective
-    from simulator.engine.engine import scenario_cluster
-
     cache: dict = {}
     cluster = []
 
@@ -293,8 +278,6 @@ class _Runner:
             except ImportError:
                 raise ConfigError("--executor", "ray", "Ray is not installed: pip install 'stepsim[ray]'") from None
         if workers > 1:
-            from simulator.studies.workers import local_limit, process_pool
-
             # workers die with the planner, even on kill -9; with Ray the local pool only screens
             self.local = workers if executor != "ray" else min(workers, local_limit())
             self.pool = process_pool(self.local)
@@ -621,8 +604,6 @@ def plan(scenario: str | Path | Scenario | dict, *, sets: Sequence[str] = (), sp
     # of the simulated layouts, those whose ZeRO-1/2 twin's simulation was reused (``_zero_twin``)
     result["candidates"]["shared_with_zero_twin"] = len(twin_of)
     if folder is not None and result["pareto"]:
-        from simulator.reports.plots import plot_pareto
-
         plot_pareto(result, str(folder / PARETO_PLOT))
     return result
 
@@ -657,9 +638,6 @@ def _zero_twin(layout: Layout) -> Layout | None:
 def _twin_row(twin: dict, s: Scenario, layout: Layout) -> dict:
     """``sweep.evaluate``'s row for ``layout`` from its ZeRO twin's: the simulated metrics shared,
     the memory its own."""
-    from simulator.studies.sweep import METRICS
-    from simulator.workload.memory import memory_report
-
     row = {k: twin.get(k) for k in METRICS}
     for k in ("stopped_above_s", "step_at_least_s"):
         if k in twin:
@@ -675,9 +653,6 @@ def fit_of_layouts(fitting: list[Screened]) -> set[Layout]:
 
 
 def _capacity_gib(s: Scenario) -> float:
-    from simulator.parts.gpus import gpu_of
-    from simulator.common.units import GiB
-
     return gpu_of(s.cluster, s.training.precision).hbm_capacity_bytes / GiB
 
 

@@ -26,6 +26,7 @@ Files in the output folder, safe against ``kill -9`` at any moment:
 from __future__ import annotations
 
 import csv
+from functools import partial
 import fcntl
 import hashlib
 import io
@@ -45,7 +46,14 @@ from simulator.common.errors import ConfigError
 from simulator.reports.report import AXES
 from simulator.scenario.load import apply_overrides, read_scenario_file, scenario_to_dict
 from simulator.common.files import atomic_write_text, remove_stale
+from simulator.engine.engine import scenario_cluster, simulate
+from simulator.engine.records import SimOptions
+from simulator.scenario.load import scenario_from_dict
+from simulator.simulation import checked, run
+from simulator.studies.bound import StepAbove, simulate_below
 from simulator.studies.workers import check_local_workers, process_pool
+from concurrent.futures import as_completed
+from simulator.reports.plots import plot_sweep
 
 # Appended columns keep their place at the end, so a table read by position stays readable:
 # contention_s and host_wait_s (parts of compute_s: SMs held by communication kernels; the GPU
@@ -80,31 +88,24 @@ class Task:
 
 
 def evaluate(task: Task) -> dict:
-    """The metrics of one point (``METRICS``); a ConfigError becomes the row's ``error``."""
-    from simulator.engine.engine import SimOptions, StepAbove, scenario_cluster, simulate
-    from simulator.workload.memory import memory_report
-    from simulator.reports.report import step_report
-    from simulator.scenario.load import scenario_from_dict
-    from simulator.layout.rules import validate_plan
-
+    """The metrics of one point (``METRICS``); a ConfigError becomes the row's ``error``. A plan
+    that does not fit in memory is simulated all the same, with ``fits`` false."""
     row: dict = dict.fromkeys(METRICS)
     try:
-        s = scenario_from_dict(task.raw, task.overrides, base_dir=task.base_dir, default_name=task.name)
-        row["warnings"] = "; ".join(validate_plan(s)) or None
-        mem = memory_report(s)
-        row["peak_memory_gib"] = mem["peak_gib"]
-        row["fits"] = mem["fits"]
-        cluster = scenario_cluster(s)
+        c = checked(scenario_from_dict(task.raw, task.overrides, base_dir=task.base_dir, default_name=task.name))
+        row.update(warnings="; ".join(c.warnings) or None, peak_memory_gib=c.memory.peak_gib, fits=c.memory.fits)
+        cluster = scenario_cluster(c.scenario)
         if task.link_scale:
             cluster = cluster.with_bandwidth_scaled(dict(task.link_scale))
-        options = SimOptions(compute_scale=task.compute_scale, stop_above_s=task.stop_above_s)
-        report = step_report(simulate(s, options, cluster=cluster))
+        engine = simulate if task.stop_above_s is None else partial(simulate_below, cutoff_s=task.stop_above_s)
+        r = run(c, allow_oom=True, options=SimOptions(compute_scale=task.compute_scale), cluster=cluster, engine=engine)
     except ConfigError as err:
         row["error"] = str(err)
         return row
     except StepAbove as stop:
         row.update(stopped_above_s=stop.cutoff_s, step_at_least_s=stop.bound_s)
         return row
+    report = r.report.to_dict()
     b = report["time_breakdown_s"]
     row.update(step_time_s=report["step_time_s"], tokens_per_s_per_gpu=report["tokens_per_s_per_gpu"],
                mfu=report["mfu"], bubble_fraction=report["bubble_fraction"], compute_s=b["compute_s"],
@@ -204,8 +205,6 @@ def run_tasks(tasks: Sequence[tuple[str, Task]], executor: str = "process", work
         for pid, task in tasks:
             yield pid, evaluate(task)
     else:
-        from concurrent.futures import as_completed
-
         with process_pool(min(workers, len(tasks))) as pool:
             futures = {pool.submit(evaluate, task): pid for pid, task in tasks}
             for fut in as_completed(futures):
@@ -418,7 +417,6 @@ def run_sweep(scenario: str | Path | Scenario | dict, vary: Sequence[str] | Mapp
         if folder is not None:
             atomic_write_text(folder / CSV, table_csv(rows, keys))
             if plots:
-                from simulator.reports.plots import plot_sweep
                 plot_sweep(rows, keys, str(folder))
         return rows
     finally:

@@ -128,13 +128,17 @@ from pathlib import Path
 
 from simulator.workload.compute import param_counts
 from simulator.parts.frameworks import CUDA_GRAPH_SCOPES
-from simulator.scenario.config import QUANTIZED_PRECISIONS, ModelConfig
 from simulator.common.errors import ConfigError
 from simulator.common.yamlfile import load_yaml_file
 from simulator.studies.workers import check_local_workers, process_pool
 from simulator.scenario.load import scenario_from_dict
 from simulator.scenario.schema import optional_whole, whole
-from simulator.layout.rules import validate_plan
+from simulator.layout.schedules import check_schedule_args
+from simulator.parts.gpus import get_gpu
+from simulator.parts.models import catalog_config, catalog_ids
+from simulator.scenario.config import ModelConfig, QUANTIZED_PRECISIONS, RECOMPUTE_MODULES
+from simulator.simulation import run
+from simulator.workload.moe import TE_GEMM_STREAMS
 
 
 def _moe_shape(model: dict) -> dict:
@@ -399,8 +403,6 @@ def _framework_keys(case: dict) -> dict:
 
 def _case_model(m: dict) -> tuple[dict | str, list[str]]:
     """The scenario's model section for a case: its HF id when the catalog has it, else its fields."""
-    from simulator.parts.models import catalog_ids
-
     hf_id = m.get("hf_id")
     if hf_id and hf_id in catalog_ids():
         stated = m.get("mtp_layers")
@@ -443,8 +445,6 @@ def _moe_options(case: dict, m: dict, model, ep: int, etp: int, gpn: int) -> tup
     if limit:
         out["max_nodes_per_token"] = int(limit.group(1))
     elif isinstance(model, str):
-        from simulator.parts.models import catalog_config
-
         hf = catalog_config(model)
         if hf.get("n_group") and hf.get("topk_group") and nodes == hf["n_group"] and hf["topk_group"] < nodes:
             out["max_nodes_per_token"] = hf["topk_group"]
@@ -455,8 +455,6 @@ def _moe_options(case: dict, m: dict, model, ep: int, etp: int, gpn: int) -> tup
 
 def _recompute_modules(case: dict) -> list[str] | None:
     """The Megatron-core recompute modules a selective-recompute case names, else None."""
-    from simulator.scenario.config import RECOMPUTE_MODULES
-
     stated = (case.get("framework_options") or {}).get("recompute_modules")
     if isinstance(stated, (list, tuple)):
         words = [str(w).lower() for w in stated]
@@ -498,8 +496,6 @@ def case_to_scenario_dict(case: dict, notes: list[str] | None = None) -> dict:
     mbs = par.get("mbs") or 1
     split_schedule = _stated_schedule(case) if pp > 1 else None
     if split_schedule:
-        from simulator.layout.schedules import check_schedule_args
-
         try:
             check_schedule_args(split_schedule, pp, par["gbs"] // max(1, dp * mbs), SPLIT_SCHEDULES[split_schedule])
         except ConfigError as err:
@@ -566,8 +562,6 @@ def case_to_scenario_dict(case: dict, notes: list[str] | None = None) -> dict:
         **_framework_keys(case),
     }
     if m.get("experts") and out["framework"] == "megatron-core" and _hopper(gpu):
-        from simulator.workload.moe import TE_GEMM_STREAMS
-
         moe["grouped_gemm_streams"] = TE_GEMM_STREAMS  # TE GroupedLinear on Hopper (module docstring)
     if split_schedule in ("dualpipe", "dualpipev") and m.get("experts"):
         moe["overlap_a2a"] = True  # DualPipe's chunk pairing hides the all-to-alls (module docstring)
@@ -619,8 +613,6 @@ def maxtext_selective_policy(case: dict) -> str | None:
 
 
 def _hopper(gpu: str) -> bool:
-    from simulator.parts.gpus import get_gpu
-
     try:
         return get_gpu(gpu).nvlink_generation == 4
     except ConfigError:
@@ -676,9 +668,6 @@ def groups_of(case: dict, scenario_dict: dict) -> dict[str, str]:
 
 def predict(case: dict) -> dict:
     """Simulate one case; returns its row (predictions, measured values, error) or an error row."""
-    from simulator.engine.engine import simulate
-    from simulator.reports.report import step_report
-
     notes: list[str] = []
     try:
         d = case_to_scenario_dict(case, notes)
@@ -690,9 +679,7 @@ def predict(case: dict) -> dict:
     if case.get("excluded_from_score"):
         row["excluded"] = str(case["excluded_from_score"])
     try:
-        s = scenario_from_dict(d)
-        validate_plan(s)
-        rep = step_report(simulate(s))
+        rep = run(scenario_from_dict(d), allow_oom=True, record_flows=False).report.to_dict()
     except ConfigError as err:
         row["error"] = str(err)
         return row
@@ -726,8 +713,6 @@ def load_cases(path: str | Path) -> list[dict]:
     and ``layers`` and, unless ``model.hf_id`` is a catalog model, the model's shape), or a one-line ConfigError
     naming the first case and field that is wrong. Anything else a case gets wrong is that case's
     row error (``predict``), the rest of the file still runs."""
-    from simulator.parts.models import catalog_ids
-
     p = Path(path)
     if not p.is_file():
         what = "is a folder" if p.is_dir() else "no such file"

@@ -35,6 +35,11 @@ from simulator.common.errors import ConfigError
 from simulator.common.files import atomic_write_text
 from simulator.studies.sweep import Task, base_of, run_tasks
 from simulator.parts.topology import LINK_CLASSES
+from simulator.engine.engine import scenario_cluster
+from simulator.layout.rules import validate_plan
+from simulator.reports.plots import plot_tornado
+from simulator.scenario.load import scenario_from_dict
+import json
 
 TARGETS = (*LINK_CLASSES, "compute", "moe_imbalance")
 STRAGGLER_SLOWDOWN = 1.25  # a GPU at 80% clock: compute takes 1 / 0.8 as long
@@ -55,10 +60,6 @@ def whatif(scenario, *, sets: Sequence[str] = (), factor: float = 2.0, executor:
 
     ``targets`` limits the rows to some of ``TARGETS`` and ``FAULT_TARGETS`` (default: all of them);
     ``progress.advance(task_id, total)`` is called as each simulation finishes."""
-    from simulator.engine.engine import scenario_cluster
-    from simulator.scenario.load import scenario_from_dict
-    from simulator.layout.rules import validate_plan
-
     if not isinstance(factor, (int, float)) or isinstance(factor, bool) or not 1 < factor <= MAX_FACTOR:
         raise ConfigError("--factor", factor, f"must be a number > 1 and at most {MAX_FACTOR:g} "
                           "(2 means 2x faster and 2x slower)")
@@ -165,10 +166,6 @@ def whatif_csv(result: dict) -> str:
 
 def write_whatif(result: dict, folder: str | Path) -> list[str]:
     """``whatif.csv``, ``whatif.json`` and ``tornado.png`` in ``folder``, each written atomically."""
-    import json
-
-    from simulator.reports.plots import plot_tornado
-
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "whatif.csv", whatif_csv(result))

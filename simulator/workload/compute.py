@@ -26,15 +26,16 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
 
 from simulator.scenario.config import (ATTENTION_BACKENDS, QUANTIZED_PRECISIONS, RECOMPUTE, ModelConfig, MoEConfig,
                                        ParallelConfig, TrainingConfig)
 from simulator.common.errors import ConfigError
 from simulator.parts.gpus import GPUSpec, gemm_ceiling, peak
 from simulator.workload import attention
+from simulator.workload.kernels import ACT_BYTES, AttnCore, BlockCost, Gemm, Latency, LayerCost, Mem, Op, Step
+from simulator.workload.mla import attention_params, mla_gemms, mla_norm_width, window_fraction
+from simulator.workload.moe import moe_steps, price_host_sync, recompute_glu_sync, with_glu_sync
 
-ACT_BYTES = 2
 TILE_M, TILE_N = 128, 256
 K_HALF = 64
 FA_BWD_FLOP_RATIO = 2.5
@@ -42,63 +43,6 @@ FA_BWD_FLOP_RATIO = 2.5
 # (Dao 2023, Sec. 4.1) reaches up to 73% of A100 peak forward and 63% backward; FlashAttention-3
 # shows the same gap on H100. The backward kernel's efficiency is the forward's x 63/73.
 FA_BWD_EFFICIENCY = 63 / 73
-# Ops whose time is the GPU waiting on the host, not running kernels: the dropless MoE layer's
-# token-count sync and Megatron-core's GLU-clamp offset copy (``moe.price_host_sync``).
-HOST_WAIT_OPS = ("moe_host_sync", "moe_glu_sync")
-
-
-@dataclass(frozen=True)
-class Op:
-    """One kernel on one GPU, after sharding."""
-
-    name: str
-    flops: float
-    bytes: float
-    time_s: float
-    kernels: int = 1  # kernel launches this op stands for (an unfused chain of elementwise kernels > 1)
-
-
-@dataclass(frozen=True)
-class BlockCost:
-    ops: tuple[Op, ...] = ()
-
-    # Cached (the block is immutable): the engine reads a block's time once per micro-batch and
-    # the planner's bound once per layer and layout.
-    @functools.cached_property
-    def time_s(self) -> float:
-        return sum(op.time_s for op in self.ops)
-
-    @functools.cached_property
-    def flops(self) -> float:
-        return sum(op.flops for op in self.ops)
-
-    @functools.cached_property
-    def kernels(self) -> int:
-        return sum(op.kernels for op in self.ops)
-
-    @functools.cached_property
-    def host_wait_s(self) -> float:
-        """Of ``time_s``, the GPU idle waiting on the host inside the block (``HOST_WAIT_OPS``)."""
-        return sum(op.time_s for op in self.ops if op.name in HOST_WAIT_OPS)
-
-
-@dataclass(frozen=True)
-class LayerCost:
-    attn_fwd: BlockCost
-    mlp_fwd: BlockCost
-    attn_bwd: BlockCost
-    mlp_bwd: BlockCost
-    attn_recompute: BlockCost
-    mlp_recompute: BlockCost
-
-    @property
-    def fwd_time_s(self) -> float:
-        return self.attn_fwd.time_s + self.mlp_fwd.time_s
-
-    @property
-    def bwd_time_s(self) -> float:
-        """Backward including whatever recompute re-runs first."""
-        return sum(b.time_s for b in (self.attn_bwd, self.mlp_bwd, self.attn_recompute, self.mlp_recompute))
 
 
 def _occupancy(ctas: float, num_sms: int) -> float:
@@ -144,7 +88,7 @@ def _roofline(flops: float, nbytes: float, gpu: GPUSpec, flop_rate: float) -> fl
 GEMM_OPERAND_BYTES = {"fp8": 1.0, "mxfp8": 1.0 + 1 / 32, "nvfp4": 0.5 + 1 / 16}
 
 
-def _gemm(
+def gemm_op(
     name: str, m: float, n: float, k: float, gpu: GPUSpec, precision: str, groups: int = 1,
     streams: int | None = None, out_bytes: float = ACT_BYTES,
 ) -> Op:
@@ -154,7 +98,7 @@ def _gemm(
     the wave occupancy is that of min(streams, groups) GEMMs' tiles. The per-GEMM launches come
     from one C++ loop in a single host op, so the op counts as one host-issued kernel.
     ``out_bytes``: HBM bytes per output element (a 16-bit write; a weight gradient accumulated
-    into an fp32 buffer reads and writes 4 + 4, ``_gemm_bwd``)."""
+    into an fp32 buffer reads and writes 4 + 4, ``gemm_bwd_ops``)."""
     in_bytes = GEMM_OPERAND_BYTES.get(precision, ACT_BYTES)
     flops = 2.0 * groups * m * n * k
     nbytes = groups * (in_bytes * (m * k + k * n) + out_bytes * m * n)
@@ -163,7 +107,7 @@ def _gemm(
     return Op(name, flops, nbytes, _roofline(flops, nbytes, gpu, rate))
 
 
-def _gemm_bwd(
+def gemm_bwd_ops(
     name: str, m: float, n: float, k: float, gpu: GPUSpec, precision: str, groups: int = 1,
     streams: int | None = None, wgrad_bytes: float = ACT_BYTES,
 ) -> tuple[Op, Op]:
@@ -176,12 +120,12 @@ def _gemm_bwd(
     (an MoE expert's share of a micro-batch) those bytes, not the FLOPs, set the wgrad's time:
     2 m FLOPs against 8 bytes per element is memory-bound below m of about a thousand on an H100."""
     return (
-        _gemm(f"{name}_dgrad", m, k, n, gpu, precision, groups, streams),
-        _gemm(f"{name}_wgrad", k, n, m, gpu, precision, groups, streams, wgrad_bytes),
+        gemm_op(f"{name}_dgrad", m, k, n, gpu, precision, groups, streams),
+        gemm_op(f"{name}_wgrad", k, n, m, gpu, precision, groups, streams, wgrad_bytes),
     )
 
 
-def _mem(name: str, nbytes: float, gpu: GPUSpec) -> Op:
+def mem_op(name: str, nbytes: float, gpu: GPUSpec) -> Op:
     return Op(name, 0.0, nbytes, _roofline(0.0, nbytes, gpu, 1.0))
 
 
@@ -217,8 +161,6 @@ def _attn_core(
     A sliding-window layer (``window``) is one causal call computing ``mla.window_fraction`` of the
     causal pairs, with key length min(window, s / cp).
     """
-    from simulator.workload.mla import window_fraction
-
     b, s = training.micro_batch_size, training.seq_length
     tp, cp = par.tp, par.cp
     tokens = b * s / cp
@@ -263,7 +205,7 @@ def _attn_core(
                       + gpu.launch_overhead_s * (len(calls) - 1)))
         merged_rows = sum(b * q_len for q_len, _, _ in shape[1:])
         merge = CP_MERGE_BYTES * merged_rows * heads * model.v_dim * (2.0 if backward else 1.0)
-        ops.append(_mem(f"attn_cp_merge{suffix}", merge, gpu))
+        ops.append(mem_op(f"attn_cp_merge{suffix}", merge, gpu))
     return ops
 
 
@@ -293,55 +235,17 @@ def _attn_core_unfused(
     prec = _attention_precision(training.precision)
     if not backward:
         return [
-            _gemm("attn_scores", q, s, d, gpu, prec, groups),
-            _mem("attn_softmax", 4.0 * scores, gpu),
-            _mem("attn_dropout", 5.0 * scores, gpu),
-            _gemm("attn_values", q, d, s, gpu, prec, groups),
+            gemm_op("attn_scores", q, s, d, gpu, prec, groups),
+            mem_op("attn_softmax", 4.0 * scores, gpu),
+            mem_op("attn_dropout", 5.0 * scores, gpu),
+            gemm_op("attn_values", q, d, s, gpu, prec, groups),
         ]
     return [
-        *_gemm_bwd("attn_values", q, d, s, gpu, prec, groups),
-        _mem("attn_dropout_bwd", 5.0 * scores, gpu),
-        _mem("attn_softmax_bwd", 6.0 * scores, gpu),
-        *_gemm_bwd("attn_scores", q, s, d, gpu, prec, groups),
+        *gemm_bwd_ops("attn_values", q, d, s, gpu, prec, groups),
+        mem_op("attn_dropout_bwd", 5.0 * scores, gpu),
+        mem_op("attn_softmax_bwd", 6.0 * scores, gpu),
+        *gemm_bwd_ops("attn_scores", q, s, d, gpu, prec, groups),
     ]
-
-
-@dataclass(frozen=True)
-class _Gemm:
-    name: str
-    m: float
-    n: float
-    k: float
-    groups: int = 1
-    streams: int | None = None  # per-GEMM kernels on this many streams (see _gemm); None: one grouped kernel
-
-
-@dataclass(frozen=True)
-class _Mem:
-    """A memory-bound step of ``kernels`` kernels moving ``nbytes`` forward; its backward moves
-    ``bwd_factor`` times that in ``bwd_kernels`` kernels (default: twice the bytes, as many kernels)."""
-
-    name: str
-    nbytes: float
-    kernels: int = 1
-    bwd_factor: float = 2.0
-    bwd_kernels: int | None = None
-
-
-@dataclass(frozen=True)
-class _Latency:
-    """A fixed stall of the GPU stream (a host sync), forward only: backward reuses its result."""
-
-    name: str
-    time_s: float
-
-
-@dataclass(frozen=True)
-class _AttnCore:
-    window: int | None = None
-
-
-_Step = _Gemm | _Mem | _AttnCore | _Latency
 
 
 # Between the QKV projection and the attention core (non-MLA attention; MLA's are in mla.py):
@@ -356,57 +260,53 @@ _Step = _Gemm | _Mem | _AttnCore | _Latency
 QK_NORM_BWD_FACTOR = 1.5
 
 
-def _attn_plan(model: ModelConfig, tokens: float, tokens_norm: float, tp: int,
-               window: int | None = None) -> list[_Step]:
+def attention_steps(model: ModelConfig, tokens: float, tokens_norm: float, tp: int,
+               window: int | None = None) -> list[Step]:
     h, hd = model.hidden_size, model.head_dim
     if model.is_mla:
-        from simulator.workload.mla import mla_gemms, mla_norm_width
-
         return [
-            _Mem("input_norm", 2 * ACT_BYTES * tokens_norm * h),
-            *(_Gemm(name, tokens, n, k) for name, n, k in mla_gemms(model, tp)),
-            _Mem("latent_norm", 2 * ACT_BYTES * tokens * mla_norm_width(model)),
-            _AttnCore(window),
-            _Gemm("out_proj", tokens, h, model.num_attention_heads * model.v_dim / tp),
-            _Mem("attn_residual", 3 * ACT_BYTES * tokens_norm * h),
+            Mem("input_norm", 2 * ACT_BYTES * tokens_norm * h),
+            *(Gemm(name, tokens, n, k) for name, n, k in mla_gemms(model, tp)),
+            Mem("latent_norm", 2 * ACT_BYTES * tokens * mla_norm_width(model)),
+            AttnCore(window),
+            Gemm("out_proj", tokens, h, model.num_attention_heads * model.v_dim / tp),
+            Mem("attn_residual", 3 * ACT_BYTES * tokens_norm * h),
         ]
     q_dim = model.num_attention_heads * hd
     kv_dim = max(model.num_key_value_heads, tp) * hd
     qk = tokens * (q_dim + kv_dim) / tp  # elements of q and k on this GPU
-    plan: list[_Step] = [
-        _Mem("input_norm", 2 * ACT_BYTES * tokens_norm * h),
-        _Gemm("qkv_proj", tokens, (q_dim + 2 * kv_dim) / tp, h),
+    plan: list[Step] = [
+        Mem("input_norm", 2 * ACT_BYTES * tokens_norm * h),
+        Gemm("qkv_proj", tokens, (q_dim + 2 * kv_dim) / tp, h),
     ]
     if model.qk_norm:
-        plan.append(_Mem("qk_norm", 2 * ACT_BYTES * qk, 2, QK_NORM_BWD_FACTOR, 4))
+        plan.append(Mem("qk_norm", 2 * ACT_BYTES * qk, 2, QK_NORM_BWD_FACTOR, 4))
     return plan + [
-        _Mem("rope", 2 * ACT_BYTES * qk, 2, 1.0, 2),
-        _AttnCore(window),
-        _Gemm("out_proj", tokens, h, q_dim / tp),
-        _Mem("attn_residual", 3 * ACT_BYTES * tokens_norm * h),
+        Mem("rope", 2 * ACT_BYTES * qk, 2, 1.0, 2),
+        AttnCore(window),
+        Gemm("out_proj", tokens, h, q_dim / tp),
+        Mem("attn_residual", 3 * ACT_BYTES * tokens_norm * h),
     ]
 
 
-def _mlp_plan(
+def mlp_steps(
     model: ModelConfig, layer: int, tokens: float, tokens_norm: float, par: ParallelConfig,
     moe: MoEConfig | None = None, precision: str = "bf16", moe_fusions: tuple[bool, bool, bool] | None = None,
-) -> list[_Step]:
+) -> list[Step]:
     """Dense MLP, or an MoE layer as it runs (``simulator.workload.moe.moe_steps``; ``moe_fusions``
     as its ``fusions``)."""
     h, tp, mm = model.hidden_size, par.tp, model.mlp_matrices
-    plan: list[_Step] = [_Mem("post_attn_norm", 2 * ACT_BYTES * tokens_norm * h)]
+    plan: list[Step] = [Mem("post_attn_norm", 2 * ACT_BYTES * tokens_norm * h)]
     if model.is_moe_layer(layer):
-        from simulator.workload.moe import moe_steps
-
         plan += moe_steps(model, tokens, tokens_norm, par, moe or MoEConfig(), precision, moe_fusions)
     else:
         ff = model.intermediate_size
         plan += [
-            _Gemm("mlp_up", tokens, (mm - 1) * ff / tp, h),
-            _Mem("mlp_act", mm * ACT_BYTES * tokens * ff / tp),
-            _Gemm("mlp_down", tokens, h, ff / tp),
+            Gemm("mlp_up", tokens, (mm - 1) * ff / tp, h),
+            Mem("mlp_act", mm * ACT_BYTES * tokens * ff / tp),
+            Gemm("mlp_down", tokens, h, ff / tp),
         ]
-    plan.append(_Mem("mlp_residual", 3 * ACT_BYTES * tokens_norm * h))
+    plan.append(Mem("mlp_residual", 3 * ACT_BYTES * tokens_norm * h))
     return plan
 
 
@@ -444,18 +344,18 @@ def quantize_bytes(elements: float, precision: str) -> float:
 def _quantize_op(name: str, elements: float, precision: str, gpu: GPUSpec) -> Op:
     """The quantize kernels of ``elements`` values: bytes by ``quantize_bytes``, one launch gap per kernel."""
     kernels = 1 + QUANTIZE_AMAX_PASSES.get(precision, 0)
-    op = _mem(name, quantize_bytes(elements, precision), gpu)
+    op = mem_op(name, quantize_bytes(elements, precision), gpu)
     return Op(name, 0.0, op.bytes, op.time_s + (kernels - 1) * gpu.launch_overhead_s, kernels)
 
 
-def _quantized(step: _Gemm, precision: str) -> bool:
+def _quantized(step: Gemm, precision: str) -> bool:
     if precision not in QUANTIZED_PRECISIONS or step.name == "router":
         return False
     return not (precision == "fp8" and step.name.startswith("expert_"))
 
 
 def _run(
-    plan: list[_Step],
+    plan: list[Step],
     model: ModelConfig,
     training: TrainingConfig,
     par: ParallelConfig,
@@ -468,24 +368,24 @@ def _run(
     precision = training.precision
     previous = None
     for step in steps:
-        if isinstance(step, _Gemm):
+        if isinstance(step, Gemm):
             quantize = _quantized(step, precision)
             if backward:
                 if quantize:
                     ops.append(_quantize_op(f"{step.name}_quantize_bwd", step.groups * step.m * step.n, precision, gpu))
-                ops.extend(_gemm_bwd(step.name, step.m, step.n, step.k, gpu, precision, step.groups,
+                ops.extend(gemm_bwd_ops(step.name, step.m, step.n, step.k, gpu, precision, step.groups,
                                      step.streams, wgrad_bytes))
             else:
-                fused = (isinstance(previous, _Mem) and previous.name.endswith("norm")
+                fused = (isinstance(previous, Mem) and previous.name.endswith("norm")
                          and precision not in QUANTIZE_AMAX_PASSES)
                 if quantize and not fused:
                     ops.append(_quantize_op(f"{step.name}_quantize", step.groups * step.m * step.k, precision, gpu))
-                ops.append(_gemm(step.name, step.m, step.n, step.k, gpu, precision, step.groups,
+                ops.append(gemm_op(step.name, step.m, step.n, step.k, gpu, precision, step.groups,
                                  step.streams))
-        elif isinstance(step, _Latency):
+        elif isinstance(step, Latency):
             if not backward:
                 ops.append(Op(step.name, 0.0, 0.0, step.time_s))
-        elif isinstance(step, _AttnCore):
+        elif isinstance(step, AttnCore):
             if training.attention == "unfused":
                 ops.extend(_attn_core_unfused(model, training, par, gpu, backward))
             else:
@@ -499,7 +399,7 @@ def _run(
     return BlockCost(tuple(ops))
 
 
-def _local_tokens(training: TrainingConfig, par: ParallelConfig) -> tuple[float, float]:
+def local_tokens(training: TrainingConfig, par: ParallelConfig) -> tuple[float, float]:
     tokens = training.micro_batch_size * training.seq_length / par.cp
     return tokens, tokens / par.tp if par.sequence_parallel else tokens
 
@@ -519,7 +419,7 @@ def layer_cost(
     ``graph_scope``: the modules replayed from CUDA graphs otherwise, whose host ops before the sync
     cost one launch. ``glu_sync``: the experts' activation starts with a blocking host-to-device
     copy (Megatron-core's clamped GLU, ``moe.GLU_PRE_SYNC_OPS``), a second sync in the layer.
-    ``wgrad_bytes``: HBM bytes per weight element of each weight-gradient GEMM's output (``_gemm_bwd``).
+    ``wgrad_bytes``: HBM bytes per weight element of each weight-gradient GEMM's output (``gemm_bwd_ops``).
     ``moe_fusions``: Megatron-core's (moe_router_fusion, moe_permute_fusion, fused multihot) when
     Megatron-core runs the MoE layer (``moe.moe_steps``, ``frameworks.moe_fusions``).
     """
@@ -527,14 +427,12 @@ def layer_cost(
         raise ConfigError("training.recompute", training.recompute, f"valid: {', '.join(RECOMPUTE)}")
     if training.attention not in ATTENTION_BACKENDS:
         raise ConfigError("training.attention", training.attention, f"valid: {', '.join(ATTENTION_BACKENDS)}")
-    tokens, tokens_norm = _local_tokens(training, par)
-    attn = _attn_plan(model, tokens, tokens_norm, par.tp, model.attention_window(layer))
-    mlp = _mlp_plan(model, layer, tokens, tokens_norm, par, moe, training.precision, moe_fusions)
+    tokens, tokens_norm = local_tokens(training, par)
+    attn = attention_steps(model, tokens, tokens_norm, par.tp, model.attention_window(layer))
+    mlp = mlp_steps(model, layer, tokens, tokens_norm, par, moe, training.precision, moe_fusions)
     attn_fwd = _run(attn, model, training, par, gpu, backward=False)
     mlp_fwd = _run(mlp, model, training, par, gpu, backward=False)
     if model.is_moe_layer(layer) and not graphed:
-        from simulator.workload.moe import price_host_sync, with_glu_sync
-
         if glu_sync:
             mlp_fwd = with_glu_sync(mlp_fwd)
         mlp_fwd = price_host_sync(attn_fwd, mlp_fwd, model, par, moe or MoEConfig(), training.precision,
@@ -545,8 +443,6 @@ def layer_cost(
         attn_re, mlp_re = recompute_blocks(attn_fwd, mlp_fwd, training.recompute_modules or ("core_attn",),
                                            model.is_moe_layer(layer))
         if glu_sync:
-            from simulator.workload.moe import recompute_glu_sync
-
             mlp_re = recompute_glu_sync(mlp_re, gpu.host_overhead)
     else:
         attn_re, mlp_re = BlockCost(), BlockCost()
@@ -657,12 +553,12 @@ def embedding_cost(
     zero-fill, write) that is then added into the fp32 main gradient (read 2 + 4, write 4):
     12 bytes per local embedding weight per micro-batch, plus 2x the forward bytes.
     """
-    tokens, _ = _local_tokens(training, par)
+    tokens, _ = local_tokens(training, par)
     h = model.hidden_size
     fwd_bytes = 2 * ACT_BYTES * tokens * h
     weight_grad_bytes = 12.0 * model.vocab_size / par.tp * h
-    fwd = BlockCost((_mem("embedding", fwd_bytes, gpu),))
-    bwd = BlockCost((_mem("embedding_bwd", 2.0 * fwd_bytes + weight_grad_bytes, gpu),))
+    fwd = BlockCost((mem_op("embedding", fwd_bytes, gpu),))
+    bwd = BlockCost((mem_op("embedding_bwd", 2.0 * fwd_bytes + weight_grad_bytes, gpu),))
     return fwd, bwd
 
 
@@ -687,17 +583,17 @@ def head_cost(
     loss: tuple[float, int, float, int, float] = MEGATRON_CROSS_ENTROPY, wgrad_bytes: float = ACT_BYTES,
 ) -> tuple[BlockCost, BlockCost]:
     """Final norm, LM head GEMM (T x h) @ (h x V / tp) and the vocab-parallel cross-entropy
-    (``wgrad_bytes``: the LM head's weight-gradient output, ``_gemm_bwd``).
+    (``wgrad_bytes``: the LM head's weight-gradient output, ``gemm_bwd_ops``).
 
     The cross-entropy is memory-bound over the T x V / tp logits, ``loss`` bytes and kernels per
     logit forward and backward (``MEGATRON_CROSS_ENTROPY`` by default; a framework's implementation
     from ``software.CROSS_ENTROPY``), as ``cross_entropy`` / ``cross_entropy_bwd`` ops.
     """
-    tokens, tokens_norm = _local_tokens(training, par)
+    tokens, tokens_norm = local_tokens(training, par)
     h, vocab = model.hidden_size, model.vocab_size / par.tp
     plan = [
-        _Mem("final_norm", 2 * ACT_BYTES * tokens_norm * h),
-        _Gemm("lm_head", tokens, vocab, h),
+        Mem("final_norm", 2 * ACT_BYTES * tokens_norm * h),
+        Gemm("lm_head", tokens, vocab, h),
     ]
     fwd_bytes, fwd_kernels, bwd_bytes, bwd_kernels, _kept = loss
     logits = tokens * vocab
@@ -721,9 +617,9 @@ def optimizer_cost(num_params_local: float, gpu: GPUSpec, training: TrainingConf
     """
     buffer = num_params_local if num_params_buffer is None else num_params_buffer
     return BlockCost((
-        _mem("grad_norm", 4.0 * num_params_local, gpu),
-        _mem("adam", 30.0 * num_params_local, gpu),
-        _mem("zero_grad", 4.0 * buffer, gpu),
+        mem_op("grad_norm", 4.0 * num_params_local, gpu),
+        mem_op("adam", 30.0 * num_params_local, gpu),
+        mem_op("zero_grad", 4.0 * buffer, gpu),
     ))
 
 
@@ -737,8 +633,6 @@ def param_counts(model: ModelConfig) -> dict:
     projection, sharing the embedding and head). Attention: ``mla.attention_params`` (GQA:
     h (nq + 2 nkv) head_dim + nq head_dim h, Ainslie et al. 2023; MLA: its five projections).
     """
-    from simulator.workload.mla import attention_params
-
     h, mm = model.hidden_size, model.mlp_matrices
     attn = attention_params(model)
     dense = attn + mm * h * model.intermediate_size
@@ -776,8 +670,6 @@ def model_flops_per_token(model: ModelConfig, seq_length: int) -> float:
     12 * h_attn * s when both widths are head_dim; f = ``mla.window_fraction`` on sliding-window
     layers, 1 otherwise. MTP modules are not counted (DeepSeek-V3 quotes 37B active without them).
     """
-    from simulator.workload.mla import window_fraction
-
     counts = param_counts(model)
     n = counts["active"] - counts["embedding"] - counts["lm_head"] + model.vocab_size * model.hidden_size
     width = model.num_attention_heads * (model.qk_head_dim + model.v_dim)
@@ -799,7 +691,6 @@ def recompute_flops_per_token(model: ModelConfig, seq_length: int, recompute: st
         raise ConfigError("training.recompute", recompute, f"valid: {', '.join(RECOMPUTE)}")
     if recompute == "none":
         return 0.0
-    from simulator.workload.mla import window_fraction
 
     width = model.num_attention_heads * (model.qk_head_dim + model.v_dim)
     layers = sum(window_fraction(seq_length, model.attention_window(layer)) for layer in range(model.num_hidden_layers))

@@ -44,14 +44,15 @@ from simulator.layout.schedules import check_schedule_args, placement, schedule_
 from simulator.common.units import GiB
 from simulator.workload.frameworks import fsdp_gathered_once, resolve
 from simulator.workload.software import CROSS_ENTROPY
+from simulator.workload.kernels import ACT_BYTES, FP8_SAVED_INPUT_BYTES
+from simulator.parts.gpus import gpu_of
+from simulator.workload.compute import param_counts
+from simulator.workload.mla import attention_params, mla_gemms
+from simulator.workload.offload import host_link_Bps, module_offload_bytes, resident_window
 
 COMPONENTS = ("weights", "gradients", "optimizer", "activations", "other")
 
-ACT_BYTES = 2
 MASK_BYTES = 1
-# FP8 recipes whose GEMMs keep a quantized copy of their input for the backward (``layer_activation_bytes``):
-# one byte per element (E4M3; MXFP8's E8M0 scales, one byte per 32 elements, are left out)
-FP8_SAVED_INPUT_BYTES = 1.0
 SAVED_INPUT_PRECISIONS = ("fp8", "mxfp8")
 ROUTER_PROB_BYTES = 4  # Megatron-core computes router logits and probabilities in fp32
 
@@ -360,7 +361,6 @@ def _layer_params(model: ModelConfig, layer: int, tp: int, ep: int, etp: int | N
     q, kv = model.num_attention_heads * d, max(model.num_key_value_heads, tp) * d
     dense = 2 * h + (h * (q + 2 * kv) + q * h) / tp
     if model.is_mla:  # down projections replicated over TP, the rest split (simulator.workload.mla)
-        from simulator.workload.mla import attention_params, mla_gemms
 
         down = sum(n * k for name, n, k in mla_gemms(model, 1) if name.endswith("_down_proj"))
         dense = 2 * h + down + (attention_params(model) - down) / tp
@@ -560,8 +560,6 @@ def _quantized_inputs(s: Scenario, sw) -> bool:
 
 def _module_offload_bytes(s: Scenario, layer: int, quantized: bool) -> float:
     """``offload.module_offload_bytes`` of ``layer`` with the scenario's shapes and recompute modules."""
-    from simulator.workload.offload import module_offload_bytes
-
     tr, par = s.training, s.parallelism
     return module_offload_bytes(s.model, layer, tr.seq_length / par.cp, tr.micro_batch_size, par.tp,
                                 par.sequence_parallel, tr.activation_offload_modules or (), par.expert_tp, quantized,
@@ -649,8 +647,6 @@ def memory_peak(s: Scenario) -> tuple[float, float]:
     """(peak GiB per GPU, GPU capacity GiB) exactly as ``memory_report`` gives them (its
     ``peak_gib`` and each stage's ``capacity_gib``), without building the report: what the
     planner needs for each of its tens of thousands of layouts."""
-    from simulator.parts.gpus import gpu_of
-
     capacity = gpu_of(s.cluster, s.training.precision).hbm_capacity_bytes / GiB
     _check(s)
     parts = _layout_parts(_zero_stage_0(s))
@@ -676,8 +672,6 @@ def memory_record(
     ``gpu_capacity_bytes`` defaults to the HBM capacity of ``s.cluster.gpu``.
     """
     if gpu_capacity_bytes is None:
-        from simulator.parts.gpus import gpu_of
-
         gpu_capacity_bytes = gpu_of(s.cluster, s.training.precision).hbm_capacity_bytes
     if not gpu_capacity_bytes > 0:
         raise ConfigError("gpu_capacity_bytes", gpu_capacity_bytes, "must be a positive byte count")
@@ -692,7 +686,6 @@ def memory_record(
     capacity = gpu_capacity_bytes / GiB
     rows = tuple(_stage_row(st, capacity) for st in stages)
     par = s.parallelism
-    from simulator.workload.compute import param_counts
 
     counts = param_counts(s.model)
     return MemoryReport(
@@ -729,8 +722,6 @@ def memory_record(
 
 def _offload_assumption(s: Scenario) -> dict:
     """The ``activation_offload`` entry of the memory assumptions, when the scenario offloads."""
-    from simulator.workload.offload import host_link_Bps, resident_window
-
     t = s.training
     if t.activation_offload_layers:
         what = {"layers": t.activation_offload_layers,
@@ -779,21 +770,3 @@ def _gib(n_bytes: float) -> float:
     return round(n_bytes / GiB, 4)
 
 
-def format_memory_table(report: dict) -> str:
-    """Per-stage table in GiB, one row per stage, then the peak and the verdict."""
-    cols = ("weights", "gradients", "optimizer", "activations", "other", "total")
-    header = f"{'stage':>5} " + " ".join(f"{c:>11}" for c in cols) + f" {'capacity':>9}  {'fits':<4}  biggest"
-    lines = [header]
-    for r in report["stages"]:
-        values = " ".join(f"{r[c + '_gib']:>11.2f}" for c in cols)
-        fits = "yes" if r["fits"] else "NO"
-        lines.append(f"{r['stage']:>5} {values} {r['capacity_gib']:>9.1f}  {fits:<4}  {r['biggest']}")
-    verdict = "fits" if report["fits"] else "does NOT fit"
-    lines.append(f"peak {report['peak_gib']:.2f} GiB per GPU: {verdict}")
-    off = report.get("assumptions", {}).get("activation_offload")
-    if off:
-        what = (f"the first {off['layers']} layers" if "layers" in off else
-                f"the saved tensors of {', '.join(off['modules'])}")
-        lines.append(f"CPU activation offloading: {what} to host memory ({off['on_gpu']} on the GPU; "
-                     f"host link {off['host_link_GBps']:g} GB/s per direction)")
-    return "\n".join(lines)

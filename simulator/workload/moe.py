@@ -74,8 +74,8 @@ import math
 
 from simulator.scenario.config import QUANTIZED_PRECISIONS, ModelConfig, MoEConfig, ParallelConfig
 from simulator.workload.frameworks import routing_graphed
+from simulator.workload.kernels import ACT_BYTES, BlockCost, Gemm, Latency, Mem, Op
 
-ACT_BYTES = 2
 SCORE_BYTES = 4
 ROUTER_PASSES = 4
 # CPU time to issue one PyTorch op (Python, autograd, ATen dispatch and the kernel launch):
@@ -325,8 +325,6 @@ def moe_steps(model: ModelConfig, tokens: float, tokens_norm: float, par: Parall
     their launch gaps as ops of their own, ``moe_route_kernels`` and ``moe_expert_kernels``, and
     ``expert_gemm_launches``; None leaves them out (another framework's MoE code, not counted).
     """
-    from simulator.workload.compute import _Gemm, _Latency, _Mem
-
     h, tp, mm = model.hidden_size, par.tp, model.mlp_matrices
     experts, etp = model.num_experts, par.expert_tp
     ffe = model.expert_intermediate_size
@@ -336,52 +334,52 @@ def moe_steps(model: ModelConfig, tokens: float, tokens_norm: float, par: Parall
     router_passes = ROUTER_PASSES + (1 if model.norm_topk_prob else 0)
     score_bytes = SCORE_BYTES if moe.router_dtype == "fp32" else ACT_BYTES
     plan: list = [
-        _Gemm("router", tokens_norm, experts, h),
-        _Mem("router_topk", router_passes * score_bytes * tokens_norm * experts),
+        Gemm("router", tokens_norm, experts, h),
+        Mem("router_topk", router_passes * score_bytes * tokens_norm * experts),
     ]
     small = bookkeeping_kernels(model, par, moe, precision, *fusions[:2]) if fusions is not None else None
     if small and any(small["route"]):
-        plan.append(_Mem("moe_route_kernels", 0.0, small["route"][0], 0.0, small["route"][1]))
+        plan.append(Mem("moe_route_kernels", 0.0, small["route"][0], 0.0, small["route"][1]))
     flex = moe.token_dispatcher == "flex"
     gathered = tokens * par.ep if moe.token_dispatcher == "allgather" else tokens
     if not flex:
-        plan.append(_Mem("moe_permute", ACT_BYTES * (gathered + copies) * h))
+        plan.append(Mem("moe_permute", ACT_BYTES * (gathered + copies) * h))
     if host_sync_needed(moe):
-        plan.append(_Latency("moe_host_sync", 0.0))
+        plan.append(Latency("moe_host_sync", 0.0))
     sort = flex or (moe.token_dispatcher == "alltoall" and nloc > 1)
     if multihot_syncs(moe, fusions):  # after the dispatch, before the permutation by local expert
-        plan.append(_Latency("moe_multihot_sync", 0.0))
+        plan.append(Latency("moe_multihot_sync", 0.0))
     if sort:
-        plan.append(_Mem("moe_sort_chunks", 2 * ACT_BYTES * copies * h))
+        plan.append(Mem("moe_sort_chunks", 2 * ACT_BYTES * copies * h))
     if small and any(small["expert"]):
-        plan.append(_Mem("moe_expert_kernels", 0.0, small["expert"][0], 0.0, small["expert"][1]))
+        plan.append(Mem("moe_expert_kernels", 0.0, small["expert"][0], 0.0, small["expert"][1]))
     gaps = grouped_gemm_launches(model, par, moe)[0] if fusions is not None else 0
     if gaps:  # two GroupedLinear calls forward (fc1, fc2), their dgrad and wgrad backward
-        plan.append(_Mem("expert_gemm_launches", 0.0, 2 * gaps, 0.0, 4 * gaps))
+        plan.append(Mem("expert_gemm_launches", 0.0, 2 * gaps, 0.0, 4 * gaps))
     if precision == "fp8":
-        plan.append(_Mem("expert_fp8_cast", 3 * copies * (h + ffe / etp)))
+        plan.append(Mem("expert_fp8_cast", 3 * copies * (h + ffe / etp)))
     if moe.grouped_gemm:
         streams = moe.grouped_gemm_streams
         plan += [
-            _Gemm("expert_up", per_expert, (mm - 1) * ffe / etp, h, nloc, streams),
-            _Mem("expert_act", mm * ACT_BYTES * copies * ffe / etp),
-            _Gemm("expert_down", per_expert, h, ffe / etp, nloc, streams),
+            Gemm("expert_up", per_expert, (mm - 1) * ffe / etp, h, nloc, streams),
+            Mem("expert_act", mm * ACT_BYTES * copies * ffe / etp),
+            Gemm("expert_down", per_expert, h, ffe / etp, nloc, streams),
         ]
     else:
         for e in range(nloc):
-            plan.append(_Gemm(f"expert_up_{e}", per_expert, (mm - 1) * ffe / etp, h))
-        plan.append(_Mem("expert_act", mm * ACT_BYTES * copies * ffe / etp))
+            plan.append(Gemm(f"expert_up_{e}", per_expert, (mm - 1) * ffe / etp, h))
+        plan.append(Mem("expert_act", mm * ACT_BYTES * copies * ffe / etp))
         for e in range(nloc):
-            plan.append(_Gemm(f"expert_down_{e}", per_expert, h, ffe / etp))
+            plan.append(Gemm(f"expert_down_{e}", per_expert, h, ffe / etp))
     if sort:
-        plan.append(_Mem("moe_unsort_chunks", 2 * ACT_BYTES * copies * h))
-    plan.append(_Mem("moe_unpermute", ACT_BYTES * (2 * copies + gathered) * h))
+        plan.append(Mem("moe_unsort_chunks", 2 * ACT_BYTES * copies * h))
+    plan.append(Mem("moe_unpermute", ACT_BYTES * (2 * copies + gathered) * h))
     if model.num_shared_experts:
         ffs = model.num_shared_experts * ffe
         plan += [
-            _Gemm("shared_up", tokens, (mm - 1) * ffs / tp, h),
-            _Mem("shared_act", mm * ACT_BYTES * tokens * ffs / tp),
-            _Gemm("shared_down", tokens, h, ffs / tp),
+            Gemm("shared_up", tokens, (mm - 1) * ffs / tp, h),
+            Mem("shared_act", mm * ACT_BYTES * tokens * ffs / tp),
+            Gemm("shared_down", tokens, h, ffs / tp),
         ]
     return plan
 
@@ -593,8 +591,6 @@ def ep_nodes(par: ParallelConfig, gpus_per_node: int) -> int:
 
 def split_moe_block(block):
     """An MoE block (forward or backward) as (before dispatch, experts, after combine)."""
-    from simulator.workload.compute import BlockCost
-
     names = [op.name for op in block.ops]
     idx = [i for i, n in enumerate(names) if is_expert_op(n.removesuffix("_bwd").removesuffix("_dgrad")
                                                          .removesuffix("_wgrad"))]
@@ -624,8 +620,6 @@ def glu_path_ops(model: ModelConfig, par: ParallelConfig) -> tuple[int, int]:
 def with_glu_sync(mlp_fwd):
     """``mlp_fwd`` with a zero-time ``moe_glu_sync`` placeholder before the experts' activation,
     priced by ``price_host_sync``."""
-    from simulator.workload.compute import BlockCost, Op
-
     names = [op.name for op in mlp_fwd.ops]
     if "expert_act" not in names:
         return mlp_fwd
@@ -635,8 +629,6 @@ def with_glu_sync(mlp_fwd):
 
 def _priced(block, name: str, time_s: float):
     """``block`` with its zero-time placeholder op ``name`` (a host sync) given ``time_s``."""
-    from simulator.workload.compute import BlockCost, Op
-
     return BlockCost(tuple(Op(name, 0.0, 0.0, time_s) if op.name == name else op for op in block.ops))
 
 

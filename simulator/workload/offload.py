@@ -43,7 +43,9 @@ from __future__ import annotations
 
 from simulator.scenario.config import ModelConfig, Scenario
 from simulator.layout.schedules import SPLIT_BACKWARD
-from simulator.workload.memory import ACT_BYTES, FP8_SAVED_INPUT_BYTES
+from simulator.workload.kernels import ACT_BYTES, FP8_SAVED_INPUT_BYTES
+from simulator.common.units import GBps
+from simulator.parts.gpus import gpu_of
 
 # Megatron-core's --offload-modules choices for transformer layers (transformer_config.py);
 # fused_group_mlp (TE op fuser) and gdp_qkv (gated delta product) are not modelled.
@@ -102,9 +104,6 @@ def resident_window(s: Scenario) -> int:
 def host_link_Bps(s: Scenario) -> float:
     """Bytes per second, per direction, of one GPU's link to its host memory: the cluster's
     ``host_link_GBps`` when set, else the GPU's catalogued link (``hardware.GPUSpec.host_link_Bps``)."""
-    from simulator.parts.gpus import gpu_of
-    from simulator.common.units import GBps
-
     if s.cluster.host_link_GBps is not None:
         return GBps(s.cluster.host_link_GBps)
     return gpu_of(s.cluster, s.training.precision).host_link_Bps

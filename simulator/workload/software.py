@@ -158,10 +158,8 @@ from dataclasses import replace
 
 from simulator.scenario.config import ModelConfig, ParallelConfig, TrainingConfig
 from simulator.parts.gpus import GPUSpec
-from simulator.workload.compute import (
-    ACT_BYTES, MEGATRON_CROSS_ENTROPY, RECOMPUTE_MODULE_OPS, BlockCost, LayerCost, Op, _Gemm, _attn_plan,
-    _local_tokens, _mlp_plan, mem_chain,
-)
+from simulator.workload.compute import (MEGATRON_CROSS_ENTROPY, RECOMPUTE_MODULE_OPS, attention_steps, local_tokens, mlp_steps, mem_chain)
+from simulator.workload.kernels import ACT_BYTES, BlockCost, LayerCost, Op, Gemm
 from simulator.workload.frameworks import Software
 from simulator.workload.moe import local_experts
 
@@ -206,11 +204,11 @@ def fp8_cast_cost(recipe: str, compiled: bool) -> tuple[float, int]:
     return 4.0 + 2.0 / 32, 1  # mxfp8
 
 
-def _gemms(plan) -> list[_Gemm]:
-    return [st for st in plan if isinstance(st, _Gemm)]
+def _gemms(plan) -> list[Gemm]:
+    return [st for st in plan if isinstance(st, Gemm)]
 
 
-def fp8_extra(gemms: list[_Gemm], sw: Software) -> tuple[float, int, float, int]:
+def fp8_extra(gemms: list[Gemm], sw: Software) -> tuple[float, int, float, int]:
     """(forward bytes, forward kernels, backward bytes, backward kernels) of FP8 casts beyond the
     reference, per micro-batch, for these GEMMs (module docstring)."""
     c_bytes, c_kern = fp8_cast_cost(sw.fp8_recipe, sw.compile)
@@ -292,7 +290,7 @@ def megatron_layer_extras(cost: LayerCost, model: ModelConfig, training: Trainin
     under a YaRN attention factor, the GLU clamp and the per-expert bias loop, each its own op."""
     out = cost
     if model.rope_mscale != 1.0 and sw.fused_rope and not model.is_mla:
-        tokens, _ = _local_tokens(training, par)
+        tokens, _ = local_tokens(training, par)
         elems = _qk_elements(model, tokens, par.tp)
         fb, fk, bb, bk = MEGATRON_ROPE_UNFUSED
         fwd = mem_chain("rope_unfused", fb * elems, 2 * fk, gpu)
@@ -332,9 +330,9 @@ def layer_with_software(cost: LayerCost, model: ModelConfig, training: TrainingC
     Megatron-core's model-specific unfused paths when the profile runs its layers."""
     if sw.megatron_layers:
         cost = megatron_layer_extras(cost, model, training, par, gpu, layer, sw)
-    tokens, tokens_norm = _local_tokens(training, par)
-    attn_plan = _attn_plan(model, tokens, tokens_norm, par.tp)
-    mlp_plan = _mlp_plan(model, layer, tokens, tokens_norm, par)
+    tokens, tokens_norm = local_tokens(training, par)
+    attn_plan = attention_steps(model, tokens, tokens_norm, par.tp)
+    mlp_plan = mlp_steps(model, layer, tokens, tokens_norm, par)
     swiglu = model.mlp_matrices == 3
     blocks = {}
     for name, fwd, bwd, plan in (("attn", cost.attn_fwd, cost.attn_bwd, attn_plan),

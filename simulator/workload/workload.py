@@ -29,8 +29,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from simulator.workload.compute import (BlockCost, LayerCost, embedding_cost, head_cost, joined, layer_cost,
-                                        param_counts)
 from simulator.workload import moe as moe_model
 from simulator.scenario.config import Scenario, TrainingConfig
 from simulator.parts.gpus import GPUSpec
@@ -38,6 +36,10 @@ from simulator.layout.grid import vstage_layers
 from simulator.layout.schedules import placement
 from simulator.workload.frameworks import Software, moe_fusions, resolve
 from simulator.workload.software import CROSS_ENTROPY, head_with_software, layer_with_software, optimizer_block
+from simulator.workload.compute import (gemm_op, gemm_bwd_ops, mem_op, embedding_cost, head_cost, joined, layer_cost, param_counts)
+from simulator.workload.kernels import ACT_BYTES, BlockCost, LayerCost, Op
+from simulator.workload.memory import offload_bytes_per_layer
+from simulator.workload.offload import host_link_Bps
 
 GRAD_BYTES = 4  # Megatron-LM keeps and reduces fp32 main gradients in bf16 training
 PARAM_BYTES = 2
@@ -169,9 +171,6 @@ def _offload(s: Scenario) -> dict:
     """The ``Workload`` fields of CPU activation offloading (``offload``), none when it is off."""
     if not (s.training.activation_offload_layers or s.training.activation_offload_modules):
         return {}
-    from simulator.workload.memory import offload_bytes_per_layer
-    from simulator.workload.offload import host_link_Bps
-
     return {"offload_bytes": offload_bytes_per_layer(s), "host_link_Bps": host_link_Bps(s)}
 
 
@@ -185,8 +184,6 @@ def _head_with_mtp(s: Scenario, t: TrainingConfig, gpu: GPUSpec, sw: Software) -
     """LM head and the framework's loss (``software.CROSS_ENTROPY``), followed by the MTP modules
     (see the module docstring); ``t`` is the training section with the framework's attention
     kernel resolved."""
-    from simulator.workload.compute import ACT_BYTES, Op, _gemm, _gemm_bwd, _mem
-
     m, par = s.model, s.parallelism
     loss = CROSS_ENTROPY[sw.cross_entropy]
     fwd, bwd = head_cost(m, t, par, gpu, loss, sw.wgrad_bytes_per_param)
@@ -199,10 +196,10 @@ def _head_with_mtp(s: Scenario, t: TrainingConfig, gpu: GPUSpec, sw: Software) -
                        sw.wgrad_bytes_per_param, moe_fusions(sw))
     for _ in range(m.num_nextn_predict_layers):
         norms = 2 * 2 * ACT_BYTES * tokens * h
-        proj_f = BlockCost((_mem("mtp_norms", norms, gpu), _gemm("mtp_proj", tokens, h / par.tp, 2 * h, gpu, t.precision)))
-        proj_b = BlockCost((*_gemm_bwd("mtp_proj", tokens, h / par.tp, 2 * h, gpu, t.precision,
+        proj_f = BlockCost((mem_op("mtp_norms", norms, gpu), gemm_op("mtp_proj", tokens, h / par.tp, 2 * h, gpu, t.precision)))
+        proj_b = BlockCost((*gemm_bwd_ops("mtp_proj", tokens, h / par.tp, 2 * h, gpu, t.precision,
                                       wgrad_bytes=sw.wgrad_bytes_per_param),
-                            _mem("mtp_norms_bwd", 2 * norms, gpu)))
+                            mem_op("mtp_norms_bwd", 2 * norms, gpu)))
         layer_f = BlockCost(tuple(Op(f"mtp_{op.name}", op.flops, op.bytes, op.time_s)
                                   for op in layer.attn_fwd.ops + layer.mlp_fwd.ops))
         layer_b = BlockCost(tuple(Op(f"mtp_{op.name}", op.flops, op.bytes, op.time_s)
