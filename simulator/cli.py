@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import math
 import re
@@ -309,21 +308,11 @@ def _diff(args) -> int:
     return 0
 
 
-@functools.lru_cache(maxsize=1)
 def version() -> str:
-    """The installed package's version, or pyproject.toml's when running from a checkout."""
-    from importlib import metadata
-    from pathlib import Path
+    """The package's version (``simulator.__version__``, the one place it is written)."""
+    from simulator import __version__
 
-    try:
-        return metadata.version("stepsim")
-    except metadata.PackageNotFoundError:
-        import tomllib
-        pyproject = Path(__file__).resolve().parent.parent / "pyproject.toml"
-        try:
-            return tomllib.loads(pyproject.read_text())["project"]["version"]
-        except (OSError, KeyError, ValueError):
-            return "unknown"
+    return __version__
 
 
 def _bench(args) -> int:

@@ -178,10 +178,17 @@ def test_a_hundred_thousand_gpu_collective_is_refused_at_once_not_hung(capsys):
 
 # --- newcomer path -----------------------------------------------------------------------------
 
-def test_version_comes_from_the_package_and_matches_pyproject(capsys):
+def test_version_is_written_once_and_pyproject_reads_it(capsys):
+    """simulator.__version__ is the one place: pyproject.toml takes it (dynamic), --version prints it."""
+    import simulator
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert "version" not in project["project"] and project["project"]["dynamic"] == ["version"]
+    assert project["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "simulator.__version__"}
     status, out, _ = run_cli(["--version"], capsys=capsys)
-    expected = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
-    assert status == 0 and out.strip() == f"stepsim {expected}"
+    assert status == 0 and out.strip() == f"stepsim {simulator.__version__}"
+    from importlib import metadata
+    assert metadata.version("stepsim") == simulator.__version__
 
 
 def test_progress_goes_to_stderr_only_and_json_stays_clean(capsys):

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import yaml
 
-from simulator.common import limits
+from simulator.common import limits, resources
 from simulator.common.errors import ConfigError
 from simulator.common.yamlfile import load_yaml_file
 from simulator.parts.frameworks import framework_names
@@ -67,15 +67,27 @@ def _unknown(field: str, value: object, valid: Iterable[str]) -> ConfigError:
 
 # --- loading -----------------------------------------------------------------------------------
 
-def read_scenario_file(path: str | Path) -> dict:
-    """The raw mapping of a scenario YAML file, or a one-line ConfigError naming the file."""
+def scenario_path(path: str | Path) -> Path:
+    """The file a scenario argument names: a path, or the name of a shipped example scenario
+    (``gpt3-175b-1024xa100``, ``simulator/data/scenarios``) when no such file exists."""
     p = Path(path)
     try:
         found = p.is_file()
     except OSError:
         found = False
-    if not found:
-        raise ConfigError("scenario", str(path), "is a folder, not a scenario file" if p.is_dir() else "no such file")
+    if found:
+        return p
+    if str(path) in resources.names("scenarios"):
+        return Path(str(resources.entry("scenarios", str(path))))
+    if p.is_dir():
+        raise ConfigError("scenario", str(path), "is a folder, not a scenario file")
+    raise ConfigError("scenario", str(path), f"no such file, nor a shipped example "
+                                             f"({', '.join(resources.names('scenarios'))})")
+
+
+def read_scenario_file(path: str | Path) -> dict:
+    """The raw mapping of a scenario YAML file, or a one-line ConfigError naming the file."""
+    p = scenario_path(path)
     raw = load_yaml_file(p, "scenario")
     if not isinstance(raw, dict):
         raise ConfigError("scenario", str(path), "must be a YAML mapping of name, model, cluster, "
@@ -85,7 +97,7 @@ def read_scenario_file(path: str | Path) -> dict:
 
 def load_scenario(path: str, overrides: Iterable[str] = ()) -> Scenario:
     """Read a scenario YAML file, apply ``--set`` overrides, and check every field."""
-    p = Path(path)
+    p = scenario_path(path)
     return scenario_from_dict(read_scenario_file(p), overrides, base_dir=p.parent, default_name=p.stem)
 
 

@@ -29,6 +29,7 @@ from pathlib import Path
 from simulator.common.errors import ConfigError
 from simulator.scenario.load import read_scenario_file, scenario_from_dict
 from simulator.simulation import run
+from simulator.scenario.load import scenario_path
 
 RELATIONS = ("at_most", "at_least")
 STEP_TOLERANCE = 0.15
@@ -180,7 +181,7 @@ def judge(name: str, relation: str, stated: float, simulated: float) -> tuple[bo
 def audit(path: str | Path, sets=()) -> dict:
     """Simulate the plan file and judge every claim. JSON: ``claims`` (name, stated, simulated, verdict,
     why), ``tolerances`` per claim, ``name``, ``layout``, counts of ``holds`` and ``fails``."""
-    p = Path(path)
+    p = scenario_path(path)
     raw = read_scenario_file(p)
     claims = parse_claims(raw)
     r = run(scenario_from_dict(raw, sets, base_dir=p.parent, default_name=p.stem), allow_oom=True,

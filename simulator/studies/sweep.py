@@ -54,6 +54,7 @@ from simulator.studies.bound import StepAbove, simulate_below
 from simulator.studies.workers import check_local_workers, process_pool
 from concurrent.futures import as_completed
 from simulator.reports.plots import plot_sweep
+from simulator.scenario.load import scenario_path
 
 # Appended columns keep their place at the end, so a table read by position stays readable:
 # contention_s and host_wait_s (parts of compute_s: SMs held by communication kernels; the GPU
@@ -183,7 +184,7 @@ def base_of(scenario: str | Path | Scenario | dict, sets: Sequence[str] = ()) ->
         return apply_overrides(scenario_to_dict(scenario), sets), os.getcwd(), scenario.name
     if isinstance(scenario, dict):
         return apply_overrides(scenario, sets), os.getcwd(), "scenario"
-    p = Path(scenario)
+    p = scenario_path(scenario)
     return apply_overrides(read_scenario_file(p), sets), str(p.resolve().parent), p.stem
 
 
