@@ -3,7 +3,8 @@ wherever the package is installed (a wheel, an sdist, ``pip install git+...``, a
 
 ``simulator/data/`` holds one folder per kind: ``topologies/`` and ``frameworks/`` (YAML, one file
 per name), ``models/<org>/<name>.json`` (Hugging Face ``config.json`` copies) and ``scenarios/``
-(the example scenarios; a checkout also shows them as ``scenarios/`` at its root).
+(the example scenarios: in a checkout a link to ``scenarios/`` at its root, which a built wheel or
+sdist carries as files).
 """
 
 from __future__ import annotations
