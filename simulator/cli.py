@@ -315,6 +315,17 @@ def version() -> str:
     return __version__
 
 
+def _schema(args) -> int:
+    if args.report:
+        from simulator.reports.reference import markdown as report_markdown
+        print(report_markdown(), end="")
+        return 0
+    from simulator.scenario.reference import json_schema, markdown
+
+    print(markdown() if args.markdown else json.dumps(json_schema(), indent=2), end="" if args.markdown else "\n")
+    return 0
+
+
 def _bench(args) -> int:
     from simulator.studies.bench import run
 
@@ -424,6 +435,13 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--all", action="store_true", help="list every changed field (default: the first 60)")
     add_progress_flags(d)
     d.set_defaults(func=_diff)
+
+    sc = sub.add_parser("schema", help="the JSON Schema of scenario files (for editors), or the reference of the "
+                                       "scenario keys or of the --json report fields")
+    what = sc.add_mutually_exclusive_group()
+    what.add_argument("--markdown", action="store_true", help="the scenario reference as Markdown (docs/scenario-reference.md)")
+    what.add_argument("--report", action="store_true", help="the run --json report fields as Markdown (docs/report-reference.md)")
+    sc.set_defaults(func=_schema)
 
     b = sub.add_parser("bench", help="wall time, peak memory and events of fixed simulations (not a test)")
     which = b.add_mutually_exclusive_group()

@@ -9,6 +9,7 @@ import yaml
 from simulator.network.collectives import bus_factor, time_collective
 from simulator.network.cluster import build_cluster
 from simulator.parts.topology import load_topology
+from ratchets import check, check_golden
 from simulator.studies.validate import case_to_scenario_dict, predict, validate_file
 
 VALIDATION = Path(__file__).resolve().parents[2] / "shared" / "validation"
@@ -17,6 +18,11 @@ VALIDATION = Path(__file__).resolve().parents[2] / "shared" / "validation"
 @pytest.fixture(scope="module")
 def result():
     return validate_file(str(VALIDATION / "public-runs.yaml"), workers=2)
+
+
+def test_public_runs_ratchet_and_golden_predictions(result):
+    check("public-runs", result)
+    check_golden("public-runs", result)
 
 
 def test_every_published_case_is_simulated(result):
@@ -196,17 +202,6 @@ def test_an_excluded_case_is_printed_but_left_out_of_the_summary(tmp_path):
     assert "(excluded)" in table and "excluded dropped: the publisher's regression report" in table
 
 
-def test_out_of_sample_megatron_bridge_fp8_runs_within_10pct_on_h100():
-    """NVIDIA's published Megatron-Bridge FP8 Llama runs (FSDP, TP/PP/VP, CP; 8 to 1,024 H100),
-    added after the constants were fitted and never used to fit them (tests/data)."""
-    out = validate_file(str(Path(__file__).parent / "data" / "megatron-bridge-runs.yaml"), workers=2)
-    rows = [r for r in out["rows"] if "h100" in r["id"]]
-    assert len(rows) == 5 and all(r["measured"]["basis"] == "tokens_per_s" for r in rows)
-    for r in rows:
-        assert abs(r["error"]) <= 0.10, r["id"]
-    assert out["summary"]["worst"] <= 0.15  # B200 takes the Hopper constants, unmeasured
-
-
 def test_a_run_on_part_of_a_node_uses_one_node_of_that_many_gpus():
     case = _case()
     case["hardware"]["count"] = 4
@@ -221,14 +216,6 @@ def test_expert_parallelism_wider_than_dp_x_cp_folds_over_tp_ranks():
     d = case_to_scenario_dict(case)
     assert d["parallelism"]["etp"] == 1 and d["parallelism"]["sequence_parallel"] is True
     assert "etp" not in case_to_scenario_dict(_case())["parallelism"]
-
-
-def test_out_of_sample_nemo_24_07_fp8_runs_within_15pct():
-    """NVIDIA's NeMo 24.07 FP8 table (GPT-3 5B to 175B, Llama 2 7B to 70B, Llama 3 8B and 70B
-    with CP2; 8 to 512 H100)."""
-    out = validate_file(str(Path(__file__).parent / "data" / "nemo-2407-runs.yaml"), workers=2)
-    assert out["summary"]["scored"] == 9
-    assert out["summary"]["worst"] <= 0.15 and out["summary"]["mape"] <= 0.10
 
 
 def test_a_stated_attention_kernel_is_the_one_that_runs():

@@ -7,8 +7,15 @@ None (keys that appear only when they apply, such as ``faults``).
 
 from __future__ import annotations
 
-from dataclasses import fields
-from typing import ClassVar
+from dataclasses import MISSING, field, fields
+from typing import Any, ClassVar
+
+
+def doc(help: str, unit: str = "", default: Any = MISSING) -> Any:
+    """A record field with its one line of help and unit: the report reference
+    (``docs/report-reference.md``) is written from them."""
+    meta = {"help": help, "unit": unit}
+    return field(metadata=meta) if default is MISSING else field(default=default, metadata=meta)
 
 
 class Record:

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from simulator.common.records import Record
+from simulator.common.records import Record, doc
 from simulator.engine.records import SimResult
 from simulator.parts.gpus import gpu_of, peak
 from simulator.reports.faults import fault_report, format_faults
@@ -40,36 +40,36 @@ COMPUTE_KINDS = ("F", "B", "W", "R", "embed", "head", "opt")
 class StageTimes(Record):
     """One pipeline stage's step, split into compute, exposed communication by axis and idle."""
 
-    stage: int
-    compute_s: float
-    exposed_comm_s: dict  # by axis, AXES order
-    idle_s: float
-    bubble_fraction: float
-    flops: float
-    contention_s: float = 0.0  # of compute_s: lost to the SMs communication kernels held beside it
-    host_wait_s: float = 0.0  # of compute_s: the GPU waiting on the host (kernel issue, MoE token-count syncs)
+    stage: int = doc("pipeline stage")
+    compute_s: float = doc("kernels running on the stage's GPU (representative rank)", "s")
+    exposed_comm_s: dict = doc("time the compute stream waited on communication, by axis (tp, pp, dp, fsdp, cp, ep, offload)", "s")
+    idle_s: float = doc("waiting on a pipeline dependency, or done before the slowest stage", "s")
+    bubble_fraction: float = doc("idle_s / step time")
+    flops: float = doc("FLOPs the kernels executed (causal attention halved, recompute included)", "FLOP")
+    contention_s: float = doc("of compute_s, the time lost to the SMs communication kernels held beside it", "s", 0.0)
+    host_wait_s: float = doc("of compute_s, the GPU waiting on the host (kernel issue it outran, MoE token-count syncs)", "s", 0.0)
 
 
 @dataclass(frozen=True)
 class TimeBreakdown(Record):
-    compute_s: float
-    exposed_comm_s: dict
-    idle_s: float
-    contention_s: float = 0.0  # of compute_s: lost to the SMs communication kernels held beside it
-    host_wait_s: float = 0.0  # of compute_s: the GPU waiting on the host (kernel issue, MoE token-count syncs)
+    compute_s: float = doc("kernels running, mean over stages", "s")
+    exposed_comm_s: dict = doc("time the compute stream waited on communication by axis, mean over stages", "s")
+    idle_s: float = doc("waiting on pipeline dependencies (the bubble), mean over stages", "s")
+    contention_s: float = doc("of compute_s, lost to the SMs communication kernels held beside it", "s", 0.0)
+    host_wait_s: float = doc("of compute_s, the GPU waiting on the host: kernel issue it outran, MoE token-count syncs (host-bound)", "s", 0.0)
 
 
 @dataclass(frozen=True)
 class Layout(Record):
-    tp: int
-    pp: int
-    dp: int
-    cp: int
-    ep: int
-    vp: int
-    zero_stage: int
-    sequence_parallel: bool
-    schedule: str
+    tp: int = doc("tensor-parallel size")
+    pp: int = doc("pipeline stages")
+    dp: int = doc("data-parallel size")
+    cp: int = doc("context-parallel size")
+    ep: int = doc("expert-parallel size")
+    vp: int = doc("virtual pipeline chunks per rank")
+    zero_stage: int = doc("ZeRO stage")
+    sequence_parallel: bool = doc("Megatron sequence parallelism")
+    schedule: str = doc("the pipeline schedule as the scenario names it")
 
 
 @dataclass(frozen=True)
@@ -77,29 +77,29 @@ class StepReport(Record):
     """What ``stepsim run --json`` prints (before the memory section is added)."""
 
     OPTIONAL = ("faults", "sim_wall_s", "pipeline_passes")
-    name: str
-    step_time_s: float
-    tokens_per_step: int
-    tokens_per_s: float
-    tokens_per_s_per_gpu: float
-    model_tflops_per_gpu: float
-    mfu: float
-    hfu: float
-    flops_convention: str
-    bubble_fraction: float
-    bubble_fraction_per_stage: tuple[float, ...]
-    time_breakdown_s: TimeBreakdown
-    stages: tuple[StageTimes, ...]
-    num_gpus: int
-    num_microbatches: int
-    layout: Layout
-    events: int
-    transfers: int
-    simulated_ranks: int
-    model_params: dict
-    faults: dict | None = None
-    sim_wall_s: float | None = None
-    pipeline_passes: int | None = None  # training.pipeline_passes, when the schedule runs more than once
+    name: str = doc("the scenario's name")
+    step_time_s: float = doc("one training step, from the first kernel to the last rank's optimizer step", "s")
+    tokens_per_step: int = doc("global batch x sequence length", "tokens")
+    tokens_per_s: float = doc("tokens_per_step / step_time_s", "tokens/s")
+    tokens_per_s_per_gpu: float = doc("tokens_per_s / GPUs", "tokens/s")
+    model_tflops_per_gpu: float = doc("model FLOPs (flops_convention) per second per GPU", "TFLOP/s")
+    mfu: float = doc("model FLOPs utilisation: model FLOP/s over the dense peak at the run's precision")
+    hfu: float = doc("hardware FLOPs utilisation: mfu plus activation-recompute FLOPs")
+    flops_convention: str = doc("how model FLOPs are counted")
+    bubble_fraction: float = doc("mean over stages of the idle share of the step")
+    bubble_fraction_per_stage: tuple[float, ...] = doc("idle share of the step, per pipeline stage")
+    time_breakdown_s: TimeBreakdown = doc("where a GPU's step goes, mean over stages")
+    stages: tuple[StageTimes, ...] = doc("the same split for each pipeline stage")
+    num_gpus: int = doc("GPUs in the job")
+    num_microbatches: int = doc("micro-batches per pipeline per step")
+    layout: Layout = doc("the parallel layout that ran")
+    events: int = doc("simulation events (a measure of the simulation's work)")
+    transfers: int = doc("network transfers simulated")
+    simulated_ranks: int = doc("ranks simulated (one per stage when folded)")
+    model_params: dict = doc("total and per-token active parameters")
+    faults: dict | None = doc("only with a faults: section: straggling ranks, touched links, groups crossing a degraded link", "", None)
+    sim_wall_s: float | None = doc("wall time the simulation took (the one field that differs between runs)", "s", None)
+    pipeline_passes: int | None = doc("training.pipeline_passes, only when the schedule runs more than once", "", None)
 
 
 def stage_breakdown(result: SimResult) -> list[dict]:

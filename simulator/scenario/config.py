@@ -79,8 +79,8 @@ class ModelConfig:
     hidden_size: int = key(kind=_upto(limits.HIDDEN_SIZE), help="model width (HF hidden_size)")
     num_hidden_layers: int = key(kind=_upto(limits.NUM_LAYERS), help="transformer layers")
     num_attention_heads: int = key(kind=_upto(limits.HIDDEN_SIZE), help="query heads")
-    num_key_value_heads: int = key(kind=_upto(limits.HIDDEN_SIZE),
-                                   help="key/value heads (GQA); left out: num_attention_heads")
+    num_key_value_heads: int = key(kind=_upto(limits.HIDDEN_SIZE), help="key/value heads (GQA)",
+                                   default_text="num_attention_heads")
     intermediate_size: int = key(kind=_upto(limits.INTERMEDIATE_SIZE), help="dense MLP width")
     vocab_size: int = key(kind=_upto(limits.VOCAB_SIZE), help="vocabulary size", unit="tokens")
     hidden_act: str = key("gelu", Choice(HIDDEN_ACTS), help="MLP activation: gelu-like means 2 MLP matrices, silu/swiglu a gated MLP of 3")
@@ -176,8 +176,10 @@ class ClusterConfig:
 
     topology: str = key("dgx-h100", Text(), help="a shipped topology name or a topology YAML file (path relative to the scenario)")
     num_nodes: int = key(1, _upto(limits.NUM_GPUS), help="nodes (NVLink domains) in the job")
-    gpus_per_node: int = key(8, _upto(limits.GPUS_PER_NODE), help="GPUs per node the job uses; null or left out: the topology's")
-    gpu: str = key("H100-SXM5-80GB", Text(), help="a GPU of the catalog (name or alias); null or left out: the topology's")
+    gpus_per_node: int = key(8, Whole(1, limits.GPUS_PER_NODE, optional=True), help="GPUs per node the job uses",
+                             default_text="the topology's")
+    gpu: str = key("H100-SXM5-80GB", Text(optional=True), help="a GPU of the catalog (name or alias)",
+                   default_text="the topology's")
     nvlink_bandwidth_GBps: float | None = key(None, Number(0, False, limits.NVLINK_GBPS),
                                               help="NVLink rate per GPU; null: the GPU's or the topology's", unit="GB/s per direction")
     network_bandwidth_Gbps: float | None = key(None, Number(0, False, limits.NETWORK_GBPS),
@@ -384,7 +386,7 @@ class Faults:
 class Scenario:
     """One training step to simulate: the model, the machines, the batch, the layout, the software."""
 
-    name: str = key(kind=Text(), help="the scenario's name in reports; left out: the file's stem")
+    name: str = key(kind=Text(), help="the scenario's name in reports", default_text="the file's name without .yaml")
     model: ModelConfig = key(help="the model: Hugging Face config.json fields, hf_config: path, or a Hugging Face id")
     cluster: ClusterConfig = field(default_factory=ClusterConfig, metadata={"section": "the machines"})
     training: TrainingConfig = field(default_factory=TrainingConfig, metadata={"section": "the batch and precision"})

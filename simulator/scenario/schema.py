@@ -262,16 +262,18 @@ class PerLayer(Kind):
 
 @dataclass(frozen=True)
 class Key:
-    """The declaration of one scenario key (``field.metadata["key"]``)."""
+    """The declaration of one scenario key (``field.metadata["key"]``). ``default_text`` names a
+    default that is not a constant (``the topology's``)."""
 
     kind: Kind
     help: str
     unit: str = ""
+    default_text: str = ""
 
 
-def key(default: Any = MISSING, kind: Kind | None = None, *, help: str, unit: str = "") -> Any:
+def key(default: Any = MISSING, kind: Kind | None = None, *, help: str, unit: str = "", default_text: str = "") -> Any:
     """A dataclass field that is a scenario key: its default, kind, one line of help, its unit."""
-    meta = {"key": Key(kind, help, unit)}
+    meta = {"key": Key(kind, help, unit, default_text)}
     if default is MISSING:
         return field(metadata=meta)
     return field(default=default, metadata=meta)
@@ -315,10 +317,12 @@ def section_schema(cls: type, extra: dict | None = None) -> dict:
         if "key" not in f.metadata:
             continue
         decl: Key = f.metadata["key"]
-        prop = dict(decl.kind.json())
+        prop = dict(decl.kind.json()) if decl.kind is not None else {}
         prop["description"] = decl.help + (f" ({decl.unit})" if decl.unit else "")
         default = default_of(f)
-        if default is MISSING:
+        if decl.default_text:
+            prop["description"] += f"; default: {decl.default_text}"
+        elif default is MISSING:
             required.append(f.name)
         else:
             prop["default"] = list(default) if isinstance(default, tuple) else default

@@ -38,7 +38,7 @@ from dataclasses import dataclass, replace
 
 from simulator.scenario.config import RECOMPUTE, ZERO_STAGES, ModelConfig, Scenario, optimizer_state_bytes
 from simulator.common.errors import ConfigError
-from simulator.common.records import Record
+from simulator.common.records import Record, doc
 from simulator.layout.grid import vstage_layers
 from simulator.layout.schedules import check_schedule_args, placement, schedule_peak_in_flight
 from simulator.common.units import GiB
@@ -739,25 +739,27 @@ def _offload_assumption(s: Scenario) -> dict:
 class StageMemoryRow(Record):
     """One stage of ``stepsim memory --json``, GiB rounded to 4 decimals."""
 
-    stage: int
-    weights_gib: float
-    gradients_gib: float
-    optimizer_gib: float
-    activations_gib: float
-    other_gib: float
-    total_gib: float
-    capacity_gib: float
-    fits: bool
-    biggest: str
+    stage: int = doc("pipeline stage")
+    weights_gib: float = doc("model weights held on the GPU (ZeRO-3 shards, or the whole stage)", "GiB")
+    gradients_gib: float = doc("gradients (sharded from ZeRO-2)", "GiB")
+    optimizer_gib: float = doc("fp32 master weights and Adam moments (sharded from ZeRO-1)", "GiB")
+    activations_gib: float = doc("saved activations of the micro-batches in flight", "GiB")
+    other_gib: float = doc("communication buffers, CUDA context, NCCL buffers and allocator fragmentation", "GiB")
+    total_gib: float = doc("the sum: the stage's peak per GPU", "GiB")
+    capacity_gib: float = doc("the GPU's HBM", "GiB")
+    fits: bool = doc("total_gib <= capacity_gib")
+    biggest: str = doc("the largest component")
 
 
 @dataclass(frozen=True)
 class MemoryReport(Record):
-    stages: tuple[StageMemoryRow, ...]
-    peak_gib: float
-    fits: bool
-    assumptions: dict
-    model_params: dict
+    """What ``stepsim memory --json`` prints (``memory_gib_per_gpu`` of ``run --json``)."""
+
+    stages: tuple[StageMemoryRow, ...] = doc("memory per GPU of each pipeline stage")
+    peak_gib: float = doc("the largest stage total", "GiB")
+    fits: bool = doc("every stage fits its GPU")
+    assumptions: dict = doc("what the memory model assumed: bytes per parameter, sharding, recompute, micro-batches in flight, buffers")
+    model_params: dict = doc("total and per-token active parameters")
 
 
 def _stage_row(st: StageMemory, capacity_gib: float) -> StageMemoryRow:

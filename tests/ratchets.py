@@ -1,0 +1,46 @@
+"""The ratchet on every file of published runs: its MAPE and its signed mean error pinned just above
+today's figures (tighten them when the model improves, never loosen them to let a change through),
+the rows it scores never fewer, and each row's prediction equal to the golden figures."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from simulator.studies.validate import validate_file
+
+HERE = Path(__file__).resolve().parent
+FILES = {
+    "public-runs": HERE.parents[1] / "shared" / "validation" / "public-runs.yaml",
+    **{p.stem: p for p in sorted((HERE / "data").glob("*-runs.yaml"))},
+}
+# file: (MAPE at most, |signed mean| at most, rows scored at least); today's figures + 0.5 points.
+RATCHETS = {
+    "public-runs": (0.0434, 0.0059, 29),
+    "blackwell-runs": (0.1372, 0.0580, 30),
+    "framework-runs": (0.1083, 0.0384, 47),
+    "megatron-bridge-runs": (0.0636, 0.0118, 7),
+    "moe-runs": (0.1491, 0.0819, 27),
+    "nemo-2407-runs": (0.0533, 0.0112, 9),
+}
+GOLDEN = json.loads((HERE / "golden" / "steps.json").read_text())
+
+
+def validate(name: str) -> dict:
+    return validate_file(str(FILES[name]), workers=2, progress=None)
+
+
+def check(name: str, result: dict) -> None:
+    mape, signed, scored = RATCHETS[name]
+    s = result["summary"]
+    assert s["scored"] >= scored, f"{name}: {s['scored']} rows scored, fewer than {scored}"
+    assert s["mape"] <= mape, f"{name}: MAPE {s['mape']:.2%} above its ratchet {mape:.2%}"
+    assert abs(s["signed_mean"]) <= signed, f"{name}: signed mean {s['signed_mean']:+.2%} beyond +-{signed:.2%}"
+
+
+def check_golden(name: str, result: dict) -> None:
+    """Every row predicts exactly the golden step time (``python tests/golden.py --write`` after a
+    change meant to move them)."""
+    got = {r["id"]: (r["predicted"]["step_time_s"] if isinstance(r.get("predicted"), dict) else None)
+           for r in result["rows"]}
+    assert got == GOLDEN["validation"][name]

@@ -1,0 +1,20 @@
+"""Ratchet and golden predictions of tests/data/blackwell-runs.yaml (tests/ratchets.py)."""
+
+import pytest
+
+from ratchets import check, check_golden, validate
+
+NAME = "blackwell-runs"
+
+
+@pytest.fixture(scope="module")
+def result():
+    return validate(NAME)
+
+
+def test_mape_and_signed_mean_do_not_regress(result):
+    check(NAME, result)
+
+
+def test_every_prediction_equals_the_golden_figure(result):
+    check_golden(NAME, result)
