@@ -95,6 +95,23 @@ def test_excerpt_numbers_recomputed_by_hand(excerpts, name):
         assert r.busy_us == sum(covered)
 
 
+def test_excerpt_without_annotations_found_by_repetition(excerpts, tmp_path):
+    """The DDP excerpt with its ProfilerStep annotations removed: the repeating kernel sequence
+    gives the same kept window and the same numbers as the annotations did."""
+    src = DATA / "hta-ddp-v100" / "rank-1.json.gz"
+    with gzip.open(src, "rt") as f:
+        doc = json.load(f)
+    doc["traceEvents"] = [e for e in doc["traceEvents"] if not str(e.get("name", "")).startswith("ProfilerStep#")]
+    path = tmp_path / "stripped.json"
+    path.write_text(json.dumps(doc))
+    prof = read_profile(path)
+    (r,), (a,) = prof.ranks, excerpts["hta-ddp-v100"].ranks
+    assert r.detection == "repetition" and len(r.iterations) == 1 and len(r.dropped) == 1
+    assert (r.iterations[0].start_us, r.iterations[0].end_us) == (a.iterations[0].start_us, a.iterations[0].end_us)
+    assert (r.classes, r.busy_us, r.wall_us) == (a.classes, a.busy_us, a.wall_us)
+    assert any("repeating kernel sequence" in w for w in prof.warnings)
+
+
 def test_excerpt_two_ranks_of_one_job(excerpts):
     prof = excerpts["hta-sampled-2rank"]
     assert [r.world_size for r in prof.ranks] == [128, 128]

@@ -33,6 +33,34 @@ failing that, the whole trace is one window. The first window (warm-up) is dropp
 one is found. GPU-busy time is the union of kernel intervals on all streams inside the kept windows,
 idle time the rest of the windows.
 
+Classes
+-------
+Kernel names are matched case-insensitively against one rule per class, in the order of
+:data:`CLASSES` (first match wins); :func:`classify` is the rule set:
+
+- ``communication``: NCCL/RCCL kernels (``nccl*``), custom all-reduce and DeepEP/NVSHMEM kernels;
+  the part names the collective: ``args["Collective name"]`` where Kineto recorded it (newer
+  PyTorch), else the NCCL kernel name (``ncclDevKernel_AllGather_...`` -> ``all_gather``). An
+  all-to-all runs NCCL's SendRecv kernel, so without ``Collective name`` it shows as ``send_recv``;
+- ``memcpy`` / ``memset``: the ``gpu_memcpy`` / ``gpu_memset`` events; a copy's part is its
+  direction (``HtoD``, ``DtoH``, ``DtoD``, ``PtoP``);
+- ``loss``: cross entropy, log-softmax (also PyTorch's ``softmax_warp_*<..., is_log_softmax=true>``),
+  NLL;
+- ``attention``: flash / FMHA / cuDNN SDPA / xFormers kernels, and any other softmax (the unfused
+  attention's);
+- ``embedding``: embedding lookups and their gradients (``indexSelect``, ``embedding_backward``,
+  FBGEMM table-batched embeddings and their sparse-feature permutes). Not in the brief's list: the
+  public training traces are recommendation models where these kernels are 15-25% of GPU time;
+- ``optimizer``: ``multi_tensor_apply`` / foreach / fused Adam and friends, grad-norm clipping;
+- ``norm``: layer norm, RMSNorm, batch/group norm, their Welford statistics and gamma/beta
+  gradients, Inductor's fused mean-rsqrt reductions;
+- ``gemm``: cuBLAS / cuBLASLt (``*gemm*``, ``nvjet*``, ``sm90_xmma*``, ``ampere_*``, split-K
+  reductions, epilogues), CUTLASS, hipBLASLt/Tensile (``Cijk_*``), Triton templates, and cuDNN
+  convolutions (implicit GEMM, Winograd, FFT, with their layout transforms);
+- ``elementwise``: memory-bound pointwise, reduction, copy/concat/layout, indexing, cast and
+  quantize, activation, dropout and RoPE kernels, Inductor's ``triton_poi/red/per`` kernels;
+- ``other``: the rest (on the public traces: CUB sort and scan, 0-2.6% of kernel time).
+
 Library choice
 --------------
 Measured with ``tests/bench_kineto_1gb.py`` on a synthetic 0.96 GB trace (3.7 M events, 741 k
@@ -60,10 +88,10 @@ HolisticTraceAnalysis 0.5.0: parse + kernel breakdown  85.1 s    87.4 s    4,988
   ``json.loads`` of the file), takes six times the CPU and ten times the memory of this module on
   the 1 GB trace, and brings 106 packages, 480 MB installed (pandas, numpy, plotly, jupyterlab,
   pydot, pytest). What it gives: per-rank kernel type shares (communication / computation /
-  memory), per-kernel-name statistics, idle-time and overlap breakdowns, critical path, trace
-  diffing. It does not sort kernels into the classes a cost model prices (GEMM, attention, norm,
-  ...), nor pick steady-state iterations, so a name classifier and the iteration windows would
-  be needed on top of it anyway.
+  memory), per-kernel-name statistics, idle-time, overlap and queue-length breakdowns, critical
+  path, stragglers, filters by ProfilerStep iteration. It does not sort kernels into the classes
+  a cost model prices (GEMM, attention, norm, ...) nor give GEMM shapes per kernel, so the name
+  classifier and most of this module would sit on top of it anyway.
 
 So: the standard library only. Most of the 530 MiB is what is kept per kernel (a tuple of seven
 fields), per launch and per GEMM operator; the text of the trace is never held whole.
@@ -111,7 +139,7 @@ _RULES: tuple[tuple[str, re.Pattern], ...] = (
         r"nccl|rccl|msccl|cross_device_reduce|custom_?all_?reduce|deep_?ep|nvshmem|userbuffers"
         r"|\ball_?to_?all|one_?shot_?all_?reduce|two_?shot_?all_?reduce", _I)),
     # softmax_warp_* has is_log_softmax as its fifth template argument
-    ("loss", re.compile(r"cross_?entropy|log_?softmax|nll_?loss|vocab_?parallel|liger.*(ce|loss)|"
+    ("loss", re.compile(r"cross_?entropy|log_?softmax|nll_?loss|"
                         r"softmax_warp_(?:forward|backward)<(?:[^,<>]+,\s*){4}true", _I)),
     ("attention", re.compile(
         r"flash|fmha|attention|_attn|attn_|sdpa|softmax|xformers|\bmha|mha_|paged_?att|"
@@ -130,7 +158,7 @@ _RULES: tuple[tuple[str, re.Pattern], ...] = (
     ("gemm", re.compile(
         r"gemm|gemv|cublas|cutlass|xmma|nvjet|cudnn|scudnn|implicit_?gemm|dgrad|wgrad|"
         r"\bsm\d\d_|ampere_|volta_|turing_|hopper_|Cijk_|hipblas|matmul|wgmma|splitKreduce|"
-        r"triton_tem|_mma_|\bmma_|dot_?kernel|grouped_?mm|conv", _I)),
+        r"triton_tem|_mma_|\bmma_|dot_?kernel|grouped_?mm|convolution|conv_?[123]d|_conv_|winograd|fft2d", _I)),
     ("elementwise", re.compile(
         r"elementwise|vectorized|unrolled|pointwise|reduce_kernel|reduction|functor|fill|copy|"
         r"cat_?array|CatArray|concat|transpose|permute|rope|rotary|dropout|cast|gelu|silu|swiglu|"
@@ -141,8 +169,6 @@ _RULES: tuple[tuple[str, re.Pattern], ...] = (
         r"elemwise|unary|binary|ternary", _I)),
 )
 
-_COLLECTIVE_KERNEL = re.compile(
-    r"(AllReduce|AllGather|ReduceScatter|Broadcast|Reduce|SendRecv|Send|Recv|AllToAll|Generic)", _I)
 _COLLECTIVE_NAMES = (
     ("allreduce", "all_reduce"), ("allgather", "all_gather"), ("reducescatter", "reduce_scatter"),
     ("alltoall", "all_to_all"), ("broadcast", "broadcast"), ("sendrecv", "send_recv"),
@@ -543,8 +569,10 @@ def _repetitions(order: list[int], times: list[float]) -> list[int] | None:
 
     A trace of n identical iterations runs every kernel name a multiple of n times. n is the
     largest count of some name such that names whose counts are multiples of n hold at least 90%
-    of kernel time; the iteration starts are the occurrences of the first-starting name that runs
-    exactly n times."""
+    of kernel time. The anchor is the first-starting name that runs exactly n times; the trace is
+    taken to open at an iteration's start (as the profiler's schedule does), so each later
+    iteration starts as many kernels before its anchor as the first one did, where the kernels
+    there repeat the first iteration's opening names, and at its anchor otherwise."""
     counts: dict[int, int] = {}
     weight: dict[int, float] = {}
     for nid, t in zip(order, times):
@@ -560,7 +588,13 @@ def _repetitions(order: list[int], times: list[float]) -> list[int] | None:
     if best < 2:
         return None
     anchor = next(nid for nid in order if counts[nid] == best)
-    return [i for i, nid in enumerate(order) if nid == anchor]
+    at = [i for i, nid in enumerate(order) if nid == anchor]
+    lead = order[:at[0]]
+    cuts = [0]
+    for i in at[1:]:
+        j = i - len(lead)
+        cuts.append(j if j > cuts[-1] and order[j:i] == lead else i)
+    return cuts
 
 
 def _gemm_shape(op: str, dims: list) -> tuple[int, int, int, int] | None:
