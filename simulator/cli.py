@@ -20,6 +20,11 @@ from simulator.common.progress import add_progress_flags, progress_from_args
 TOLERANCE_HELP_DEFAULT = "0%"
 
 
+def _help_text(text: str) -> str:
+    """``text`` as argparse prints it: help strings are %-format templates, so a literal % is doubled."""
+    return text.replace("%", "%%")
+
+
 class _Parser(argparse.ArgumentParser):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -409,7 +414,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "what the exact Pareto front needs (slower)")
     pl.add_argument("--tolerance", default=None, metavar="T",
                     help="prune a layout unless it could beat the shown one at its rank (or on the Pareto front) by "
-                         f"more than T, a fraction or a percentage: 0 is exact (default {TOLERANCE_HELP_DEFAULT})")
+                         f"more than T, a fraction or a percentage: 0 is exact (default {_help_text(TOLERANCE_HELP_DEFAULT)})")
     pl.add_argument("--validate", action="store_true",
                     help="SCENARIO is a public-runs file: plan every run and compare with its published layout")
     add_progress_flags(pl)
