@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import functools
 
-import yaml
-
 from simulator.common import resources
 from simulator.common.errors import ConfigError
+from simulator.common.yamlfile import load_yaml_text
 
 
 FP8_RECIPES = ("delayed", "tensorwise", "rowwise", "blockwise", "mxfp8")
@@ -103,7 +102,7 @@ def load_profile(name: str) -> dict:
     if name not in names:
         raise ConfigError("framework", name, f"valid: {', '.join(names)}")
     path = resources.entry("frameworks", name)
-    raw = yaml.safe_load(path.read_text())
+    raw = load_yaml_text(path.read_text(), "framework", str(path))
     out: dict = {}
     for section, keys in SECTIONS.items():
         entries = raw.get(section) or {}

@@ -32,12 +32,13 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from simulator.common import resources
 from simulator.common.errors import ConfigError
-from simulator.common.yamlfile import load_yaml_text
+from simulator.common.yamlfile import load_yaml_text, read_text_file
 from simulator.parts.gpus import get_gpu
 
 
@@ -117,11 +118,13 @@ def load_topology(name_or_path: str) -> TopologySpec:
     """A shipped topology by name (``dgx-h100``) or a YAML file by path."""
     path = Path(name_or_path)
     if not path.suffix:
-        path = resources.entry("topologies", name_or_path)
-    if not path.is_file():
+        shipped = resources.entry("topologies", name_or_path)
+        if shipped.is_file():
+            return _spec_from_text(shipped.read_text(), str(shipped), name_or_path)
+    if not path.suffix or not os.path.lexists(path):
         raise ConfigError("cluster.topology", name_or_path,
                           f"valid: a topology file path or one of {', '.join(resources.names('topologies'))}")
-    return _spec_from_text(path.read_text(), str(path), path.name.rsplit(".", 1)[0])
+    return _spec_from_text(read_text_file(path, "cluster.topology"), str(path), path.name.rsplit(".", 1)[0])
 
 
 

@@ -21,15 +21,14 @@ Cluster fields left out or null (``gpu``, ``gpus_per_node``) come from the topol
 from __future__ import annotations
 
 import copy
+import os
 from collections.abc import Iterable
 from dataclasses import fields, is_dataclass
 from pathlib import Path
 
-import yaml
-
 from simulator.common import limits, resources
 from simulator.common.errors import ConfigError
-from simulator.common.yamlfile import load_yaml_file
+from simulator.common.yamlfile import load_yaml_file, yaml_value
 from simulator.parts.frameworks import framework_names
 from simulator.parts.topology import load_topology
 from simulator.scenario.config import (SCHEDULES, ClusterConfig, Faults, FrameworkOptions, ModelConfig, MoEConfig,
@@ -81,6 +80,8 @@ def scenario_path(path: str | Path) -> Path:
         return Path(str(resources.entry("scenarios", str(path))))
     if p.is_dir():
         raise ConfigError("scenario", str(path), "is a folder, not a scenario file")
+    if os.path.lexists(p):
+        return p  # a pipe, device or symlink loop: reading it names which
     raise ConfigError("scenario", str(path), f"no such file, nor a shipped example "
                                              f"({', '.join(resources.names('scenarios'))})")
 
@@ -89,6 +90,9 @@ def read_scenario_file(path: str | Path) -> dict:
     """The raw mapping of a scenario YAML file, or a one-line ConfigError naming the file."""
     p = scenario_path(path)
     raw = load_yaml_file(p, "scenario")
+    if raw is None:
+        raise ConfigError("scenario", str(path), "is empty: a scenario is a YAML mapping of name, model, cluster, "
+                          "training, parallelism and schedule")
     if not isinstance(raw, dict):
         raise ConfigError("scenario", str(path), "must be a YAML mapping of name, model, cluster, "
                           "training, parallelism and schedule")
@@ -127,10 +131,7 @@ def apply_overrides(d: dict, overrides: Iterable[str]) -> dict:
         key = key.strip()
         if not sep or not key:
             raise ConfigError("--set", item, "expected key.path=value, e.g. parallelism.tp=8")
-        try:
-            value = yaml.safe_load(text)
-        except yaml.YAMLError:
-            value = text
+        value = yaml_value(text, key)
         parts = key.split(".")
         head = parts[0]
         if head in TOP_LEVEL_SCALARS:

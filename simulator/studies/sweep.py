@@ -39,10 +39,9 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
 from simulator.scenario.config import Scenario
 from simulator.common.errors import ConfigError
+from simulator.common.yamlfile import yaml_value
 from simulator.reports.report import AXES
 from simulator.scenario.load import apply_overrides, read_scenario_file, scenario_to_dict
 from simulator.common.files import atomic_write_text, remove_stale
@@ -130,7 +129,7 @@ def parse_vary(items: Sequence[str] | Mapping[str, Iterable]) -> Vary:
             key, sep, text = str(item).partition("=")
             if not sep or not key.strip() or not text.strip():
                 raise ConfigError("--vary", item, "expected key.path=v1,v2,..., e.g. parallelism.tp=4,8")
-            pairs.append((key.strip(), tuple(_scalar(t.strip()) for t in text.split(","))))
+            pairs.append((key.strip(), tuple(yaml_value(t.strip(), f"--vary {key.strip()}") for t in text.split(","))))
     if not pairs:
         raise ConfigError("--vary", None, "give at least one key.path=v1,v2,...")
     seen = set()
@@ -145,13 +144,6 @@ def parse_vary(items: Sequence[str] | Mapping[str, Iterable]) -> Vary:
             if canon.count(c) > 1:
                 raise ConfigError(f"--vary {key}", v, "value given twice")
     return tuple(pairs)
-
-
-def _scalar(text: str) -> object:
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError:
-        return text
 
 
 def _canonical(value: object) -> str:

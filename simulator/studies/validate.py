@@ -123,6 +123,7 @@ the source's own FLOP convention (model or hardware FLOPs) applied to the predic
 from __future__ import annotations
 
 import math
+import os
 import re
 from pathlib import Path
 
@@ -714,7 +715,7 @@ def load_cases(path: str | Path) -> list[dict]:
     naming the first case and field that is wrong. Anything else a case gets wrong is that case's
     row error (``predict``), the rest of the file still runs."""
     p = Path(path)
-    if not p.is_file():
+    if not os.path.lexists(p) or p.is_dir():
         what = "is a folder" if p.is_dir() else "no such file"
         raise ConfigError("runs", str(path), f"{what}: give a public-runs YAML file (see shared/validation/public-runs.yaml)")
     data = load_yaml_file(p, "runs")
