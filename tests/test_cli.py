@@ -32,7 +32,9 @@ def test_collective_table_is_printed(capsys):
     (["collective", "--op", "allreduce"], "--op"),
     (["collective", "--cluster", "nope"], "cluster.topology"),
     (["collective", "--gpus", "1"], "--gpus"),
-    (["collective", "--network-bandwidth-Gbps", "-4"], "cluster.network_bandwidth_Gbps"),
+    (["collective", "--network-bandwidth-Gbps", "-4"], "--network-bandwidth-Gbps"),
+    (["collective", "--oversubscription", "nan"], "--oversubscription"),
+    (["collective", "--sizes", ",,"], "--sizes"),
 ])
 def test_bad_input_is_one_line_naming_the_field_and_exit_2(argv, field):
     proc = subprocess.run([sys.executable, "-m", "simulator", *argv], capture_output=True, text=True)

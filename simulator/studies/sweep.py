@@ -32,6 +32,7 @@ import hashlib
 import io
 import itertools
 import json
+import math
 import os
 import sys
 import time
@@ -40,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from simulator.scenario.config import Scenario
+from simulator.common import limits
 from simulator.common.errors import ConfigError
 from simulator.common.yamlfile import yaml_value
 from simulator.reports.report import AXES
@@ -139,10 +141,15 @@ def parse_vary(items: Sequence[str] | Mapping[str, Iterable]) -> Vary:
         seen.add(key)
         if not values:
             raise ConfigError(f"--vary {key}", values, "needs at least one value")
-        canon = [_canonical(v) for v in values]
-        for v, c in zip(values, canon):
-            if canon.count(c) > 1:
+        given: set[str] = set()
+        for v in values:
+            if _canonical(v) in given:
                 raise ConfigError(f"--vary {key}", v, "value given twice")
+            given.add(_canonical(v))
+    count = math.prod(len(values) for _, values in pairs)
+    if count > limits.SWEEP_POINTS.maximum:
+        shape = " x ".join(f"{len(values)} {key}" for key, values in pairs)
+        raise ConfigError("--vary", f"{count:,} points ({shape})", f"a sweep may have {limits.SWEEP_POINTS.describe()}")
     return tuple(pairs)
 
 
