@@ -236,6 +236,9 @@ def read_text_file(path: str | Path, field: str, kind: str = "YAML") -> str:
     except OSError as err:
         if err.errno == errno.ELOOP:
             raise ConfigError(field, name, "is a loop of symbolic links, not a file") from None
+        if err.errno == errno.ENAMETOOLONG:
+            raise ConfigError(field, f"{name[:60]}...", f"is {len(name):,} characters, longer than a file name can be") \
+                from None
         if err.errno == errno.ENOENT:
             if os.path.islink(path):
                 raise ConfigError(field, name, f"is a symbolic link to {os.readlink(path)}, which does not exist") from None
@@ -256,6 +259,15 @@ def read_text_file(path: str | Path, field: str, kind: str = "YAML") -> str:
     if len(data) > MAX_BYTES:
         raise ConfigError(field, name, f"is larger than {MAX_BYTES // 2**20} MiB, the most an input file may be")
     return _decode(data, field, name, kind)
+
+
+def too_long(path: str | Path) -> bool:
+    """Whether ``path`` is longer than the system takes for a path or for one of its parts."""
+    try:
+        os.stat(path)
+    except OSError as err:
+        return err.errno == errno.ENAMETOOLONG
+    return False
 
 
 def _check_regular(info: os.stat_result, field: str, name: str) -> None:

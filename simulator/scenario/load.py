@@ -28,7 +28,7 @@ from pathlib import Path
 
 from simulator.common import limits, resources
 from simulator.common.errors import ConfigError
-from simulator.common.yamlfile import load_yaml_file, yaml_value
+from simulator.common.yamlfile import load_yaml_file, too_long, yaml_value
 from simulator.parts.frameworks import framework_names
 from simulator.parts.topology import load_topology
 from simulator.scenario.config import (SCHEDULES, ClusterConfig, Faults, FrameworkOptions, ModelConfig, MoEConfig,
@@ -69,21 +69,22 @@ def _unknown(field: str, value: object, valid: Iterable[str]) -> ConfigError:
 def scenario_path(path: str | Path) -> Path:
     """The file a scenario argument names: a path, or the name of a shipped example scenario
     (``gpt3-175b-1024xa100``, ``simulator/data/scenarios``) when no such file exists."""
+    shipped = ", ".join(resources.names("scenarios"))
+    if not str(path).strip():
+        raise ConfigError("scenario", str(path), f"give a scenario file or a shipped example ({shipped})")
     p = Path(path)
-    try:
-        found = p.is_file()
-    except OSError:
-        found = False
-    if found:
+    if os.path.isfile(p):
         return p
     if str(path) in resources.names("scenarios"):
         return Path(str(resources.entry("scenarios", str(path))))
-    if p.is_dir():
+    if os.path.isdir(p):
         raise ConfigError("scenario", str(path), "is a folder, not a scenario file")
     if os.path.lexists(p):
         return p  # a pipe, device or symlink loop: reading it names which
-    raise ConfigError("scenario", str(path), f"no such file, nor a shipped example "
-                                             f"({', '.join(resources.names('scenarios'))})")
+    if too_long(p):
+        raise ConfigError("scenario", f"{str(path)[:60]}...", f"is {len(str(path)):,} characters, longer than a file "
+                                                             "name can be")
+    raise ConfigError("scenario", str(path), f"no such file, nor a shipped example ({shipped})")
 
 
 def read_scenario_file(path: str | Path) -> dict:
@@ -235,7 +236,7 @@ def _cluster(raw: dict, base: Path) -> ClusterConfig:
     topology = raw.get("topology", ClusterConfig.topology)
     if isinstance(topology, str) and Path(topology).suffix and not Path(topology).is_absolute():
         candidate = base / topology
-        if candidate.is_file():
+        if os.path.isfile(candidate):
             raw["topology"] = str(candidate)
     for key in ("gpu", "gpus_per_node"):  # null, like leaving it out: the topology's
         if key in raw and raw[key] is None:
