@@ -4,11 +4,13 @@ The property tests hand it thousands of generated inputs: a hang is caught by th
 child is killed and started again), and the peak memory of each call is measured in the child
 (Linux: the resident high-water mark, reset before the call through /proc/self/clear_refs). The
 child's address space is also capped, so a runaway input fails the test instead of the machine.
-The child serves until its pipe closes, so it ends with the test process that started it.
+The child serves until its pipe closes, so it ends with the test process that started it
+(``close``, also run at exit, kills it if it is still busy).
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import io
 import multiprocessing
@@ -34,7 +36,9 @@ def _status(key: str) -> int:
         return int(re.search(rf"^{key}:\s+(\d+) kB", f.read(), re.M).group(1)) * 1024
 
 
-def _serve(conn, headroom_bytes: int) -> None:
+def _serve(conn, headroom_bytes: int, cwd: str | None) -> None:
+    if cwd is not None:
+        os.chdir(cwd)  # files a call writes by a relative name land here
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import simulator.cli  # noqa: F401  (imported before the address space is capped)
@@ -60,16 +64,19 @@ def _serve(conn, headroom_bytes: int) -> None:
 class Sandbox:
     """``call(fn, *args, timeout_s=...)``: ``fn(*args)`` in the child; ``fn`` must be importable."""
 
-    def __init__(self, headroom_bytes: int = 2048 * MiB):
+    def __init__(self, headroom_bytes: int = 2048 * MiB, cwd: str | None = None):
         self.headroom_bytes = headroom_bytes
+        self.cwd = cwd
         self._proc = None
 
     def _start(self) -> None:
         ctx = multiprocessing.get_context("spawn")
         self._conn, child = ctx.Pipe()
-        self._proc = ctx.Process(target=_serve, args=(child, self.headroom_bytes), daemon=True)
+        # not a daemon: a daemon may not start the process pools of sweep, plan and validate
+        self._proc = ctx.Process(target=_serve, args=(child, self.headroom_bytes, self.cwd))
         self._proc.start()
         child.close()
+        atexit.register(self.close)
 
     def call(self, fn, *args, timeout_s: float) -> Outcome:
         if self._proc is None:
