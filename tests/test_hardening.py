@@ -392,6 +392,25 @@ def test_a_topology_that_is_a_pipe_or_device_is_named_not_taken_for_a_missing_na
         assert what in err
 
 
+def test_keys_are_named_as_yaml_writes_them_and_errors_stay_on_one_line(tmp_path, capsys):
+    """`~: 2` was reported as parallelism.None and `yes: 2` as parallelism.True; a key holding a
+    newline split the error over two lines."""
+    text = Path(TINY).read_text()
+    for written, shown in (("~", "parallelism.null"), ("yes", "parallelism.true"), ('"t\\np"', "parallelism.t\\np")):
+        path = tmp_path / "keys.yaml"
+        path.write_text(text.replace("  tp: 2\n", f"  tp: 2\n  {written}: 2\n"))
+        one_line_error(*run_cli(["memory", str(path)], capsys=capsys)[::2], shown)
+    one_line_error(*run_cli(["memory", TINY, "--set", "parallel\nism.tp=2"], capsys=capsys)[::2], "parallel\\nism.tp")
+
+
+@pytest.mark.parametrize("name", ["a\nb", "\x1b[31mred", "a\tb"])
+def test_names_with_control_characters_are_refused(name, capsys):
+    """A newline or an escape sequence in the name broke or recoloured the report's lines."""
+    status, _, err = run_cli(["memory", TINY, "--set", f"name={json.dumps(name)}"], capsys=capsys)
+    one_line_error(status, err, "name")
+    assert "without control characters" in err
+
+
 def test_an_empty_scenario_file_says_it_is_empty(tmp_path, capsys):
     empty = tmp_path / "empty.yaml"
     empty.write_text("# nothing yet\n")

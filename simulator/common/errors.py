@@ -1,5 +1,6 @@
 """The one error type users see: a bad value in a scenario, topology or command line."""
 
+import re
 import reprlib
 
 
@@ -13,12 +14,20 @@ class ConfigError(ValueError):
         self.field = field
         self.value = value
         self.valid = valid
-        super().__init__(f"{field}: got {yaml_text(value)}; {valid}")
+        # one line whatever the user typed: a key or path may hold a newline, shown as \n
+        super().__init__(_CONTROL.sub(_escaped, f"{field}: got {yaml_text(value)}; {valid}"))
 
     def __reduce__(self):
         # rebuilt from its three parts when it crosses a process boundary (a worker of validate,
         # sweep or plan): the default pickling passes only the message and cannot call __init__
         return (ConfigError, (self.field, self.value, self.valid))
+
+
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+
+
+def _escaped(match: re.Match) -> str:
+    return repr(match.group())[1:-1]
 
 
 def yaml_text(value: object) -> str:
@@ -33,6 +42,12 @@ def yaml_text(value: object) -> str:
         return repr(value)
     text = _SHORT.repr(value)
     return text if len(text) <= _MAX_SHOWN else f"{text[:_MAX_SHOWN - 5]} ...{text[-1]}"
+
+
+def key_text(key: object) -> str:
+    """A mapping key as the user wrote it, for a field name: ``~`` and ``yes`` are YAML's null and
+    true, which Python would print as None and True."""
+    return key if isinstance(key, str) else yaml_text(key)
 
 
 class _ShortRepr(reprlib.Repr):

@@ -37,7 +37,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from simulator.common import limits, resources
-from simulator.common.errors import ConfigError
+from simulator.common.errors import ConfigError, key_text
 from simulator.common.yamlfile import load_yaml_text, read_text_file
 from simulator.parts.gpus import get_gpu
 
@@ -154,7 +154,7 @@ def _spec_from_text(text: str, where: str, stem: str) -> TopologySpec:
     known = {f.name for f in fields(TopologySpec)}
     for key in raw:
         if key not in known:
-            raise ConfigError(f"topology.{key}", raw[key], f"unknown field; valid: {', '.join(sorted(known))}")
+            raise ConfigError(f"topology.{key_text(key)}", raw[key], f"unknown field; valid: {', '.join(sorted(known))}")
     raw.setdefault("name", stem)
     return check_spec(TopologySpec(**raw), "topology.")
 

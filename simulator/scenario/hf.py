@@ -17,7 +17,7 @@ import math
 import os
 from pathlib import Path
 
-from simulator.common.errors import ConfigError
+from simulator.common.errors import ConfigError, key_text
 from simulator.common.yamlfile import read_text_file
 from simulator.parts.models import catalog_config
 from simulator.scenario.config import ModelConfig
@@ -59,7 +59,7 @@ def model_section(raw: dict, base: Path) -> ModelConfig:
     first, the fields written beside them over theirs)."""
     for key in raw:
         if key not in model_keys():
-            raise ConfigError(f"model.{key}", raw[key], f"unknown key; valid: {', '.join(model_keys())}")
+            raise ConfigError(f"model.{key_text(key)}", raw[key], f"unknown key; valid: {', '.join(model_keys())}")
     merged: dict = {}
     if raw.get(HF_ID) is not None:
         merged.update(_hf_dict_fields(catalog_config(Text().check("model.hf_id", raw[HF_ID]))))

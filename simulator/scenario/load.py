@@ -27,7 +27,7 @@ from dataclasses import fields, is_dataclass
 from pathlib import Path
 
 from simulator.common import limits, resources
-from simulator.common.errors import ConfigError
+from simulator.common.errors import ConfigError, key_text
 from simulator.common.yamlfile import load_yaml_file, too_long, yaml_value
 from simulator.parts.frameworks import framework_names
 from simulator.parts.topology import load_topology
@@ -192,7 +192,7 @@ def scenario_from_dict(d: dict, overrides: Iterable[str] = (), *, base_dir: str 
     known = (*TOP_LEVEL_SCALARS, *SECTIONS, FAULTS, *ANNOTATIONS)
     for key in d:
         if key not in known:
-            raise _unknown(str(key), d[key], known)
+            raise _unknown(key_text(key), d[key], known)
     base = Path(base_dir) if base_dir is not None else Path(".")
     sections = {}
     for name in SECTIONS:
