@@ -20,6 +20,11 @@ from simulator.common.progress import add_progress_flags, progress_from_args
 TOLERANCE_HELP_DEFAULT = "0%"
 
 
+def _help_text(text: str) -> str:
+    """``text`` as argparse prints it: help strings are %-format templates, so a literal % is doubled."""
+    return text.replace("%", "%%")
+
+
 class _Parser(argparse.ArgumentParser):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -45,12 +50,15 @@ def _collective(args) -> int:
         raise ConfigError("--gpus", args.gpus, "a collective needs at least 2 GPUs")
     if args.gpus > limits.NUM_GPUS.maximum:
         raise ConfigError("--gpus", args.gpus, f"must be {limits.NUM_GPUS.describe()}")
+    _check_cluster_flags(args)
+    sizes = [units.parse_size(s, "--sizes") for s in args.sizes.split(",") if s.strip()]
+    if not sizes:
+        raise ConfigError("--sizes", args.sizes, "give at least one size, e.g. 1MiB,1GiB")
     spec = load_topology(args.cluster)
     num_nodes = math.ceil(args.gpus / spec.gpus_per_node)
     cluster = build_cluster(spec, num_nodes, network_bandwidth_Gbps=args.network_bandwidth_Gbps,
                             nvlink_bandwidth_GBps=args.nvlink_bandwidth_GBps,
                             oversubscription=args.oversubscription)
-    sizes = [units.parse_size(s, "--sizes") for s in args.sizes.split(",") if s.strip()]
     ranks = list(range(args.gpus))
     if args.op == "send_recv":
         ranks = [0, args.gpus - 1]
@@ -73,6 +81,24 @@ def _collective(args) -> int:
         print(f"{units.format_size(r['size_bytes']):>12} {r['size_bytes']:>14d} {r['time_s'] * 1e6:>12.2f} "
               f"{r['algbw_GBps']:>11.2f} {r['busbw_GBps']:>11.2f}")
     return 0
+
+
+def _check_cluster_flags(args) -> None:
+    """collective's overrides of the topology, within the bounds of the scenario keys they stand for."""
+    from simulator.common.schema import keys_of
+    from simulator.scenario.config import ClusterConfig
+
+    declared = keys_of(ClusterConfig)
+    for flag, name in (("--network-bandwidth-Gbps", "network_bandwidth_Gbps"),
+                       ("--nvlink-bandwidth-GBps", "nvlink_bandwidth_GBps"), ("--oversubscription", "oversubscription")):
+        value, kind = getattr(args, name), declared[name].kind
+        if value is None:
+            continue
+        low = value >= kind.minimum if kind.inclusive else value > kind.minimum
+        if not (math.isfinite(value) and low and value <= kind.limit.maximum):
+            bound = f">= {kind.minimum:g}" if kind.inclusive else f"> {kind.minimum:g}"
+            raise ConfigError(flag, value, f"must be a number {bound} and {kind.limit.describe()}; "
+                                           "leave it out for the topology's")
 
 
 def _load(args):
@@ -214,9 +240,10 @@ def _point_text(point: dict) -> str:
 
 
 def _whatif(args) -> int:
-    from simulator.studies.whatif import format_whatif, whatif, write_whatif
+    from simulator.studies.whatif import check_factor, format_whatif, whatif, write_whatif
 
     _check_workers(args)
+    check_factor(args.factor)
     if args.out:
         check_output_folder(args.out, "--out")
     s, _ = _load(args)
@@ -265,13 +292,13 @@ def _report(args) -> int:
     from simulator.common.files import atomic_write, atomic_write_text
     from simulator.reports.memo import memo_html, memo_markdown
     from simulator.studies.designdoc import gather
+    from simulator.studies.whatif import check_factor
 
     check_output_path(args.out, "--out", (".html", ".htm"))
     if args.md:
         check_output_path(args.md, "--md", (".md",))
     _check_workers(args)
-    if not args.factor > 1:
-        raise ConfigError("--factor", args.factor, "must be a number > 1 (2 means 2x faster and 2x slower)")
+    check_factor(args.factor)
     _load(args)
     t0 = time.perf_counter()
     with progress_from_args(args, "report") as bar:
@@ -428,7 +455,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "what the exact Pareto front needs (slower)")
     pl.add_argument("--tolerance", default=None, metavar="T",
                     help="prune a layout unless it could beat the shown one at its rank (or on the Pareto front) by "
-                         f"more than T, a fraction or a percentage: 0 is exact (default {TOLERANCE_HELP_DEFAULT})")
+                         f"more than T, a fraction or a percentage: 0 is exact (default {_help_text(TOLERANCE_HELP_DEFAULT)})")
     pl.add_argument("--validate", action="store_true",
                     help="SCENARIO is a public-runs file: plan every run and compare with its published layout")
     add_progress_flags(pl)

@@ -32,7 +32,9 @@ def test_collective_table_is_printed(capsys):
     (["collective", "--op", "allreduce"], "--op"),
     (["collective", "--cluster", "nope"], "cluster.topology"),
     (["collective", "--gpus", "1"], "--gpus"),
-    (["collective", "--network-bandwidth-Gbps", "-4"], "cluster.network_bandwidth_Gbps"),
+    (["collective", "--network-bandwidth-Gbps", "-4"], "--network-bandwidth-Gbps"),
+    (["collective", "--oversubscription", "nan"], "--oversubscription"),
+    (["collective", "--sizes", ",,"], "--sizes"),
 ])
 def test_bad_input_is_one_line_naming_the_field_and_exit_2(argv, field):
     proc = subprocess.run([sys.executable, "-m", "simulator", *argv], capture_output=True, text=True)
@@ -60,3 +62,28 @@ def test_plan_help_shows_the_planners_default_tolerance():
     from simulator.studies.planner import DEFAULT_TOLERANCE
 
     assert TOLERANCE_HELP_DEFAULT == f"{DEFAULT_TOLERANCE * 100:g}%"
+
+
+def _every_parser(parser, path=("stepsim",)):
+    """(command words, parser) of the parser and of every subcommand under it, found by walking argparse."""
+    import argparse
+
+    yield path, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _every_parser(sub, (*path, name))
+
+
+def test_every_help_renders(capsys):
+    """Help strings are %-templates to argparse: a stray % crashed `stepsim plan --help`."""
+    from simulator.cli import build_parser
+
+    found = list(_every_parser(build_parser()))
+    assert len(found) > 10  # the walk reached the subcommands
+    for words, _ in found:
+        with pytest.raises(SystemExit) as stop:
+            main([*words[1:], "--help"])
+        assert stop.value.code == 0, words
+        out = capsys.readouterr().out
+        assert out.startswith(f"usage: {' '.join(words)}"), (words, out[:200])

@@ -1,15 +1,20 @@
-"""Property-based fuzz of the command line (hypothesis), run in-process so thousands of inputs fit in CI.
+"""Property-based fuzz of the command line (hypothesis), in one process so thousands of inputs fit in CI.
 
 Every generated command must end in one of two ways: exit 0 with a sane report on stdout, or
 exit 2 with exactly one line on stderr naming a field. Never a traceback, never a hang (each
-example runs under a SIGALRM deadline), and never silent acceptance: a scenario value outside
+example runs under a deadline), and never silent acceptance: a scenario value outside
 its documented domain (type, range, ``simulator.common.limits``) that exits 0 fails the test, checked
-by an oracle written independently of ``scenario.py``. Runs are derandomized, so CI sees the
-same inputs every time; the counts of each outcome are printed (``pytest -s``).
+by an oracle written independently of ``scenario.py``. The first tests run in this process under
+SIGALRM; the last ones, over every option of every command and over ``--set`` values as YAML, run
+in the child of ``tests/sandbox.py``, which also measures each case's peak memory against a budget
+and survives a case that hangs. Runs are derandomized, so CI sees the same inputs every time; the
+counts of each outcome are printed (``pytest -s``).
 """
 
+import argparse
 import contextlib
 import io
+import itertools
 import json
 import math
 import signal
@@ -18,10 +23,13 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import sandbox
 from simulator import cli
+from simulator.cli import build_parser
 from simulator.common import limits
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -214,54 +222,6 @@ words = st.one_of(st.integers(-10**12, 10**12).map(str), st.sampled_from(
      "hierarchical", "all_reduce", "send_recv", "all_to_all", "dgx-a100", "nope", "1:2", "0-3", "a:b", "1,2,3"]))
 
 
-def flag_argv(command, flag, word):
-    base = {"collective": ["collective", "--sizes", "1MiB"], "run": ["run", TINY],
-            "whatif": ["whatif", TINY, "--workers", "1"],
-            "sweep": ["sweep", TINY, "--vary", "parallelism.tp=1,2", "--out", "{out}"],
-            "validate": ["validate", str(ROOT / "tests" / "data" / "nemo-2407-runs.yaml"), "--workers", "1"]}[command]
-    return [*base, flag, word]
-
-
-FLAGS = {"collective": ["--gpus", "--sizes", "--op", "--algorithm", "--cluster", "--network-bandwidth-Gbps",
-                        "--nvlink-bandwidth-GBps", "--oversubscription"],
-         "run": ["--algorithm", "--stages", "--window"],
-         "whatif": ["--factor", "--workers"], "sweep": ["--workers", "--vary", "--executor"],
-         "validate": ["--workers"]}
-
-
-def test_fuzz_flags_in_process():
-    """Flag values of collective, run, whatif, sweep and validate: expensive valid runs are skipped, the
-    rest must be exit 0 or one line."""
-    tmp = Path(tempfile.mkdtemp(prefix="stepsim-fuzz-"))
-    pairs = st.sampled_from([(c, f) for c, fs in FLAGS.items() for f in fs])
-
-    @settings(FUZZ, max_examples=600)
-    @given(pairs, words)
-    def one(pair, word):
-        command, flag = pair
-        if command == "collective" and flag == "--gpus" and word.lstrip("-").isdigit() and 2 <= int(word) <= 131072:
-            word = str(min(int(word), 64))  # a real but quick collective
-        if command in ("whatif", "sweep", "validate") and word.lstrip("-").isdigit() and int(word) >= 1:
-            return  # a valid worker count runs the whole study: covered by tests/test_sweep.py
-        if command == "whatif" and flag == "--factor":
-            try:
-                if 1 < float(word) <= 1000:
-                    return
-            except ValueError:
-                pass
-        if command == "sweep" and flag == "--vary" and "=" not in word:
-            pass
-        argv = [a.replace("{out}", str(tmp / "sweep")) for a in flag_argv(command, flag, word)]
-        if command == "run" and flag in ("--stages", "--window"):
-            argv += ["--timeline", str(tmp / "t.png")]
-        status, out, err = invoke(argv)
-        check_outcome(argv, status, out, err, f"flags {command}")
-        if status == 0 and command == "collective" and flag == "--gpus":
-            assert 2 <= int(word) <= 131072
-    one()
-    print(f"\nfuzz flags: {dict(sorted((k, v) for k, v in COUNTS.items() if k.startswith('flags')))}")
-
-
 def test_fuzz_output_paths_in_process():
     """Output paths of run --trace/--timeline, validate --plot, sweep/whatif --out: checked before any work."""
     tmp = Path(tempfile.mkdtemp(prefix="stepsim-fuzz-"))
@@ -299,3 +259,136 @@ def test_fuzz_output_paths_in_process():
             assert written.suffix.lower() in ((".json",) if flag == "--trace" else (".png", ".svg", ".pdf"))
     one()
     print(f"\nfuzz output paths: {dict(sorted((k, v) for k, v in COUNTS.items() if k.startswith('paths')))}")
+
+
+# --- every option of every command, in a sandbox with a time and a memory budget -----------------
+
+OPTION_TIMEOUT_S = 300  # a hang, not a speed measure: the slowest valid case (plan, 8 workers) takes seconds
+OPTION_MEMORY = 256 * sandbox.MiB  # peak resident growth of one case; the largest seen is 40 MiB (a sweep)
+LAUGHS = "[" + ", ".join(["&l0 [" + ",".join(["lol"] * 9) + "]"] +
+                         [f"&l{i} [" + ",".join([f"*l{i - 1}"] * 9) + "]" for i in range(1, 9)]) + "]"
+
+odd_words = st.one_of(
+    words,
+    st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=24),
+    st.sampled_from(["1e400", "-1e400", "-0", "0x10", "1_000", "1%", "50%", "101%", "-1%", "%", "%%", "50%%",
+                     "٣", "８", "１MiB", "1 MiB", "1.5GiB", "1e3MiB", "0.0000001", "9" * 5000, str(10**30), "-",
+                     "--", "=", "a=b", "tp=1,2", "tp=", "=1", "parallelism.tp=1,2", "parallelism.tp=", "tp=4,4",
+                     "micro_batch_size=0", "zero_stage=9", "recompute=sometimes", "&a [*a]", "*a", LAUGHS,
+                     "tp=" + LAUGHS, "parallelism.tp=" + LAUGHS, ",".join(["1"] * 300), "0-1", "1-0", "0:1e-9",
+                     ":", "::", "0:", ":0", "inf:", "nan", "1:nan", "x.png", "x.json", "x.html", "x.md", "x.yaml",
+                     "sub/x.png", "/dev/null", "/dev/zero", "/proc/1/x.png", ".", "..", "/", "é.png",
+                     "process", "step_time", "tokens_per_s_per_gpu", "exact", "simulated", "auto", "ring",
+                     "nvls", "sharp", "hierarchical", "dgx-h100", "gb200-nvl72", "localhost:6379", "ray://x:1"]),
+    st.lists(st.sampled_from(["1", "2", "8", "0", "-1", "x", "1MiB", "nan", "", " "]), min_size=2, max_size=6)
+    .map(",".join),
+)
+
+
+def value_options() -> list[tuple[str, str]]:
+    """(command, option) for every option of every subcommand that takes a value, from the parser."""
+    found = []
+    for action in build_parser()._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for command, sub in action.choices.items():
+                for opt in sub._actions:
+                    if opt.option_strings and opt.nargs is None and opt.const is None and \
+                            not isinstance(opt, (argparse._HelpAction, argparse._VersionAction)):
+                        found.append((command, opt.option_strings[0]))
+    return found
+
+
+def option_argv(command: str, option: str, word: str, folder: Path, n: int) -> list[str] | None:
+    """A cheap command line around ``option word``; None for a case that would start a costly study."""
+    runs = folder / "runs.yaml"  # one case, of a GPU no catalog has: read, checked, then "none ran"
+    audited = folder / "audited.yaml"
+    narrow = ["--space", "tp=1,2", "--space", "pp=1", "--space", "cp=1", "--space", "micro_batch_size=1",
+              "--space", "recompute=none", "--space", "zero_stage=1", "--space", "schedule=1f1b"]
+    if option == "--executor" and word == "ray":
+        return None  # a local Ray cluster per case: tests/test_sweep.py runs one
+    if option == "--set" and command not in ("run", "memory"):
+        return None  # the same apply_overrides as run and memory, and the stop below relies on the base's --set
+    if command == "collective" and option == "--gpus" and word.isascii() and word.isdigit() and len(word) < 8 \
+            and 64 < int(word) <= limits.NUM_GPUS.maximum:
+        word = "64"  # a real but quick collective
+    if command == "plan" and option == "--space":
+        axis = word.partition("=")[0].strip()
+        narrow = [a for pair in zip(narrow[::2], narrow[1::2]) if not pair[1].startswith(f"{axis}=") for a in pair]
+    base = {"collective": ["collective", "--sizes", "1MiB", "--gpus", "8"],
+            "run": ["run", TINY],
+            "memory": ["memory", TINY],
+            "validate": ["validate", str(runs), "--workers", "1", "--quiet"],
+            "plan": ["plan", TINY, "--workers", "1", "--quiet", *narrow],
+            "report": ["report", TINY, "--out", str(folder / "memo.html"), "--set", "parallelism.tp=3"],
+            "audit": ["audit", str(audited)],
+            "sweep": ["sweep", TINY, "--vary", "parallelism.tp=1,2", "--out", str(folder / f"sweep{n}"), "--workers",
+                      "1", "--quiet"],
+            "whatif": ["whatif", TINY, "--workers", "1", "--set", "parallelism.tp=3", "--quiet"]}[command]
+    if command == "run" and option in ("--stages", "--window"):
+        base = [*base, "--timeline", str(folder / "t.png")]
+    return [*base, option, word]
+
+
+def test_fuzz_every_option_of_every_command_in_a_sandbox(tmp_path):
+    """Every option that takes a value, of every command (walked from the parser), given odd words: exit
+    0 or one line with exit 2, within the time and memory budget of each case (tests/sandbox.py)."""
+    options = value_options()
+    assert len(options) > 30 and ("plan", "--tolerance") in options and ("run", "--window") in options
+    (tmp_path / "runs.yaml").write_text(yaml.safe_dump({"cases": [{
+        "id": "c", "model": {"hf_id": "meta-llama/Llama-3.1-8B", "seq_len": 2048, "layers": 32},
+        "hardware": {"gpu": "H999", "count": 8}, "parallelism": {"tp": 1, "pp": 1, "gbs": 8},
+        "measured": {"step_time_s": 1.0}}]}))
+    (tmp_path / "audited.yaml").write_text(Path(TINY).read_text() + "claims:\n  step_time_s: 0.01\n")
+    box = sandbox.Sandbox(cwd=str(tmp_path))
+    counter = itertools.count()
+    peaks: Counter = Counter()
+    try:
+        @settings(FUZZ, max_examples=700)
+        @given(st.sampled_from(options), odd_words)
+        def one(pair, word):
+            command, option = pair
+            argv = option_argv(command, option, word, tmp_path, next(counter))
+            if argv is None:
+                return
+            out = box.call(sandbox.cli, argv, timeout_s=OPTION_TIMEOUT_S)
+            assert out.kind == "ok", (argv, out.kind, out.value, out.trace)
+            status, stdout, stderr = out.value
+            check_outcome(argv, status, stdout, stderr, f"options {command}")
+            if status == 0 and command == "collective" and option == "--gpus":
+                assert 2 <= int(argv[-1]) <= 131072
+            assert out.peak_bytes < OPTION_MEMORY, (argv, out.peak_bytes)
+            peaks[command] = max(peaks[command], out.peak_bytes)
+        one()
+    finally:
+        box.close()
+    print(f"\nfuzz options: {dict(sorted((k, v) for k, v in COUNTS.items() if k.startswith('options')))}")
+    print(f"peak MiB per command: { {k: round(v / sandbox.MiB) for k, v in sorted(peaks.items())} }")
+
+
+yaml_values = st.one_of(
+    st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=40),
+    st.lists(st.sampled_from(list("&*[]{}:,-?!|>'\"# ") + ["&a", "*a", "<<", "1", "x", "null", "1e400",
+                                                           "9" * 5000, "2024-02-30"]), max_size=30).map("".join),
+    st.sampled_from([LAUGHS, "&a [*a]", "[" * 200 + "]" * 200, "{a: &x 1, b: *x}", "!!binary aGk=",
+                     "!!python/object:os.system x", "2024-02-30", "9" * 5000, "[1, 2]", "{}", "~"]),
+)
+
+
+def test_fuzz_set_values_as_yaml_in_a_sandbox(tmp_path):
+    """--set KEY=VALUE reads VALUE as YAML through the bounded loader: anchors, aliases, deep nesting,
+    tags and numbers Python cannot read are a value or one line, never a hang or a traceback."""
+    box = sandbox.Sandbox(cwd=str(tmp_path))
+    try:
+        @settings(FUZZ, max_examples=300)
+        @given(st.sampled_from(KEYS + ["name", "model", "faults.stragglers", "model.layer_types"]), yaml_values)
+        def one(key, value):
+            argv = ["memory", TINY, "--set", f"{key}={value}"]
+            out = box.call(sandbox.cli, argv, timeout_s=OPTION_TIMEOUT_S)
+            assert out.kind == "ok", (argv, out.kind, out.value, out.trace)
+            check_outcome(argv, *out.value, "set values")
+            assert len(out.value[2]) < 2000, (argv, "an error line past 2,000 characters")
+            assert out.peak_bytes < OPTION_MEMORY, (argv, out.peak_bytes)
+        one()
+    finally:
+        box.close()
+    print(f"\nfuzz set values: {dict(sorted((k, v) for k, v in COUNTS.items() if k.startswith('set values')))}")

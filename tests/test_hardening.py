@@ -136,6 +136,14 @@ def test_an_existing_result_file_is_overwritten_but_a_read_only_one_is_refused(t
     (["run", TINY, "--stages", "0"], "--stages"),
     (["run", TINY, "--timeline", "x.png", "--stages", "0,9"], "--stages"),
     (["run", TINY, "--timeline", "x.png", "--window", "a:b"], "--window"),
+    (["collective", "--network-bandwidth-Gbps", "inf"], "--network-bandwidth-Gbps"),  # was accepted
+    (["report", TINY, "--out", "m.html", "--factor", "1e300"], "--factor"),
+    (["memory", "x" * 5000], "scenario"),                                 # an OSError traceback
+    (["validate", "x" * 300], "runs"),
+    (["diff", "x" * 300 + ".json", "b.json"], "a"),
+    (["memory", ""], "scenario"),                                         # said '' "is a folder"
+    (["sweep", TINY, "--vary", "parallelism.tp=" + ",".join(map(str, range(1, 400))),
+      "--vary", "training.micro_batch_size=" + ",".join(map(str, range(1, 400)))], "--vary"),  # 159,201 points
 ])
 def test_meaningless_or_absurd_flags_are_one_line_errors(argv, field, capsys, no_simulation):
     one_line_error(*run_cli(argv, capsys=capsys)[::2], field)
@@ -335,6 +343,7 @@ GOOD_CASE = {"id": "c", "model": {"hf_id": "meta-llama/Llama-3.1-8B", "seq_len":
     ({"cases": [{**GOOD_CASE, "parallelism": {"tp": 1, "pp": 1, "gbs": 8, "mbs": "abc"}}]},
      "cases[c].parallelism.mbs"),
     ({"cases": [{**GOOD_CASE, "hardware": {"gpu": "H999", "count": 8}}]}, "runs"),  # every case fails to run
+    ({"cases": []}, "runs"),                                              # nothing to validate: was exit 0
 ])
 def test_a_malformed_runs_file_is_one_line_for_validate_and_plan(tmp_path, capsys, doc, field):
     """validate and plan --validate read a runs file through the same check (``validate.load_cases``):
@@ -349,6 +358,65 @@ def test_a_malformed_runs_file_is_one_line_for_validate_and_plan(tmp_path, capsy
         assert "nothing to score: 1 could not be simulated" in out
     status, _, err = run_cli(["plan", str(path), "--validate"], capsys=capsys)
     one_line_error(status, err, field)
+
+
+def test_the_pre_simulation_window_check_names_no_step_length(capsys):
+    """Before the simulation the step's length is unknown: the message said "inside the step of inf s"."""
+    status, _, err = run_cli(["run", TINY, "--timeline", "x.png", "--window", "1:0"], capsys=capsys)
+    one_line_error(status, err, "--window")
+    assert err.rstrip().endswith("needs 0 <= t0 < t1")
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("network_bandwidth_Gbps", ".nan", "must be a positive number"),          # accepted, then a link error
+    ("nvlink_bandwidth_GBps", ".inf", "must be a positive number"),           # accepted
+    ("oversubscription", ".nan", "must be a ratio >= 1"),
+    ("gpus_per_node", "100000000", "at most 1,024"),                         # ran without end
+    ("nodes_per_leaf", "1000000000000", "at most 131,072"),                  # a 116 TiB numpy array
+])
+def test_a_topology_file_is_bounded_like_the_scenario_keys_it_stands_for(tmp_path, capsys, key, value, message):
+    text = (ROOT / "simulator" / "data" / "topologies" / "dgx-h100.yaml").read_text()
+    topo = tmp_path / "topo.yaml"
+    topo.write_text(re.sub(rf"^{key}:.*$", f"{key}: {value}", text, flags=re.M))
+    status, _, err = run_cli(["collective", "--cluster", str(topo), "--sizes", "1MiB"], capsys=capsys)
+    one_line_error(status, err, f"topology.{key}")
+    assert message in err
+
+
+def test_a_topology_that_is_a_pipe_or_device_is_named_not_taken_for_a_missing_name(tmp_path, capsys):
+    fifo = tmp_path / "topo"
+    os.mkfifo(fifo)
+    for path, what in ((fifo, "is a named pipe (FIFO)"), ("/dev/zero", "is a character device")):
+        status, _, err = run_cli(["memory", TINY, "--set", f"cluster.topology={path}"], capsys=capsys)
+        one_line_error(status, err, "cluster.topology")
+        assert what in err
+
+
+def test_keys_are_named_as_yaml_writes_them_and_errors_stay_on_one_line(tmp_path, capsys):
+    """`~: 2` was reported as parallelism.None and `yes: 2` as parallelism.True; a key holding a
+    newline split the error over two lines."""
+    text = Path(TINY).read_text()
+    for written, shown in (("~", "parallelism.null"), ("yes", "parallelism.true"), ('"t\\np"', "parallelism.t\\np")):
+        path = tmp_path / "keys.yaml"
+        path.write_text(text.replace("  tp: 2\n", f"  tp: 2\n  {written}: 2\n"))
+        one_line_error(*run_cli(["memory", str(path)], capsys=capsys)[::2], shown)
+    one_line_error(*run_cli(["memory", TINY, "--set", "parallel\nism.tp=2"], capsys=capsys)[::2], "parallel\\nism.tp")
+
+
+@pytest.mark.parametrize("name", ["a\nb", "\x1b[31mred", "a\tb"])
+def test_names_with_control_characters_are_refused(name, capsys):
+    """A newline or an escape sequence in the name broke or recoloured the report's lines."""
+    status, _, err = run_cli(["memory", TINY, "--set", f"name={json.dumps(name)}"], capsys=capsys)
+    one_line_error(status, err, "name")
+    assert "without control characters" in err
+
+
+def test_an_empty_scenario_file_says_it_is_empty(tmp_path, capsys):
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("# nothing yet\n")
+    status, _, err = run_cli(["memory", str(empty)], capsys=capsys)
+    one_line_error(status, err, "scenario")
+    assert "is empty" in err
 
 
 def test_a_runs_path_that_is_a_folder_says_so(tmp_path, capsys):

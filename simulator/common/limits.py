@@ -37,6 +37,8 @@ NUM_GPUS = Limit(2**17, "GPUs; above the largest training clusters built, about 
 GPUS_PER_NODE = Limit(1024, "GPUs per node; the largest announced NVLink domain is 576")
 NVLINK_GBPS = Limit(10**5, "GB/s per direction; 50x NVLink 5's 900")
 NETWORK_GBPS = Limit(10**6, "Gb/s per NIC; 600x today's 1.6 Tb/s NICs")
+FABRIC_FANOUT = Limit(2**17, "nodes per leaf or leaves per pod; a fabric has no more ports than the largest "
+                             "cluster has GPUs")
 OVERSUBSCRIPTION = Limit(1024, "a fabric ratio; real ones are 1 to 8")
 GPU_MEMORY_GIB = Limit(2**16, "GiB per GPU; 200x B200's 192 GB")
 GPU_PEAK_TFLOPS = Limit(10**6, "TFLOP/s per GPU; 200x B200's dense FP8 peak")
@@ -51,3 +53,6 @@ MICROBATCHES = Limit(2**14, "micro-batches per pipeline per step (global batch /
 
 # Collective sizes: 1 PiB is beyond the memory of any GPU node.
 MESSAGE_BYTES = Limit(2**50, "bytes, 1 PiB: beyond any node's memory")
+
+# Studies: a sweep runs one simulation per point of the cartesian product of its --vary values.
+SWEEP_POINTS = Limit(2**17, "points; a day of the fastest scenario's simulations on one core")

@@ -19,11 +19,12 @@ the same declarations and is itself checked against the 2020-12 meta-schema by t
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from dataclasses import MISSING, Field, dataclass, field, fields
 from typing import Any
 
-from simulator.common.errors import ConfigError
+from simulator.common.errors import ConfigError, key_text
 from simulator.common.limits import Limit
 
 
@@ -191,9 +192,14 @@ class Flag(Kind):
         return "true or false" + (", or null" if self.optional else "")
 
 
+_CONTROL_FREE = "^[^\\u0000-\\u001f\\u007f-\\u009f]*$"  # JSON Schema (ECMA 262) spelling of the check below
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+
+
 @dataclass(frozen=True)
 class Text(Kind):
-    """A non-empty string; null too when ``optional``."""
+    """A non-empty string without control characters (names and paths: a newline or an escape
+    sequence in one would break or recolour the lines of a report); null too when ``optional``."""
 
     optional: bool = False
 
@@ -202,10 +208,12 @@ class Text(Kind):
             return None
         if not isinstance(value, str) or not value.strip():
             raise ConfigError(name, value, "must be a non-empty string")
+        if _CONTROL.search(value):
+            raise ConfigError(name, value, "must be text without control characters (a newline, tab or escape)")
         return value
 
     def json(self) -> dict:
-        return _nullable({"type": "string", "minLength": 1}, self.optional)
+        return _nullable({"type": "string", "minLength": 1, "pattern": _CONTROL_FREE}, self.optional)
 
     def describe(self) -> str:
         return "text" + (", or null" if self.optional else "")
@@ -335,7 +343,8 @@ def check_section(section: str, raw: dict, cls: type):
     declared = keys_of(cls)
     for name in raw:
         if name not in declared:
-            raise ConfigError(f"{section}.{name}", raw[name], f"unknown key; valid: {', '.join(sorted(declared))}")
+            raise ConfigError(f"{section}.{key_text(name)}", raw[name],
+                              f"unknown key; valid: {', '.join(sorted(declared))}")
     values = {}
     for f in fields(cls):
         if f.name in raw:

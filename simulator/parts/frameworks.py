@@ -14,12 +14,10 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
-import yaml
-
 from simulator.common import limits, resources
 from simulator.common.errors import ConfigError
 from simulator.common.schema import Choice, Flag, Number, Whole
-from simulator.common.yamlfile import load_yaml_file
+from simulator.common.yamlfile import load_yaml_file, load_yaml_text
 
 
 FP8_RECIPES = ("delayed", "tensorwise", "rowwise", "blockwise", "mxfp8")
@@ -138,8 +136,8 @@ def load_profile(name: str) -> dict:
             raise ConfigError("framework", name, f"no shipped profile of that name ({', '.join(names)}): give the path "
                                                  "of a profile YAML (docs/extending.md), or leave framework out for "
                                                  "the generic profile")
-        raw = yaml.safe_load(resources.entry("frameworks", name).read_text())
         where = f"{name}.yaml"
+        raw = load_yaml_text(resources.entry("frameworks", name).read_text(), "framework", where)
     if not isinstance(raw, dict):
         raise ConfigError("framework", where, "must be a YAML mapping of profile sections (docs/extending.md)")
     for section in raw:

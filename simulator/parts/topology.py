@@ -32,12 +32,13 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
-from simulator.common import resources
-from simulator.common.errors import ConfigError
-from simulator.common.yamlfile import load_yaml_text
+from simulator.common import limits, resources
+from simulator.common.errors import ConfigError, key_text
+from simulator.common.yamlfile import load_yaml_text, read_text_file
 from simulator.parts.gpus import get_gpu
 
 
@@ -81,31 +82,46 @@ _POSITIVE_FIELDS = (
 
 
 _NONNEGATIVE_FIELDS = ("nvlink_latency_us", "pcie_latency_us", "nic_latency_us", "switch_latency_us")
+# the bounds of the scenario keys that override these fields, and of the cluster a node count can
+# reach: past them a topology file built graphs of 10^12 links or ran without end
+_MAXIMA = {"gpus_per_node": limits.GPUS_PER_NODE, "nics_per_node": limits.GPUS_PER_NODE,
+           "nodes_per_leaf": limits.FABRIC_FANOUT, "leaves_per_pod": limits.FABRIC_FANOUT,
+           "nvlink_bandwidth_GBps": limits.NVLINK_GBPS, "pcie_bandwidth_GBps": limits.NVLINK_GBPS,
+           "network_bandwidth_Gbps": limits.NETWORK_GBPS, "fabric_link_bandwidth_Gbps": limits.NETWORK_GBPS,
+           "oversubscription": limits.OVERSUBSCRIPTION, "core_oversubscription": limits.OVERSUBSCRIPTION}
 
+
+
+def _finite(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def check_spec(spec: TopologySpec, where: str) -> TopologySpec:
     for name in _POSITIVE_FIELDS:
         value = getattr(spec, name)
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+        if not _finite(value) or value <= 0:
             raise ConfigError(f"{where}{name}", value, "must be a positive number")
     for name in _NONNEGATIVE_FIELDS:
         value = getattr(spec, name)
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
+        if not _finite(value) or value < 0:
             raise ConfigError(f"{where}{name}", value, "must be a number >= 0")
     for name in ("oversubscription", "core_oversubscription"):
         value = getattr(spec, name)
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 1:
+        if not _finite(value) or value < 1:
             raise ConfigError(f"{where}{name}", value, "must be a ratio >= 1 (1 = full bisection)")
     for name in ("nvls", "sharp", "rail_optimized"):
         if not isinstance(getattr(spec, name), bool):
             raise ConfigError(f"{where}{name}", getattr(spec, name), "must be true or false")
     fab = spec.fabric_link_bandwidth_Gbps
-    if fab is not None and (not isinstance(fab, (int, float)) or fab <= 0):
+    if fab is not None and (not _finite(fab) or fab <= 0):
         raise ConfigError(f"{where}fabric_link_bandwidth_Gbps", fab, "must be a positive number or null")
     for name in ("gpus_per_node", "nics_per_node", "nodes_per_leaf", "leaves_per_pod"):
         if int(getattr(spec, name)) != getattr(spec, name):
             raise ConfigError(f"{where}{name}", getattr(spec, name), "must be a whole number")
+    for name, limit in _MAXIMA.items():
+        value = getattr(spec, name)
+        if value is not None and value > limit.maximum:
+            raise ConfigError(f"{where}{name}", value, f"must be {limit.describe()}")
     if spec.gpus_per_node % spec.nics_per_node:
         raise ConfigError(f"{where}nics_per_node", spec.nics_per_node,
                           f"must divide gpus_per_node ({spec.gpus_per_node})")
@@ -116,12 +132,14 @@ def check_spec(spec: TopologySpec, where: str) -> TopologySpec:
 def load_topology(name_or_path: str) -> TopologySpec:
     """A shipped topology by name (``dgx-h100``) or a YAML file by path."""
     path = Path(name_or_path)
-    if not path.suffix:
-        path = resources.entry("topologies", name_or_path)
-    if not path.is_file():
+    if name_or_path in resources.names("topologies"):
+        shipped = resources.entry("topologies", name_or_path)
+        return _spec_from_text(shipped.read_text(), str(shipped), name_or_path)
+    if not os.path.lexists(path):
         raise ConfigError("cluster.topology", name_or_path,
                           f"valid: a topology file path or one of {', '.join(resources.names('topologies'))}")
-    return _spec_from_text(path.read_text(), str(path), path.name.rsplit(".", 1)[0])
+    # a FIFO, device or folder is named by the reader rather than taken for a missing name
+    return _spec_from_text(read_text_file(path, "cluster.topology"), str(path), path.name.rsplit(".", 1)[0])
 
 
 
@@ -136,7 +154,7 @@ def _spec_from_text(text: str, where: str, stem: str) -> TopologySpec:
     known = {f.name for f in fields(TopologySpec)}
     for key in raw:
         if key not in known:
-            raise ConfigError(f"topology.{key}", raw[key], f"unknown field; valid: {', '.join(sorted(known))}")
+            raise ConfigError(f"topology.{key_text(key)}", raw[key], f"unknown field; valid: {', '.join(sorted(known))}")
     raw.setdefault("name", stem)
     return check_spec(TopologySpec(**raw), "topology.")
 

@@ -91,7 +91,9 @@ def parse_window(text: str, step_time_s: float) -> tuple[float, float]:
         raise ConfigError("--window", text, "expected t0:t1 in seconds, e.g. 0.5:1.25 (either side may be left out)")
     end = min(end, step_time_s)
     if not 0 <= start < end:
-        raise ConfigError("--window", text, f"needs 0 <= t0 < t1, inside the step of {step_time_s:.6g} s")
+        # checked before the simulation too, when the step's length is not known yet
+        inside = f", inside the step of {step_time_s:.6g} s" if math.isfinite(step_time_s) else ""
+        raise ConfigError("--window", text, f"needs 0 <= t0 < t1{inside}")
     return start, end
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
-from simulator.common.errors import ConfigError
+from simulator.common.errors import ConfigError, key_text
 from simulator.parts.topology import effective_spec, load_topology, node_links
 from simulator.scenario.config import LINK_CLASSES, ClusterConfig, Faults, LinkFault, Straggler
 from simulator.common.schema import keys_of, whole
@@ -28,7 +28,7 @@ def _entries(field: str, value: object, shape: str) -> list:
 def _keys(field: str, entry: dict, valid: tuple[str, ...]) -> None:
     for key in entry:
         if key not in valid:
-            raise ConfigError(f"{field}.{key}", entry[key], f"unknown key; valid: {', '.join(valid)}")
+            raise ConfigError(f"{field}.{key_text(key)}", entry[key], f"unknown key; valid: {', '.join(valid)}")
 
 
 def faults_section(raw: object, cluster: ClusterConfig) -> Faults:

@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
-from simulator.common.errors import ConfigError
+from simulator.common.errors import ConfigError, key_text
+from simulator.common.yamlfile import read_text_file
 from simulator.parts.models import catalog_config
 from simulator.scenario.config import ModelConfig
 from simulator.common.schema import Text, check_section, keys_of
@@ -57,7 +59,7 @@ def model_section(raw: dict, base: Path) -> ModelConfig:
     first, the fields written beside them over theirs)."""
     for key in raw:
         if key not in model_keys():
-            raise ConfigError(f"model.{key}", raw[key], f"unknown key; valid: {', '.join(model_keys())}")
+            raise ConfigError(f"model.{key_text(key)}", raw[key], f"unknown key; valid: {', '.join(model_keys())}")
     merged: dict = {}
     if raw.get(HF_ID) is not None:
         merged.update(_hf_dict_fields(catalog_config(Text().check("model.hf_id", raw[HF_ID]))))
@@ -109,14 +111,17 @@ def _hf_fields(path_value: object, base: Path) -> dict:
     path = Path(path_value)
     if not path.is_absolute():
         path = base / path
-    if not path.is_file():
+    if not os.path.lexists(path):
         raise ConfigError("model.hf_config", str(path_value), f"no such file ({path})")
+    text = read_text_file(path, "model.hf_config", "JSON")
     try:
-        hf = json.loads(path.read_text(), object_pairs_hook=_unique_keys)
+        hf = json.loads(text, object_pairs_hook=_unique_keys)
     except _DuplicateJSONKey as err:
         raise ConfigError("model.hf_config", str(path_value), f"duplicate key {err.args[0]!r}; give each key once") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ConfigError("model.hf_config", str(path_value), f"is not valid JSON ({err.__class__.__name__})") from None
+    except json.JSONDecodeError as err:
+        raise ConfigError("model.hf_config", str(path_value), f"is not valid JSON: {err}") from None
+    except RecursionError:
+        raise ConfigError("model.hf_config", str(path_value), "nests too deep to be a model config") from None
     if not isinstance(hf, dict):
         raise ConfigError("model.hf_config", str(path_value), "must be a JSON object of config fields")
     return _hf_dict_fields(hf)

@@ -21,15 +21,14 @@ Cluster fields left out or null (``gpu``, ``gpus_per_node``) come from the topol
 from __future__ import annotations
 
 import copy
+import os
 from collections.abc import Iterable
 from dataclasses import fields, is_dataclass
 from pathlib import Path
 
-import yaml
-
 from simulator.common import limits, resources
-from simulator.common.errors import ConfigError
-from simulator.common.yamlfile import load_yaml_file
+from simulator.common.errors import ConfigError, key_text
+from simulator.common.yamlfile import load_yaml_file, too_long, yaml_value
 from simulator.parts.frameworks import is_profile_path
 from simulator.parts.gpus import GPUFile, read_gpu_file
 from simulator.parts.topology import load_topology
@@ -71,25 +70,31 @@ def _unknown(field: str, value: object, valid: Iterable[str]) -> ConfigError:
 def scenario_path(path: str | Path) -> Path:
     """The file a scenario argument names: a path, or the name of a shipped example scenario
     (``gpt3-175b-1024xa100``, ``simulator/data/scenarios``) when no such file exists."""
+    shipped = ", ".join(resources.names("scenarios"))
+    if not str(path).strip():
+        raise ConfigError("scenario", str(path), f"give a scenario file or a shipped example ({shipped})")
     p = Path(path)
-    try:
-        found = p.is_file()
-    except OSError:
-        found = False
-    if found:
+    if os.path.isfile(p):
         return p
     if str(path) in resources.names("scenarios"):
         return Path(str(resources.entry("scenarios", str(path))))
-    if p.is_dir():
+    if os.path.isdir(p):
         raise ConfigError("scenario", str(path), "is a folder, not a scenario file")
-    raise ConfigError("scenario", str(path), f"no such file, nor a shipped example "
-                                             f"({', '.join(resources.names('scenarios'))})")
+    if os.path.lexists(p):
+        return p  # a pipe, device or symlink loop: reading it names which
+    if too_long(p):
+        raise ConfigError("scenario", f"{str(path)[:60]}...", f"is {len(str(path)):,} characters, longer than a file "
+                                                             "name can be")
+    raise ConfigError("scenario", str(path), f"no such file, nor a shipped example ({shipped})")
 
 
 def read_scenario_file(path: str | Path) -> dict:
     """The raw mapping of a scenario YAML file, or a one-line ConfigError naming the file."""
     p = scenario_path(path)
     raw = load_yaml_file(p, "scenario")
+    if raw is None:
+        raise ConfigError("scenario", str(path), "is empty: a scenario is a YAML mapping of name, model, cluster, "
+                          "training, parallelism and schedule")
     if not isinstance(raw, dict):
         raise ConfigError("scenario", str(path), "must be a YAML mapping of name, model, cluster, "
                           "training, parallelism and schedule")
@@ -128,10 +133,7 @@ def apply_overrides(d: dict, overrides: Iterable[str]) -> dict:
         key = key.strip()
         if not sep or not key:
             raise ConfigError("--set", item, "expected key.path=value, e.g. parallelism.tp=8")
-        try:
-            value = yaml.safe_load(text)
-        except yaml.YAMLError:
-            value = text
+        value = yaml_value(text, key)
         parts = key.split(".")
         head = parts[0]
         if head in TOP_LEVEL_SCALARS:
@@ -191,7 +193,7 @@ def scenario_from_dict(d: dict, overrides: Iterable[str] = (), *, base_dir: str 
     known = (*TOP_LEVEL_SCALARS, *SECTIONS, FAULTS, *ANNOTATIONS)
     for key in d:
         if key not in known:
-            raise _unknown(str(key), d[key], known)
+            raise _unknown(key_text(key), d[key], known)
     base = Path(base_dir) if base_dir is not None else Path(".")
     sections = {}
     for name in SECTIONS:
@@ -242,7 +244,7 @@ def _cluster(raw: dict, base: Path) -> ClusterConfig:
     topology = raw.get("topology", ClusterConfig.topology)
     if isinstance(topology, str) and Path(topology).suffix and not Path(topology).is_absolute():
         candidate = base / topology
-        if candidate.is_file():
+        if os.path.isfile(candidate):
             raw["topology"] = str(candidate)
     for key in ("gpu", "gpus_per_node"):  # null, like leaving it out: the topology's
         if key in raw and raw[key] is None:

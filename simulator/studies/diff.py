@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 from simulator.common.errors import ConfigError
+from simulator.common.yamlfile import read_text_file
 from dataclasses import replace
 from simulator.scenario.load import scenario_to_dict
 from simulator.simulation import run
@@ -66,12 +68,15 @@ def diff_values(a: dict, b: dict, ignore: tuple[str, ...] = VOLATILE) -> dict:
 def load_report(path: str, field: str) -> dict:
     """A ``run --json`` or ``memory --json`` report, or a one-line ConfigError."""
     p = Path(path)
-    if not p.is_file():
+    if not os.path.lexists(p):
         raise ConfigError(field, path, "no such file")
+    text = read_text_file(p, field, "JSON")
     try:
-        data = json.loads(p.read_text())
-    except (ValueError, UnicodeDecodeError) as err:
-        raise ConfigError(field, path, f"is not valid JSON ({err.__class__.__name__})") from None
+        data = json.loads(text)
+    except ValueError as err:
+        raise ConfigError(field, path, f"is not valid JSON: {err}") from None
+    except RecursionError:
+        raise ConfigError(field, path, "nests too deep to be a stepsim report") from None
     if not isinstance(data, dict) or not ({"step_time_s", "stages"} & set(data)):
         raise ConfigError(field, path, "must be the JSON report of stepsim run --json or memory --json")
     return data

@@ -34,6 +34,7 @@ import yaml
 
 from simulator.scenario.config import Scenario
 from simulator.common.errors import ConfigError
+from simulator.common.yamlfile import yaml_value
 from simulator.workload.offload import layer_offload_runs, module_offload_runs
 from simulator.scenario.load import scenario_from_dict, scenario_to_dict
 from simulator.scenario.config import RECOMPUTE, ZERO_STAGES
@@ -247,10 +248,7 @@ def _split(item: str) -> tuple[str, tuple]:
         raise ConfigError("--space", item, "expected axis=v1,v2,..., e.g. tp=4,8")
     values = []
     for part in text.split(","):
-        try:
-            values.append(yaml.safe_load(part.strip()))
-        except yaml.YAMLError:
-            values.append(part.strip())
+        values.append(yaml_value(part.strip(), f"--space {key.strip()}"))
     return key.strip(), tuple(values)
 
 

@@ -32,6 +32,7 @@ import hashlib
 import io
 import itertools
 import json
+import math
 import os
 import sys
 import time
@@ -39,10 +40,10 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
 from simulator.scenario.config import Scenario
+from simulator.common import limits
 from simulator.common.errors import ConfigError
+from simulator.common.yamlfile import yaml_value
 from simulator.reports.report import AXES
 from simulator.scenario.load import apply_overrides, read_scenario_file, scenario_to_dict
 from simulator.common.files import atomic_write_text, remove_stale
@@ -130,7 +131,7 @@ def parse_vary(items: Sequence[str] | Mapping[str, Iterable]) -> Vary:
             key, sep, text = str(item).partition("=")
             if not sep or not key.strip() or not text.strip():
                 raise ConfigError("--vary", item, "expected key.path=v1,v2,..., e.g. parallelism.tp=4,8")
-            pairs.append((key.strip(), tuple(_scalar(t.strip()) for t in text.split(","))))
+            pairs.append((key.strip(), tuple(yaml_value(t.strip(), f"--vary {key.strip()}") for t in text.split(","))))
     if not pairs:
         raise ConfigError("--vary", None, "give at least one key.path=v1,v2,...")
     seen = set()
@@ -140,18 +141,16 @@ def parse_vary(items: Sequence[str] | Mapping[str, Iterable]) -> Vary:
         seen.add(key)
         if not values:
             raise ConfigError(f"--vary {key}", values, "needs at least one value")
-        canon = [_canonical(v) for v in values]
-        for v, c in zip(values, canon):
-            if canon.count(c) > 1:
+        given: set[str] = set()
+        for v in values:
+            if _canonical(v) in given:
                 raise ConfigError(f"--vary {key}", v, "value given twice")
+            given.add(_canonical(v))
+    count = math.prod(len(values) for _, values in pairs)
+    if count > limits.SWEEP_POINTS.maximum:
+        shape = " x ".join(f"{len(values)} {key}" for key, values in pairs)
+        raise ConfigError("--vary", f"{count:,} points ({shape})", f"a sweep may have {limits.SWEEP_POINTS.describe()}")
     return tuple(pairs)
-
-
-def _scalar(text: str) -> object:
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError:
-        return text
 
 
 def _canonical(value: object) -> str:

@@ -123,6 +123,7 @@ the source's own FLOP convention (model or hardware FLOPs) applied to the predic
 from __future__ import annotations
 
 import math
+import os
 import re
 from pathlib import Path
 
@@ -756,13 +757,15 @@ def load_cases(path: str | Path) -> list[dict]:
     naming the first case and field that is wrong. Anything else a case gets wrong is that case's
     row error (``predict``), the rest of the file still runs."""
     p = Path(path)
-    if not p.is_file():
-        what = "is a folder" if p.is_dir() else "no such file"
+    if not os.path.lexists(p) or os.path.isdir(p):
+        what = "is a folder" if os.path.isdir(p) else "no such file"
         raise ConfigError("runs", str(path), f"{what}: give a public-runs YAML file (see shared/validation/public-runs.yaml)")
     data = load_yaml_file(p, "runs")
     cases = data.get("cases") if isinstance(data, dict) else None
     if not isinstance(cases, list):
         raise ConfigError("runs", str(path), "must be a mapping with a 'cases' list")
+    if not cases:
+        raise ConfigError("runs", str(path), "has no cases: its 'cases' list is empty")
     seen: set = set()
     for i, case in enumerate(cases):
         if not isinstance(case, dict) or not isinstance(case.get("id"), (str, int)) or isinstance(case.get("id"), bool):

@@ -53,6 +53,14 @@ FAULT_TARGETS = tuple(FAULT_ROWS)
 MAX_FACTOR = 1000.0  # 1000x any link or GPU is far outside any hardware generation; beyond, times underflow
 
 
+def check_factor(factor: object) -> float:
+    """``--factor`` of whatif and report, or a one-line ConfigError."""
+    if not isinstance(factor, (int, float)) or isinstance(factor, bool) or not 1 < factor <= MAX_FACTOR:
+        raise ConfigError("--factor", factor, f"must be a number > 1 and at most {MAX_FACTOR:g} "
+                          "(2 means 2x faster and 2x slower)")
+    return factor
+
+
 def whatif(scenario, *, sets: Sequence[str] = (), factor: float = 2.0, executor: str = "process",
            workers: int | None = None, address: str | None = None,
            targets: Sequence[str] | None = None, progress=None) -> dict:
@@ -60,9 +68,7 @@ def whatif(scenario, *, sets: Sequence[str] = (), factor: float = 2.0, executor:
 
     ``targets`` limits the rows to some of ``TARGETS`` and ``FAULT_TARGETS`` (default: all of them);
     ``progress.advance(task_id, total)`` is called as each simulation finishes."""
-    if not isinstance(factor, (int, float)) or isinstance(factor, bool) or not 1 < factor <= MAX_FACTOR:
-        raise ConfigError("--factor", factor, f"must be a number > 1 and at most {MAX_FACTOR:g} "
-                          "(2 means 2x faster and 2x slower)")
+    check_factor(factor)
     raw, base_dir, name = base_of(scenario, sets)
     s = scenario_from_dict(raw, base_dir=base_dir, default_name=name)
     validate_plan(s)
