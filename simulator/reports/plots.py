@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
 from simulator.common.files import atomic_write
 
 
@@ -183,25 +185,73 @@ TIMELINE_COLORS = {"forward": "#4C72B0", "backward": "#55A868", "weight_grad": "
                    "cp": "#8C8C8C", "offload": "#B07AA1", "idle": "#F2F2F2"}
 
 
-def plot_timeline(tl, path: str) -> None:
-    """Gantt chart of a :class:`simulator.reports.timeline.Timeline`: one row per stage, micro-batch numbers
-    on the schedule steps wide enough to hold them (as the Megatron-LM schedule figures).
+def _window_text(t0: float, t1: float) -> str:
+    unit, scale = ("ms", 1e3) if t1 - t0 < 1 else ("s", 1.0)
+    return f"{t0 * scale:.4g} to {t1 * scale:.4g} {unit}"
 
-    The figure sizes itself to what it draws: rows get thinner (down to 0.16 in) and stage labels are
-    thinned to at most 32 as stages grow, the width follows the number of schedule steps in the window,
-    and the legend sits above the plot so it never drifts away from a tall chart.
+
+def _dominant_categories(tl, rows, bins: int):
+    """Per row of ``rows`` and per time bin of the whole step, the index (in ``TIMELINE_COLORS``)
+    of the category that covers most of the bin, -1 where nothing does: the overview strip at its
+    own resolution, so a step of a hundred thousand bars draws as fast as one of ten."""
+    cats = list(TIMELINE_COLORS)
+    edges = np.linspace(0.0, tl.step_time_s, bins + 1)
+    cover = np.zeros((len(cats), len(rows), bins))
+    spans: dict = {}
+    for b in tl.bars:
+        spans.setdefault((b.category, b.stage), []).append((b.start, b.end))
+    row_of = {stage: i for i, stage in enumerate(rows)}
+    for (cat, stage), ivs in spans.items():
+        if stage not in row_of or cat not in TIMELINE_COLORS:
+            continue
+        ivs.sort()
+        start = np.array([a for a, _ in ivs])
+        length = np.array([b - a for a, b in ivs])
+        before = np.concatenate(([0.0], np.cumsum(length)))
+        k = np.searchsorted(start, edges, side="right") - 1
+        inside = np.where(k >= 0, np.clip(edges - start[np.maximum(k, 0)], 0.0, length[np.maximum(k, 0)]), 0.0)
+        covered = before[np.maximum(k, 0)] * (k >= 0) + inside
+        cover[cats.index(cat), row_of[stage]] = np.diff(covered)
+    best = cover.argmax(axis=0)
+    return np.where(cover.max(axis=0) > 0, best, -1)
+
+
+def plot_timeline(tl, path: str, overview=None) -> None:
+    """Gantt chart of a :class:`simulator.reports.timeline.Timeline`: one row per stage, micro-batch
+    numbers on the schedule steps wide enough to hold them (as the Megatron-LM schedule figures),
+    and the model chunk under them when stages hold several.
+
+    ``overview`` (``timeline.view``): the whole step on the same rows, drawn as a compact strip above
+    the chart with the chart's window boxed. The figure sizes itself to what it draws: rows get
+    thinner (down to 0.16 in) and stage labels are thinned to at most 32 as stages grow, the width
+    follows the number of schedule steps in the window, and title and legend are placed in inches so
+    they never drift away from a tall chart.
     """
     plt = _pyplot()
-    from matplotlib.patches import Patch
+    from matplotlib.colors import ListedColormap
+    from matplotlib.patches import Patch, Rectangle
+    from matplotlib.ticker import FuncFormatter
 
     rows = tl.rows
     row_of = {stage: i for i, stage in enumerate(rows)}
     n = max(len(rows), 1)
     t0, t1 = tl.span_s
     row_in = 0.42 if n <= 16 else max(0.16, 0.42 * 16 / n)
-    height = max(2.2, row_in * n + 1.6)
     per_stage = len(tl.labels) / n
-    fig, ax = plt.subplots(figsize=(min(40.0 if n <= 16 else 24.0, max(16.0, 0.16 * per_stage)), height))
+    width = min(40.0 if n <= 16 else 24.0, max(10.0, 0.16 * per_stage))
+    windowed = overview is not None or tl.window_s is not None
+    used = [c for c in TIMELINE_COLORS if any(b.category == c for b in (overview or tl).bars)]
+    ncol = len(used) if len(used) <= 8 else -(-len(used) // 2)
+    legend_in = 0.25 * -(-len(used) // max(ncol, 1)) + 0.25
+    left_in, right_in, top_in, bottom_in = 0.95, 0.3, 0.45 + 0.2 * windowed, 0.6 + legend_in
+    main_in = row_in * n
+    over_in = 0.0 if overview is None else min(1.2, max(0.5, 0.07 * n))
+    gap_in = 0.0 if overview is None else 0.75
+    height = top_in + over_in + gap_in + main_in + bottom_in
+    fig = plt.figure(figsize=(width, height))
+    plot_w = (width - left_in - right_in) / width
+    ax = fig.add_axes((left_in / width, bottom_in / height, plot_w, main_in / height))
+
     by_cat: dict = {}
     for b in tl.bars:
         by_cat.setdefault(b.category, []).append(b)
@@ -216,13 +266,17 @@ def plot_timeline(tl, path: str) -> None:
     px_per_s = ax.get_window_extent().width / (t1 - t0)
     row_px = ax.get_window_extent().height / n
     font = max(4.0, min(8.0, row_px * 0.45))
+    two_lines = tl.chunks > 1 and row_px >= 3.4 * font
     if row_px >= 7:
         for lab in tl.labels:
             text = str(lab.microbatch)
-            if (lab.end - lab.start) * px_per_s < font * 0.85 * len(text) + 2:
+            chars = max(len(text), 1 + len(str(lab.chunk))) if two_lines else len(text)
+            if (lab.end - lab.start) * px_per_s < font * 0.85 * chars + 2:
                 continue
+            if two_lines:
+                text += f"\nc{lab.chunk}"
             ax.text((lab.start + lab.end) / 2, row_of[lab.stage], text, ha="center", va="center", fontsize=font,
-                    color="white", fontweight="bold", clip_on=True)
+                    color="white", fontweight="bold", clip_on=True, linespacing=1.0)
     wide = [lab for lab in tl.labels if (lab.end - lab.start) * px_per_s >= 6]
     ax.vlines([lab.start for lab in wide], [row_of[lab.stage] - 0.42 for lab in wide],
               [row_of[lab.stage] + 0.42 for lab in wide], color="white", lw=0.5)
@@ -231,21 +285,53 @@ def plot_timeline(tl, path: str) -> None:
     ax.set_yticks(ticks)
     ax.set_yticklabels([f"stage {rows[i]}" for i in ticks], fontsize=8 if n > 8 else 9)
     if t1 - t0 < 1:
-        from matplotlib.ticker import FuncFormatter
         ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _pos: f"{x * 1e3:g}"))
-        ax.set_xlabel("time (ms)")
+        ax.set_xlabel("time since the step began (ms)")
     else:
-        ax.set_xlabel("time (s)")
+        ax.set_xlabel("time since the step began (s)")
+
     title = tl.title
-    if tl.window_s is not None:
-        title += f"\nwindow {t0:.6g} s to {t1:.6g} s"
-    ax.set_title(title, fontsize=10, pad=22 if tl.window_s is None else 30)
-    used = [c for c in TIMELINE_COLORS if c in by_cat]
-    ax.legend(handles=[Patch(facecolor=TIMELINE_COLORS[c], edgecolor="#999999" if c == "idle" else "none", label=c)
-                       for c in used], loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=len(used), fontsize=8,
-              frameon=False, borderaxespad=0.2)
+    if overview is not None or tl.window_s is not None:
+        shown = sorted({lab.microbatch for lab in tl.labels if lab.end - lab.start > 0})
+        mbs = (f"micro-batches {shown[0]} to {shown[-1]}" if len(shown) > 1 else
+               f"micro-batch {shown[0]}" if shown else "no schedule step")
+        title += (f"\nwindow {_window_text(t0, t1)} of the {tl.step_time_s:.4g} s step ({mbs} in view)"
+                  + ("; the whole step above, the window boxed" if overview is not None else ""))
+    fig.text(0.5, 1 - 0.12 / height, title, ha="center", va="top", fontsize=10)
+
+    if overview is not None:
+        ov = fig.add_axes((left_in / width, (bottom_in + main_in + gap_in) / height, plot_w, over_in / height))
+        bins = max(200, int(plot_w * width * 150))
+        grid = _dominant_categories(overview, rows, bins)
+        cats = list(TIMELINE_COLORS)
+        cmap = ListedColormap(["#FFFFFF"] + [TIMELINE_COLORS[c] for c in cats])
+        ov.imshow(grid + 1, cmap=cmap, vmin=0, vmax=len(cats), aspect="auto", interpolation="nearest",
+                  extent=(0.0, overview.step_time_s, n - 0.5, -0.5))
+        ov.set_xlim(0.0, overview.step_time_s)
+        ov.set_ylim(n - 0.5, -0.5)
+        ov.set_yticks([0, n - 1] if n > 1 else [0])
+        ov.set_yticklabels([f"stage {rows[0]}", f"stage {rows[-1]}"] if n > 1 else [f"stage {rows[0]}"], fontsize=7)
+        ov.tick_params(axis="x", labelsize=7)
+        ov.set_xlabel("whole step, time (s)", fontsize=8, labelpad=1)
+        for a, b in ((0.0, t0), (t1, overview.step_time_s)):
+            if b > a:
+                ov.axvspan(a, b, color="white", alpha=0.55, lw=0)
+        ov.add_patch(Rectangle((t0, -0.5), t1 - t0, n, fill=False, edgecolor="black", lw=1.6, clip_on=False))
+    handles = [Patch(facecolor=TIMELINE_COLORS[c], edgecolor="#999999" if c == "idle" else "none",
+                     label=CATEGORY_NAMES.get(c, c)) for c in used]
+    note = ("bar labels: micro-batch number" + (", and cN: model chunk N" if two_lines else "")
+            if row_px >= 7 else None)
+    fig.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, (legend_in + 0.05) / height),
+               ncol=max(ncol, 1), fontsize=8, frameon=False, title=note, title_fontsize=8)
     save_figure(fig, path)
     plt.close(fig)
+
+
+# Legend names of the timeline's categories: communication is what the compute stream waited for.
+CATEGORY_NAMES = {"forward": "forward", "backward": "backward", "weight_grad": "weight gradient",
+                  "recompute": "recompute", "optimizer": "optimizer", "tp": "waiting on TP", "pp": "waiting on PP",
+                  "dp": "waiting on DP", "fsdp": "waiting on FSDP", "ep": "waiting on EP (all-to-all)",
+                  "cp": "waiting on CP", "offload": "waiting on CPU offload", "idle": "idle (pipeline bubble)"}
 
 
 def plot_pareto(result: dict, path: str) -> None:

@@ -22,7 +22,7 @@ from simulator.parts.gpus import gpu_of
 from simulator.parts.topology import LINK_CLASSES
 from simulator.reports.placement import placement
 from simulator.reports.plots import plot_memory, plot_timeline, plot_tornado
-from simulator.reports.timeline import timeline
+from simulator.reports.timeline import timeline, view
 from simulator.scenario.load import scenario_from_dict, scenario_to_dict
 from simulator.simulation import checked, run
 from simulator.studies.whatif import whatif
@@ -142,6 +142,15 @@ def _png(draw, *args) -> bytes:
         return path.read_bytes()
 
 
+def _timeline_png(tl) -> bytes:
+    """The timeline ``stepsim run --timeline`` draws by default: a steady-state window and the whole step."""
+    chart, overview = view(tl)
+    with tempfile.TemporaryDirectory(prefix="stepsim-memo-") as tmp:
+        path = Path(tmp) / "figure.png"
+        plot_timeline(chart, str(path), overview)
+        return path.read_bytes()
+
+
 def gather(scenario: str, sets: Sequence[str] = (), *, factor: float = 2.0, executor: str = "process",
            workers: int | None = None, fallback=fallback_design) -> dict:
     """All numbers and figures of the design memo for one scenario file (see the module docstring)."""
@@ -167,7 +176,7 @@ def gather(scenario: str, sets: Sequence[str] = (), *, factor: float = 2.0, exec
     cluster = scenario_cluster(s)
     spec = cluster.spec
     figures = {
-        "timeline": _png(plot_timeline, timeline(result, report)),
+        "timeline": _timeline_png(timeline(result, report)),
         "tornado": _png(plot_tornado, wi),
         "memory": _png(plot_memory, mem),
     }
