@@ -9,8 +9,6 @@ from __future__ import annotations
 import gzip
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -402,10 +400,3 @@ def test_bad_folders_and_duplicate_ranks(tmp_path):
     with pytest.raises(ConfigError, match="rank 2 is also in") as info:
         read_profile([a, b])
     assert "\n" not in str(info.value)
-
-
-def test_command_line_prints_one_line_not_a_traceback(tmp_path):
-    bad = _bad(tmp_path, "t.json", b"\x00\x01\x02")
-    out = subprocess.run([sys.executable, "-m", "simulator.calibrate.kineto", str(bad)], capture_output=True, text=True)
-    assert out.returncode == 2 and "Traceback" not in out.stderr
-    assert out.stderr.count("\n") == 1 and out.stderr.startswith("error: profile: got ")

@@ -14,7 +14,7 @@ from simulator.layout import schedules
 from simulator.reports import reference as report_reference
 from simulator.scenario import config, reference
 from simulator.scenario.load import SECTIONS, load_scenario, scenario_from_dict
-from simulator.scenario.schema import keys_of
+from simulator.common.schema import keys_of
 from simulator.simulation import run
 from simulator.workload.compute import RECOMPUTE_MODULE_OPS
 

@@ -97,7 +97,7 @@ So: the standard library only. Most of the 530 MiB is what is kept per kernel (a
 fields), per launch and per GEMM operator; the text of the trace is never held whole.
 
 Everything returned is a frozen dataclass with sorted, deterministic contents. Bad input raises a
-one-line :class:`~simulator.errors.ConfigError` on the field ``profile``.
+one-line :class:`~simulator.common.errors.ConfigError` on the field ``profile``.
 """
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator
 
-from simulator.errors import ConfigError
+from simulator.common.errors import ConfigError
 
 FIELD = "profile"
 
@@ -877,12 +877,3 @@ def format_profile(profile: Profile) -> str:
     lines.extend(f"warning: {w}" for w in profile.warnings)
     return "\n".join(lines)
 
-
-if __name__ == "__main__":  # python -m simulator.calibrate.kineto TRACE... : a quick look
-    import sys
-
-    try:
-        print(format_profile(read_profile(sys.argv[1:])))
-    except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
-        raise SystemExit(2)

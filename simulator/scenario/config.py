@@ -1,6 +1,6 @@
 """The scenario format: frozen dataclasses grouped by concern, each key declared once.
 
-Every field is a scenario key declared with :func:`simulator.scenario.schema.key`: its default,
+Every field is a scenario key declared with :func:`simulator.common.schema.key`: its default,
 its kind (type, bounds, allowed values), one line of help and its unit. Checks, ``--set`` parsing,
 error messages, the JSON Schema (``stepsim schema``) and ``docs/scenario-reference.md`` are all
 derived from these declarations.
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from simulator.common import limits
 from simulator.common.errors import ConfigError
 from simulator.parts.frameworks import CROSS_ENTROPY_IMPLS, CUDA_GRAPH_SCOPES, FP8_RECIPES, SELECTIVE_POLICIES
-from simulator.scenario.schema import (Between, Choice, Flag, Names, Number, PerLayer, Text, Whole, key)
+from simulator.common.schema import (Between, Choice, Flag, Names, Number, PerLayer, Text, Whole, key)
 
 # --- the vocabulary of the format: the values a key may take ---------------------------------
 

@@ -8,7 +8,7 @@ from dataclasses import asdict
 from simulator.common.errors import ConfigError
 from simulator.parts.topology import effective_spec, load_topology, node_links
 from simulator.scenario.config import LINK_CLASSES, ClusterConfig, Faults, LinkFault, Straggler
-from simulator.scenario.schema import keys_of, whole
+from simulator.common.schema import keys_of, whole
 
 
 FAULTS = "faults"

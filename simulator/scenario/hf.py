@@ -19,7 +19,7 @@ from pathlib import Path
 from simulator.common.errors import ConfigError
 from simulator.parts.models import catalog_config
 from simulator.scenario.config import ModelConfig
-from simulator.scenario.schema import Text, check_section, keys_of
+from simulator.common.schema import Text, check_section, keys_of
 
 
 MODEL_ALIASES = {

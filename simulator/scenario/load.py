@@ -36,7 +36,7 @@ from simulator.scenario.config import (SCHEDULES, ClusterConfig, Faults, Framewo
                                        OverlapConfig, ParallelConfig, Scenario, TrainingConfig)
 from simulator.scenario.faults import FAULT_KEYS, FAULTS, faults_section, faults_to_dict
 from simulator.scenario.hf import HF_CONFIG, HF_ID, MODEL_ALIASES, model_section
-from simulator.scenario.schema import Choice, Text, check_section, keys_of
+from simulator.common.schema import Choice, Text, check_section, keys_of
 
 SECTIONS = {
     "model": ModelConfig,

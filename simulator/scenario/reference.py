@@ -11,7 +11,7 @@ from simulator.parts.frameworks import framework_names
 from simulator.scenario.config import (LINK_CLASSES, ClusterConfig, Faults, FrameworkOptions, LinkFault, ModelConfig,
                                        MoEConfig, OverlapConfig, ParallelConfig, Scenario, Straggler, TrainingConfig)
 from simulator.scenario.hf import HF_CONFIG, HF_ID, MODEL_ALIASES
-from simulator.scenario.schema import Key, default_of, keys_of, section_schema
+from simulator.common.schema import Key, default_of, keys_of, section_schema
 
 # The sections of a scenario file, in the order the reference lists them.
 SECTIONS = (("model", ModelConfig), ("cluster", ClusterConfig), ("training", TrainingConfig),

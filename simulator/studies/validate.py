@@ -132,7 +132,7 @@ from simulator.common.errors import ConfigError
 from simulator.common.yamlfile import load_yaml_file
 from simulator.studies.workers import check_local_workers, process_pool
 from simulator.scenario.load import scenario_from_dict
-from simulator.scenario.schema import optional_whole, whole
+from simulator.common.schema import optional_whole, whole
 from simulator.layout.schedules import check_schedule_args
 from simulator.parts.gpus import get_gpu
 from simulator.parts.models import catalog_config, catalog_ids

@@ -1,4 +1,4 @@
-"""The scenario format's one schema: each key is declared once, on its dataclass field.
+"""The one schema of stepsim's input formats: each key is declared once, on its dataclass field.
 
 A field is declared with :func:`key`, which carries its default, its kind (:class:`Whole`,
 :class:`Number`, :class:`Between`, :class:`Choice`, :class:`Flag`, :class:`Text`, :class:`Names`
