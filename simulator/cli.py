@@ -161,7 +161,9 @@ def _validate(args) -> int:
         result = validate_file(args.runs, workers=args.workers, progress=bar)
     if args.plot:
         from simulator.reports.plots import plot_validation
-        plot_validation(result, args.plot)
+        from pathlib import Path
+
+        plot_validation(result, args.plot, Path(args.runs).name)
     print(json.dumps(result, indent=2) if args.json else format_table(result))
     _none_ran(result["rows"], lambda r: isinstance(r.get("error"), str), args.runs, "simulated")
     return 0

@@ -4,6 +4,7 @@ titles, units and legends."""
 from __future__ import annotations
 
 import io
+import re
 from pathlib import Path
 
 import pytest
@@ -108,3 +109,125 @@ def test_select_then_view_keeps_the_chosen_rows(long_step):
     chart, overview = view(part)
     assert chart.rows == (0,) and {b.stage for b in chart.bars} == {0}
     assert overview is not None and {b.stage for b in overview.bars} == {0}
+
+
+# --- every plot: a title naming what it shows, axis units, a legend ---------------------------------
+
+@pytest.fixture
+def drawn(monkeypatch):
+    """The figures the plot functions save, read back as they were drawn: titles, axis labels, legend
+    entries, tick labels and where texts landed."""
+    import simulator.reports.plots as plots
+
+    figures = []
+
+    def capture(fig, path):
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        axes = []
+        for ax in fig.axes:
+            legend = ax.get_legend()
+            axes.append({
+                "ax": ax, "box": ax.get_window_extent(renderer),
+                "title": ax.get_title(), "xlabel": ax.get_xlabel(), "ylabel": ax.get_ylabel(),
+                "legend": [t.get_text() for t in legend.get_texts()] if legend else [],
+                "xticks": [(t.get_text(), t.get_window_extent(renderer)) for t in ax.get_xticklabels()
+                           if t.get_visible() and t.get_text()],
+                "yticks": [(t.get_text(), t.get_window_extent(renderer)) for t in ax.get_yticklabels()
+                           if t.get_visible() and t.get_text()],
+                "texts": [(t.get_text(), t.get_window_extent(renderer)) for t in ax.texts],
+            })
+        figures.append({"axes": axes, "legends": [[t.get_text() for t in lg.get_texts()] for lg in fig.legends],
+                        "texts": [t.get_text() for t in fig.texts]})
+        Path(path).write_bytes(b"")
+
+    monkeypatch.setattr(plots, "save_figure", capture)
+    return figures
+
+
+def _no_overlap(ticks) -> bool:
+    boxes = sorted((b for _, b in ticks), key=lambda b: b.x0)
+    return all(a.x1 <= b.x0 for a, b in zip(boxes, boxes[1:]))
+
+
+def test_validation_ticks_are_plain_numbers_that_do_not_overlap(drawn, tmp_path):
+    from simulator.reports.plots import plot_validation
+
+    rows = [{"id": f"c{i}", "error": p / m - 1, "groups": {"gpu": "H100-SXM5-80GB", "axes": "tp+dp"},
+             "measured": {"step_time_s": m}, "predicted": {"step_time_s": p}}
+            for i, (m, p) in enumerate([(25, 27), (31, 29), (44, 40), (52, 58), (68, 66)])]
+    plot_validation({"rows": rows, "summary": {"mape": 0.07, "scored": 5}}, str(tmp_path / "v.png"), "runs.yaml")
+    ax = drawn[0]["axes"][0]
+    assert ax["title"].startswith("runs.yaml: ") and ax["xlabel"].endswith("(s)") and ax["ylabel"].endswith("(s)")
+    assert "H100 tp+dp" in ax["legend"] and "±20%" in ax["legend"]
+    for ticks in (ax["xticks"], ax["yticks"]):
+        assert ticks and all(re.fullmatch(r"\d+(\.\d+)?", text) for text, _ in ticks)
+    assert _no_overlap(ax["xticks"])
+
+
+def test_pareto_front_is_a_staircase_and_the_best_label_stays_in_the_frame(drawn, tmp_path):
+    from simulator.reports.plots import plot_pareto
+
+    ranked = [{"layout": "TP8 PP4 DP2 mbs1 Z1 ends1/1", "memory_gib_per_gpu": 71.0, "step_time_s": 14.2, "rank": 1},
+              {"layout": "TP4 PP8 DP2 mbs1 Z1", "memory_gib_per_gpu": 48.0, "step_time_s": 15.1, "rank": 2},
+              {"layout": "TP2 PP8 DP4 mbs1 Z1", "memory_gib_per_gpu": 66.0, "step_time_s": 16.4, "rank": 3}]
+    result = {"scenario": "some-scenario", "ranked": ranked, "best": ranked[0], "pareto": [ranked[1], ranked[0]],
+              "given": {"layout": "TP4 PP4 DP4 mbs1 Z1", "memory_gib_per_gpu": 59.2, "step_time_s": 15.7}}
+    plot_pareto(result, str(tmp_path / "p.png"))
+    ax = drawn[0]["axes"][0]
+    assert ax["title"].startswith("some-scenario: ")
+    assert ax["xlabel"] == "peak memory per GPU (GiB)" and ax["ylabel"] == "step time (s)"
+    assert any(label.startswith("Pareto front") for label in ax["legend"])
+    front = [line for line in ax["ax"].get_lines() if line.get_label().startswith("Pareto front")]
+    assert len(front) == 1 and front[0].get_drawstyle() == "steps-post"
+    (text, box), = [(t, b) for t, b in ax["texts"] if t.startswith("best: ")]
+    frame = ax["box"]
+    assert frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 and box.y1 <= frame.y1, text
+
+
+def test_sweep_plots_keep_categories_apart_and_mark_what_does_not_fit(drawn, tmp_path):
+    from simulator.reports.plots import plot_sweep
+
+    def row(tp, rc, step, fits=True, error=None):
+        return {"point": {"parallelism.tp": tp, "training.recompute": rc}, "step_time_s": None if error else step,
+                "fits": fits, "error": error, "peak_memory_gib": 90.0 if not fits else 50.0,
+                "compute_s": None if error else step * 0.8, "idle_s": None if error else step * 0.2}
+
+    rows = [row(2, "none", 4.0, fits=False), row(2, "full", 5.2), row(4, "none", 4.1), row(4, "full", 5.4),
+            row(8, "none", None, error="parallelism.tp: got 8; ...")]
+    plot_sweep(rows, ["parallelism.tp", "training.recompute"], str(tmp_path), "some-scenario")
+    by_tp, by_rc, breakdown = (f["axes"][0] for f in drawn)
+    for ax in (by_tp, by_rc, breakdown):
+        assert ax["title"].startswith("some-scenario: ")
+    assert by_tp["ylabel"] == by_rc["ylabel"] == "step time (s)" and breakdown["xlabel"].endswith("(s)")
+    for ax in (by_tp, by_rc):
+        assert "hollow: does not fit in memory" in ax["legend"] and "1 invalid point not drawn" in ax["legend"]
+    # numeric tp: points joined; categorical recompute: no line between none and full
+    assert any(len(line.get_xdata()) > 1 for line in by_tp["ax"].get_lines())
+    assert not any(len(line.get_xdata()) > 1 for line in by_rc["ax"].get_lines())
+    labels = [t for t, _ in breakdown["yticks"]]
+    assert "tp=2, recompute=none  (does not fit: 90.0 GiB)" in labels
+    assert any(t.endswith("(invalid: not simulated)") for t in labels)
+    assert "does not fit in memory" in breakdown["legend"] and "compute" in breakdown["legend"]
+
+
+def test_memory_tornado_and_timeline_name_the_scenario_and_their_units(drawn, tmp_path, long_step):
+    import simulator
+    from simulator.reports.plots import plot_memory, plot_tornado
+
+    plot_memory(simulator.memory(TINY).to_dict(), str(tmp_path / "m.png"), "tiny")
+    rows = [{"target": "compute", "present": True, "faster_step_time_s": 0.005, "slower_step_time_s": 0.0137},
+            {"target": "nvlink", "present": True, "faster_step_time_s": 0.0075, "slower_step_time_s": 0.0081}]
+    plot_tornado({"name": "tiny", "baseline_step_time_s": 0.0077, "factor": 2.0, "rows": rows}, str(tmp_path / "t.png"))
+    chart, overview = view(long_step)
+    plot_timeline(chart, str(tmp_path / "tl.png"), overview)
+    mem, tornado, tl = drawn
+    ax = mem["axes"][0]
+    assert ax["title"].startswith("tiny: ") and ax["xlabel"] == "memory per GPU (GiB)"
+    assert "buffers" in ax["legend"] and "other" not in ax["legend"] and "capacity 80 GiB" in ax["legend"]
+    ax = tornado["axes"][0]
+    assert ax["title"].startswith("tiny: ") and ax["xlabel"] == "step time (ms)"
+    assert set(ax["legend"]) == {"as simulated: 7.7 ms", "2x slower", "2x faster"}
+    assert tl["texts"][0].startswith("tiny: ")
+    assert [a["xlabel"] for a in tl["axes"]] == ["time since the step began (ms)", "whole step, time (s)"]
+    assert {"forward", "backward", "idle (pipeline bubble)"} <= set(tl["legends"][0])

@@ -178,7 +178,7 @@ def gather(scenario: str, sets: Sequence[str] = (), *, factor: float = 2.0, exec
     figures = {
         "timeline": _timeline_png(timeline(result, report)),
         "tornado": _png(plot_tornado, wi),
-        "memory": _png(plot_memory, mem),
+        "memory": _png(plot_memory, mem, s.name),
     }
     return {
         "scenario": scenario_to_dict(s),
