@@ -154,11 +154,12 @@ def _run(args) -> int:
         if args.timeline:
             bar.phase(f"drawing {args.timeline}")
             from simulator.reports.plots import plot_timeline
-            from simulator.reports.timeline import parse_stages, parse_window, select, timeline
+            from simulator.reports.timeline import parse_stages, parse_window, timeline, view
             tl = timeline(result.result, result.to_dict(analyses=False))
             stages = parse_stages(args.stages, tl.stages) if args.stages is not None else None
             window = parse_window(args.window, tl.step_time_s) if args.window is not None else None
-            plot_timeline(select(tl, stages, window), args.timeline)
+            chart, overview = view(tl, stages, window)
+            plot_timeline(chart, args.timeline, overview)
         if args.json:
             bar.phase("critical path, link use, communication map")
             text = result.to_json()
@@ -195,7 +196,7 @@ def _validate(args) -> int:
             results.append((runs, validate_file(runs, workers=args.workers, progress=bar)))
     if args.plot:
         from simulator.reports.plots import plot_validation
-        plot_validation(results[0][1], args.plot)
+        plot_validation(results[0][1], args.plot, Path(args.runs[0]).name)
     if args.markdown:
         print(page([(Path(runs).stem, runs, result) for runs, result in results]), end="")
     elif len(results) == 1:
@@ -420,7 +421,9 @@ def build_parser() -> argparse.ArgumentParser:
             r.add_argument("--stages", default=None, metavar="LIST",
                            help="timeline rows: stage numbers and ranges, e.g. 0,3,7 or 0-3,12 (default: all)")
             r.add_argument("--window", default=None, metavar="T0:T1",
-                           help="timeline time window in seconds, e.g. 0.5:1.25 (default: the whole step)")
+                           help="timeline time window in seconds, e.g. 0.5:1.25, or : for the whole step (default: "
+                                "a few micro-batches around the middle of the step, the whole step drawn above "
+                                "as an overview)")
             add_progress_flags(r)
     v = sub.add_parser("validate", help="predict published training runs and report the error")
     v.add_argument("runs", nargs="+", help="files in the format of shared/validation/public-runs.yaml")

@@ -3,7 +3,8 @@
 Talks the Chrome DevTools protocol over ``--remote-debugging-pipe`` (NUL-separated JSON on file
 descriptors 3 and 4), so it needs nothing beyond the standard library: console messages of level
 error or warning, uncaught exceptions and log entries of level error (failed resource loads
-included), the DOM's sections, whether every image decoded, and a full-page PNG screenshot.
+included), the DOM's sections, the page's text as a reader sees it, whether every image decoded,
+and a full-page PNG screenshot.
 
 ``find_chromium`` returns the browser or None. Tests skip when it is None, unless
 ``STEPSIM_REQUIRE_BROWSER=1`` (set by .ci/run, which installs Chromium), where they fail.
@@ -33,6 +34,7 @@ DOM_PROBE = """JSON.stringify({
   images: [...document.images].map(i => i.complete && i.naturalWidth > 0),
   scripts: document.scripts.length,
   text: document.body.innerText.length,
+  body: document.body.innerText,
   height: document.documentElement.scrollHeight
 })"""
 

@@ -110,6 +110,12 @@ def test_slow_memo_numbers_match_run_and_memory_json(memo, reports):
                  ("run", "comm_map.kinds.sp.exposed_s"), ("run", "comm_map.kinds.dp.calls")]:
         assert must in keys, must
     assert len(tagged) >= 40
+    assert_numbers_match(tagged, reports)
+
+
+def assert_numbers_match(tagged: list, reports: dict) -> None:
+    """Every number the memo took from a report has the report's exact value, and its text is that
+    value rounded to the digits shown."""
     for src, key, value, shown in tagged:
         expected = _get(reports[src], key)
         assert value == pytest.approx(expected, rel=1e-12, abs=1e-15), (src, key)

@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 from simulator.workload.compute import param_counts
 from simulator.scenario.config import ClusterConfig, ModelConfig, ParallelConfig, Scenario, TrainingConfig
 from simulator.common.errors import ConfigError
-from simulator.workload.memory import (korthikanti_activation_bytes, layer_activation_bytes, memory_report, microbatches_in_flight, model_state_bytes, stage_layers, stage_memory)
-from simulator.reports.memory import format_memory_table
+from simulator.workload.memory import (HEADROOM_FRACTION, korthikanti_activation_bytes, layer_activation_bytes, memory_report, microbatches_in_flight, model_state_bytes, stage_layers, stage_memory)
+from simulator.reports.memory import format_memory_table, headroom_note
 from simulator.layout.schedules import SCHEDULES
 from simulator.common.units import GiB
 
@@ -316,9 +316,28 @@ def test_same_report_twice():
 def test_format_memory_table():
     text = format_memory_table(memory_report(gpt3_scenario()))
     lines = text.splitlines()
-    assert lines[0].split()[:7] == ["stage", "weights", "gradients", "optimizer", "activations", "other", "total"]
-    assert len(lines) == 1 + 8 + 1
-    assert lines[-1].startswith("peak") and "fits" in lines[-1]
+    assert lines[0].split()[:7] == ["stage", "weights", "gradients", "optimizer", "activations", "buffers", "total"]
+    assert len(lines) == 1 + 8 + 2
+    assert lines[9].startswith("peak") and "fits" in lines[9]
+    # the column the JSON calls other_gib, said in words with the margins it holds
+    assert lines[10].startswith("GiB per GPU; buffers: one DDP bucket") and "CUDA context (1 GiB)" in lines[10]
+    assert "headroom" not in text
+
+
+def test_headroom_warning_when_a_peak_that_fits_is_close_to_the_capacity():
+    s = gpt3_scenario()
+    peak = memory_report(s)["peak_gib"]
+    tight = memory_report(s, peak / (1 - HEADROOM_FRACTION / 2) * GiB)  # half the headroom left
+    roomy = memory_report(s, peak / (1 - 2 * HEADROOM_FRACTION) * GiB)
+    over = memory_report(s, (peak - 0.01) * GiB)
+    note = headroom_note(tight)
+    assert tight["fits"] and note is not None
+    cap = tight["stages"][0]["capacity_gib"]
+    assert f"{peak:.1f} of {cap:.0f} GiB" in note and f"{HEADROOM_FRACTION:.0%}" in note
+    assert f"leaving {cap - peak:.1f} GiB" in note
+    assert "headroom warning: " + note in format_memory_table(tight)
+    assert headroom_note(roomy) is None and "headroom" not in format_memory_table(roomy)
+    assert headroom_note(over) is None  # not fitting is an error elsewhere, not a warning
 
 
 # --- Bad input -----------------------------------------------------------------------------------

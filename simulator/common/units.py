@@ -68,3 +68,14 @@ def format_size(n_bytes: float) -> str:
         if n_bytes >= scale and n_bytes % scale == 0:
             return f"{int(n_bytes // scale)}{unit}"
     return f"{int(n_bytes)}B"
+
+
+# A number printed in scientific notation below 1e-12: in a report of seconds, GiB or shares,
+# the rounding residue of a difference of large sums (idle = step - compute - waits), not a value.
+_FLOAT_NOISE = re.compile(r"(?<![\w.])[-+]?\d+(?:\.\d+)?e-(?:1[2-9]|[2-9]\d|\d{3,})(?![\w.])")
+
+
+def hide_float_noise(text: str) -> str:
+    """``text`` with every number below 1e-12 written in scientific notation shown as 0, for human
+    output built from machine text (JSON prose keeps its numbers as they were)."""
+    return _FLOAT_NOISE.sub("0", text)

@@ -67,7 +67,8 @@ def validate_plan(s: Scenario) -> list[str]:
         if world % base:
             step = base // math.gcd(base, c.gpus_per_node)
             raise ConfigError("cluster.num_nodes", c.num_nodes,
-                              f"{world} GPUs ({_nodes(c.num_nodes)} x {c.gpus_per_node}) are not divisible by "
+                              f"{world} GPU{'s' if world != 1 else ''} ({_nodes(c.num_nodes)} x {c.gpus_per_node}) "
+                              f"{'are' if world != 1 else 'is'} not divisible by "
                               f"tp x pp x cp = {base}: use a multiple of {step} nodes")
     elif base * p.dp != world:
         if world % base == 0:

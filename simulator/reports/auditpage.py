@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from simulator.common.units import hide_float_noise
 from simulator.reports.page import Num, Page, Section, Table, p, render_html, render_markdown
 
 UNITS = {"memory_gib_per_gpu": "GiB", "tokens_per_s": "tokens/s", "step_time_s": "s", "gpus_used": "GPUs"}
@@ -28,7 +29,7 @@ def build_audit_page(result: dict) -> Page:
     for r in result["claims"]:
         name = r["name"]
         rows.append((name, (rel[result["relations"][name]], Num(r["stated"], _show(name, r["stated"]))),
-                     Num(r["simulated"], _show(name, r["simulated"])), r["verdict"], r["why"]))
+                     Num(r["simulated"], _show(name, r["simulated"])), r["verdict"], hide_float_noise(r["why"])))
     tol_rows = tuple((name, f"{t['tolerance']:.0%} relative" if t["relative"] else
                       (f"{t['tolerance']:g} absolute" if t["tolerance"] else "exact"), t["why"])
                      for name, t in result["tolerances"].items())
@@ -38,7 +39,7 @@ def build_audit_page(result: dict) -> Page:
              ("Hold", Num(result["holds"], str(result["holds"]))),
              ("Simulated step", Num(result["step_time_s"], _show("step_time_s", result["step_time_s"]))))
     layout = (f"{result['num_gpus']} GPUs as TP{lay['tp']} x PP{lay['pp']} x DP{lay['dp']} x CP{lay['cp']}, "
-              f"EP{lay['ep']}, ZeRO-{lay['zero_stage']}, {lay['schedule']}")
+              f"EP{lay['ep']}, ZeRO-{lay['zero_stage']}, {lay.get('pipeline_schedule') or lay['schedule']}")
     sections = (
         Section("verdicts", "Claims against the simulation", (
             Table(("Claim", "Stated", "Simulated", "Verdict", "Why"), tuple(rows), numeric=(1, 2)),

@@ -27,6 +27,7 @@ from simulator.common.records import Record, doc
 from simulator.engine.records import SimResult
 from simulator.parts.gpus import gpu_of, peak
 from simulator.reports.faults import fault_report, format_faults
+from simulator.reports.memory import headroom_note
 from simulator.workload.compute import hardware_flops_per_token, model_flops_per_token, param_counts
 
 AXES = ("tp", "pp", "dp", "fsdp", "cp", "ep", "offload")  # offload: waits on CPU activation offloading copies
@@ -70,6 +71,7 @@ class Layout(Record):
     zero_stage: int = doc("ZeRO stage")
     sequence_parallel: bool = doc("Megatron sequence parallelism")
     schedule: str = doc("the pipeline schedule as the scenario names it")
+    pipeline_schedule: str = doc("the schedule that ran: interleaved when vp > 1, even where the scenario says 1f1b", "", "")
 
 
 @dataclass(frozen=True)
@@ -181,7 +183,7 @@ def step_record(result: SimResult, wall_s: float | None = None) -> StepReport:
         num_gpus=world,
         num_microbatches=s.num_microbatches,
         layout=Layout(par.tp, par.pp, s.dp, par.cp, par.ep, par.vp, par.zero_stage, par.sequence_parallel,
-                      s.schedule),
+                      s.schedule, s.pipeline_schedule),
         events=result.events,
         transfers=result.transfers,
         simulated_ranks=len(result.simulated_ranks),
@@ -192,14 +194,30 @@ def step_record(result: SimResult, wall_s: float | None = None) -> StepReport:
     )
 
 
+# What the compute stream waited for, by axis, in the words of the run summary.
+WAITING_ON = {"tp": "TP collectives", "pp": "PP sends", "dp": "DP gradient sync", "fsdp": "FSDP gathers",
+              "cp": "CP exchange", "ep": "EP all-to-all", "offload": "CPU offload copies"}
+
+
+def _plural(n: int, word: str, many: str | None = None) -> str:
+    return f"{n:,} {word if n == 1 else many or word + 's'}"
+
+
+def _time_row(label: str, value: str) -> str:
+    return f"    {label:<29} {value}"
+
+
 def format_summary(report: dict) -> str:
     """A readable summary of a step report."""
     lay = report["layout"]
     b = report["time_breakdown_s"]
+    schedule = lay.get("pipeline_schedule") or lay["schedule"]
+    if schedule != lay["schedule"]:
+        schedule += f" (the scenario says {lay['schedule']}; vp {lay['vp']} interleaves it)"
     lines = [
-        f"{report['name']}: {report['num_gpus']} GPUs, TP{lay['tp']} PP{lay['pp']} DP{lay['dp']} CP{lay['cp']} "
-        f"EP{lay['ep']} VP{lay['vp']}, ZeRO-{lay['zero_stage']}, {lay['schedule']}, "
-        f"{report['num_microbatches']} micro-batches per pipeline"
+        f"{report['name']}: {_plural(report['num_gpus'], 'GPU')}, TP{lay['tp']} PP{lay['pp']} DP{lay['dp']} "
+        f"CP{lay['cp']} EP{lay['ep']} VP{lay['vp']}, ZeRO-{lay['zero_stage']}, {schedule}, "
+        f"{_plural(report['num_microbatches'], 'micro-batch', 'micro-batches')} per pipeline"
         + (f" in {report['pipeline_passes']} passes" if report.get("pipeline_passes") else ""),
         f"  step time          {report['step_time_s']:.4f} s",
         f"  throughput         {report['tokens_per_s']:,.0f} tokens/s ({report['tokens_per_s_per_gpu']:,.1f} per GPU)",
@@ -208,19 +226,25 @@ def format_summary(report: dict) -> str:
         f"  bubble             {report['bubble_fraction']:.1%} (per stage: "
         + ", ".join(f"{x:.1%}" for x in report["bubble_fraction_per_stage"]) + ")",
         "  time per GPU (mean over stages):",
-        f"    compute          {b['compute_s']:.4f} s",
+        _time_row("compute", f"{b['compute_s']:.4f} s"),
     ]
     if b.get("contention_s", 0.0) > 0:
-        lines.append(f"      beside comm    {b['contention_s']:.4f} s of it: the SMs communication kernels held")
+        lines.append(_time_row("  of which", f"{b['contention_s']:.4f} s lost to communication kernels sharing the SMs"))
     if b.get("host_wait_s", 0.0) > 0:
-        lines.append(f"      host-bound     {b['host_wait_s']:.4f} s of it: the GPU waiting on kernel issue and MoE syncs")
+        lines.append(_time_row("  of which", f"{b['host_wait_s']:.4f} s waiting on the host (host-bound: kernel "
+                                             "launches, MoE token-count syncs)"))
     for axis, t in b["exposed_comm_s"].items():
         if t > 0:
-            lines.append(f"    exposed {axis:<8} {t:.4f} s")
-    lines.append(f"    idle             {b['idle_s']:.4f} s")
+            lines.append(_time_row(f"waiting on {WAITING_ON.get(axis, axis)}", f"{t:.4f} s"))
+    lines.append(_time_row("idle (pipeline bubble)", f"{b['idle_s']:.4f} s"))
     mem = report.get("memory_gib_per_gpu")
     if mem:
-        lines.append(f"  memory peak        {mem['peak_gib']:.1f} GiB per GPU ({'fits' if mem['fits'] else 'DOES NOT FIT'})")
+        lines.append(f"  memory peak        {mem['peak_gib']:.1f} GiB per GPU "
+                     f"of {max(st['capacity_gib'] for st in mem['stages']):.0f} GiB "
+                     f"({'fits' if mem['fits'] else 'DOES NOT FIT'})")
+        note = headroom_note(mem)
+        if note:
+            lines.append(f"  headroom warning   {note}")
     if "faults" in report:
         lines += format_faults(report["faults"])
     if "sim_wall_s" in report:

@@ -6,6 +6,10 @@ communication by axis (the compute stream waiting on it) and ``idle``. Consecuti
 same category are merged, so a forward step drawn at step scale is one bar with thin slivers of
 exposed TP communication. Labels are the schedule steps (``F``/``B`` rows), placed by the drawing
 code only where they fit.
+
+A step of many micro-batches drawn whole is a barcode: ``view`` picks what a picture shows by
+default, a steady-state window (``steady_window``: a few micro-batches around the middle of the
+step, cut at schedule-step boundaries) with the whole step beside it as an overview.
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ class Timeline:
     labels: tuple[Label, ...]
     stage_ids: tuple[int, ...] | None = None
     window_s: tuple[float, float] | None = None
+    chunks: int = 1  # model chunks per stage: labels name the chunk when there are several
 
     @property
     def rows(self) -> tuple[int, ...]:
@@ -87,7 +92,7 @@ def parse_window(text: str, step_time_s: float) -> tuple[float, float]:
         end = float(hi) if hi.strip() else step_time_s
     except ValueError:
         start = end = math.nan
-    if not sep or not (math.isfinite(start) and math.isfinite(end)):
+    if not sep or not (math.isfinite(start) and (math.isfinite(end) or not hi.strip())) or math.isnan(end):
         raise ConfigError("--window", text, "expected t0:t1 in seconds, e.g. 0.5:1.25 (either side may be left out)")
     end = min(end, step_time_s)
     if not 0 <= start < end:
@@ -109,6 +114,58 @@ def select(tl: Timeline, stages: tuple[int, ...] | None = None, window_s: tuple[
     labels = tuple(replace(lab, start=max(lab.start, t0), end=min(lab.end, t1)) for lab in tl.labels if keep(lab))
     return replace(tl, bars=bars, labels=labels, stage_ids=tuple(sorted(rows)) if stages is not None else tl.stage_ids,
                    window_s=window_s if window_s is not None else tl.window_s)
+
+
+# A steady-state window holds about this many schedule steps (F, B, W) per row: at the default
+# figure width each step is then wide enough for its micro-batch number.
+WINDOW_STEPS = 32
+WINDOW_MICROBATCHES = (2, 6)  # at least two micro-batches (one shows no rhythm), at most a few
+WHOLE_STEP_RATIO = 1.5  # a step barely longer than the window is drawn whole
+
+
+def steady_window(tl: Timeline) -> tuple[float, float] | None:
+    """A window of a few micro-batches around the middle of the step, or None when the whole step
+    is short enough to draw whole.
+
+    Read from the schedule as the trace ran it: on the row with the most schedule steps, the steps
+    one micro-batch takes (F and B per model chunk, W when split) give how many micro-batches fill
+    about ``WINDOW_STEPS`` steps (within ``WINDOW_MICROBATCHES``); the window is that many
+    consecutive steps of the row, centred on the middle of its schedule and cut at step
+    boundaries, so it starts and ends on whole steps of that row."""
+    rows = tl.rows
+    by_stage: dict[int, list[Label]] = {}
+    for lab in tl.labels:
+        if lab.stage in rows:
+            by_stage.setdefault(lab.stage, []).append(lab)
+    if not by_stage:
+        return None
+    stage = max(rows, key=lambda st: (len(by_stage.get(st, ())), -st))
+    steps = sorted(by_stage[stage], key=lambda lab: (lab.start, lab.end))
+    per_mb = len(steps) / len({lab.microbatch for lab in steps})
+    lo, hi = WINDOW_MICROBATCHES
+    want = int(per_mb * min(hi, max(lo, round(WINDOW_STEPS / per_mb))))
+    if len(steps) <= WHOLE_STEP_RATIO * want:
+        return None
+    middle = (steps[0].start + steps[-1].end) / 2
+    centre = min(range(len(steps)), key=lambda i: (abs((steps[i].start + steps[i].end) / 2 - middle), i))
+    first = min(max(0, centre - want // 2), len(steps) - want)
+    t0, t1 = steps[first].start, steps[first + want - 1].end
+    return (t0, t1) if t1 > t0 else None
+
+
+def view(tl: Timeline, stages: tuple[int, ...] | None = None,
+         window_s: tuple[float, float] | None = None) -> tuple[Timeline, Timeline | None]:
+    """What a timeline picture draws: (the main chart, the whole-step overview or None).
+
+    ``stages`` and ``window_s`` (``--stages``, ``--window``) override the defaults: every stage,
+    and the ``steady_window`` of those stages. The overview is the whole step on the same rows,
+    drawn when the main chart is a window of it."""
+    rows = select(tl, stages) if stages is not None else tl
+    if window_s is None:
+        window_s = steady_window(rows)
+    if window_s is None or (window_s[0] <= 0 and window_s[1] >= tl.step_time_s):
+        return rows, None
+    return select(rows, stages, window_s), rows
 
 
 def _representatives(result: SimResult) -> dict[int, int]:
@@ -151,9 +208,12 @@ def timeline(result: SimResult, report: dict | None = None) -> Timeline:
             if cur[1] < step:
                 bars.append(Bar(stage, cur[1], step, "idle"))
     s = result.scenario
-    title = (f"{s.name}: step {step:.3f} s, bubble {report['bubble_fraction']:.1%}, MFU {report['mfu']:.1%} "
-             f"(TP{s.parallelism.tp} PP{s.parallelism.pp} DP{s.dp}, {s.schedule}, {s.num_microbatches} micro-batches)")
-    return Timeline(title, step, result.plan.pp, tuple(bars), tuple(labels))
+    shown = f"{step * 1e3:.3f} ms" if step < 1 else f"{step:.3f} s"
+    title = (f"{s.name}: step {shown}, bubble {report['bubble_fraction']:.1%}, MFU {report['mfu']:.1%} "
+             f"(TP{s.parallelism.tp} PP{s.parallelism.pp} DP{s.dp}, {s.pipeline_schedule}, "
+             f"{s.num_microbatches} micro-batch{'es' if s.num_microbatches != 1 else ''})")
+    chunks = max((lab.chunk for lab in labels), default=0) + 1
+    return Timeline(title, step, result.plan.pp, tuple(bars), tuple(labels), chunks=chunks)
 
 
 def _category(row, srows, starts) -> str:

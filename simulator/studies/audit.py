@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from simulator.common.errors import ConfigError
+from simulator.common.units import hide_float_noise
 from simulator.scenario.load import read_scenario_file, scenario_from_dict
 from simulator.simulation import run
 from simulator.scenario.load import scenario_path
@@ -218,5 +219,5 @@ def format_audit(result: dict) -> str:
     for r in result["claims"]:
         rel = {"at_most": "<= ", "at_least": ">= "}.get(result["relations"][r["name"]], "")
         lines.append(f"{r['name']:<24} {rel + format(r['stated'], '.4g'):>14} {r['simulated']:>14.4g}  "
-                     f"{r['verdict']:<7}  {r['why']}")
+                     f"{r['verdict']:<7}  {hide_float_noise(r['why'])}")
     return "\n".join(lines)

@@ -22,7 +22,7 @@ from simulator.parts.gpus import gpu_of
 from simulator.parts.topology import LINK_CLASSES
 from simulator.reports.placement import placement
 from simulator.reports.plots import plot_memory, plot_timeline, plot_tornado
-from simulator.reports.timeline import timeline
+from simulator.reports.timeline import timeline, view
 from simulator.scenario.load import scenario_from_dict, scenario_to_dict
 from simulator.simulation import checked, run
 from simulator.studies.whatif import whatif
@@ -135,10 +135,11 @@ def batch_study(scenario, sets: Sequence[str] = (), *, executor: str = "process"
 
 # --- everything -----------------------------------------------------------------------------------
 
-def _png(draw, *args) -> bytes:
+def _png(draw) -> bytes:
+    """The PNG bytes ``draw(path)`` writes."""
     with tempfile.TemporaryDirectory(prefix="stepsim-memo-") as tmp:
         path = Path(tmp) / "figure.png"
-        draw(*args, str(path))
+        draw(str(path))
         return path.read_bytes()
 
 
@@ -166,10 +167,12 @@ def gather(scenario: str, sets: Sequence[str] = (), *, factor: float = 2.0, exec
     gpu = gpu_of(s.cluster, s.training.precision)
     cluster = scenario_cluster(s)
     spec = cluster.spec
+    # the picture ``stepsim run --timeline`` draws by default: a steady-state window and the whole step
+    chart, overview = view(timeline(result, report))
     figures = {
-        "timeline": _png(plot_timeline, timeline(result, report)),
-        "tornado": _png(plot_tornado, wi),
-        "memory": _png(plot_memory, mem),
+        "timeline": _png(lambda path: plot_timeline(chart, path, overview)),
+        "tornado": _png(lambda path: plot_tornado(wi, path)),
+        "memory": _png(lambda path: plot_memory(mem, path, s.name)),
     }
     return {
         "scenario": scenario_to_dict(s),
@@ -193,4 +196,5 @@ def gather(scenario: str, sets: Sequence[str] = (), *, factor: float = 2.0, exec
         "batch": batches,
         "checkpoint": checkpoint_plan(s, counts["total"], report["step_time_s"]),
         "figures": figures,
+        "timeline": {"window_s": list(chart.window_s) if overview is not None else None},
     }

@@ -64,7 +64,7 @@ from simulator.common.files import atomic_write_text, remove_stale
 from simulator.reports.report import AXES
 from simulator.scenario.load import scenario_from_dict, scenario_to_dict
 from simulator.studies.planner_space import (Layout, candidate_scenario, enumerate_layouts, layout_of,
-                                             layout_order, merge_enumerations, parse_space)
+                                             label_legend, layout_order, merge_enumerations, parse_space)
 from dataclasses import dataclass, replace
 from simulator.common.units import GiB
 from simulator.engine.engine import scenario_cluster
@@ -728,6 +728,8 @@ def _result(s, enum, screened, fitting, pruned_bound, order, results, given_is_c
             # of the simulated, those stopped once their step provably could not enter the result
             "stopped_early": len(stopped),
             "pruned_rules_by_reason": rules,
+            # per reason, the first layout it pruned with its whole message (the reasons' numbers are N)
+            "pruned_rules_examples": {reason: enum.example(reason) for reason in rules},
         },
         "best": best,
         "given": g,
@@ -792,8 +794,9 @@ def format_plan(result: dict) -> str:
              f"{c['pruned_memory']:,} by memory, {c['pruned_bound']:,} by bound, {c['simulated']:,} simulated"
              + (f" ({c['stopped_early']:,} stopped once they could not enter the result)" if c.get("stopped_early")
                 else "")]
+    examples = c.get("pruned_rules_examples", {})
     for reason, n in list(c["pruned_rules_by_reason"].items())[:6]:
-        lines.append(f"  {n:>8,}  {reason}")
+        lines.append(f"  {n:>8,}  " + (f"e.g. {examples[reason]}" if examples.get(reason) else reason))
     tol = result.get("tolerance", 0.0)
     if tol:
         lines.append(f"tolerance {tol:.2%}: the step shown at each rank is at most {tol:.2%} above the exact plan's "
@@ -832,6 +835,11 @@ def format_plan(result: dict) -> str:
     for p in result["pareto"]:
         lines.append(f"  {p['step_time_s']:>9.4f} s  {p['memory_gib_per_gpu']:>6.1f} GiB  #{p['rank']} {p['layout']}")
     lines += ["", f"best: {result['best']['layout']}: {result['best']['why']}"]
+    labels = [e["layout"] for e in shown] + [g["layout"]] + [p["layout"] for p in result["pareto"]]
+    legend = label_legend(labels)
+    if legend:
+        lines += ["", "layout names: " + "; ".join(legend)
+                  + ("; >=N: rank N at best (see above)" if unproven or not g["rank_exact"] else "")]
     return "\n".join(lines)
 
 

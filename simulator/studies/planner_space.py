@@ -28,7 +28,7 @@ import math
 import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 
 import yaml
 
@@ -116,6 +116,37 @@ class Layout:
 
     def key(self) -> dict:
         return asdict(self)
+
+    def shape_label(self) -> str:
+        """The structural part of ``label`` (what the rule pruner checks): sizes, micro-batch, schedule."""
+        parts = [f"TP{self.tp}", f"PP{self.pp}"]
+        parts += [f"{k}{v}" for k, v in (("CP", self.cp), ("EP", self.ep), ("VP", self.vp)) if v > 1]
+        parts.append(f"mbs{self.micro_batch_size}")
+        if self.schedule not in ("1f1b", "interleaved"):
+            parts.append(self.schedule)
+        return " ".join(parts)
+
+
+# What each part of a layout label means, for the legend printed under a table of labels.
+LABEL_PARTS = (
+    (r"\bTP\d", "TPn PPn DPn: tensor-, pipeline- and data-parallel sizes"),
+    (r"\bCP\d", "CPn: context-parallel size (the sequence split over n GPUs)"),
+    (r"\bEP\d", "EPn: expert-parallel size"),
+    (r"\bETP\d", "ETPn: tensor-parallel size inside each expert"),
+    (r"\bVP\d", "VPn: n model chunks per GPU (interleaved pipeline)"),
+    (r"\bmbs\d", "mbsN: micro-batch size"),
+    (r"\bZ\d", "Zn: ZeRO stage n (1: optimizer states sharded, 2: also gradients, 3: also weights)"),
+    (r"\bHSDP\d", "HSDPn: hybrid sharding, the sharded state kept in n copies"),
+    (r"\brc-", "rc-X: activation recompute X"),
+    (r"\bSP\b", "SP: sequence parallelism"),
+    (r"\bends\d", "endsA/B: A layers on the first pipeline stage, B on the last (an uneven split)"),
+)
+
+
+def label_legend(labels) -> list[str]:
+    """The lines of ``LABEL_PARTS`` that the given layout labels use."""
+    text = " ".join(labels)
+    return [words for pattern, words in LABEL_PARTS if re.search(pattern, text)]
 
 
 def _yaml(v: object) -> str:
@@ -256,12 +287,23 @@ def _split(item: str) -> tuple[str, tuple]:
 
 @dataclass
 class Enumeration:
-    """The valid layouts and how many were enumerated and pruned by rule, per reason."""
+    """The valid layouts and how many were enumerated and pruned by rule, per reason; ``examples``:
+    per reason, the first layout it pruned (in ``layout_order``) and its whole error message."""
 
     valid: list[Layout]
     enumerated: int
     pruned_rules: Counter
     warnings: dict[Layout, list[str]]
+    examples: dict[str, tuple[tuple, str]] = field(default_factory=dict)
+
+    def example(self, reason: str) -> str:
+        return self.examples[reason][1] if reason in self.examples else ""
+
+
+def _note(examples: dict, reason: str, shape: Layout, err: ConfigError) -> None:
+    key = layout_order(shape)
+    if reason not in examples or key < examples[reason][0]:
+        examples[reason] = (key, f"{shape.shape_label()}: {err}")
 
 
 def _reason(err: ConfigError) -> str:
@@ -288,6 +330,7 @@ def enumerate_layouts(s: Scenario, space: Mapping[str, tuple], part: tuple[int, 
     valid: list[Layout] = []
     reasons: Counter = Counter()
     warnings: dict = {}
+    examples: dict = {}
     enumerated = 0
     structural = itertools.product(space["tp"], space["pp"], space["cp"], space["ep"], space["etp"], space["vp"],
                                    space["schedule"], space["sequence_parallel"], space["micro_batch_size"])
@@ -304,12 +347,12 @@ def enumerate_layouts(s: Scenario, space: Mapping[str, tuple], part: tuple[int, 
             splits.append(given_ends)
         for first, last in splits:
             enumerated += _enumerate_shape(s, space, Layout(tp, pp, dp or 0, cp, ep, etp, vp, mbs, "none", 0, schedule,
-                                                            sp, first, last), dp, valid, reasons, warnings)
-    return Enumeration(sorted(valid, key=layout_order), enumerated, reasons, warnings)
+                                                            sp, first, last), dp, valid, reasons, warnings, examples)
+    return Enumeration(sorted(valid, key=layout_order), enumerated, reasons, warnings, examples)
 
 
 def _enumerate_shape(s: Scenario, space: Mapping[str, tuple], shape: Layout, dp: int | None, valid: list,
-                     reasons: Counter, warnings: dict) -> int:
+                     reasons: Counter, warnings: dict, examples: dict) -> int:
     """Check one structural shape (recompute, ZeRO stage and hybrid sharding aside) and add its
     layouts to ``valid`` (or its rule to ``reasons``); returns how many layouts it stands for.
     Hybrid sharding (dp_replicate > 1) pairs only with ZeRO stages 1-3: with stage 0 every DP rank
@@ -322,6 +365,7 @@ def _enumerate_shape(s: Scenario, space: Mapping[str, tuple], shape: Layout, dp:
         warns = validate_plan(candidate_scenario(s, shape))
     except ConfigError as err:
         reasons[_reason(err)] += n
+        _note(examples, _reason(err), shape, err)
         return n
     for r in space["dp_replicate"]:
         if r > 1 and sharded:
@@ -329,6 +373,7 @@ def _enumerate_shape(s: Scenario, space: Mapping[str, tuple], shape: Layout, dp:
                 validate_plan(candidate_scenario(s, replace(shape, dp_replicate=r, zero_stage=sharded[0])))
             except ConfigError as err:
                 reasons[_reason(err)] += counts[r]
+                _note(examples, _reason(err), replace(shape, dp_replicate=r), err)
                 continue
         for rc, zero in itertools.product(space["recompute"], space["zero_stage"] if r == 1 else sharded):
             layout = replace(shape, dp=dp, recompute=rc, zero_stage=zero, dp_replicate=r)
@@ -340,6 +385,11 @@ def _enumerate_shape(s: Scenario, space: Mapping[str, tuple], shape: Layout, dp:
 
 def merge_enumerations(parts: list[Enumeration]) -> Enumeration:
     """The enumeration of the whole space from those of its parts (``enumerate_layouts``' ``part``)."""
+    examples: dict = {}
+    for e in parts:
+        for reason, (key, text) in e.examples.items():
+            if reason not in examples or key < examples[reason][0]:
+                examples[reason] = (key, text)
     return Enumeration(sorted((x for e in parts for x in e.valid), key=layout_order),
                        sum(e.enumerated for e in parts), sum((e.pruned_rules for e in parts), Counter()),
-                       {k: v for e in parts for k, v in e.warnings.items()})
+                       {k: v for e in parts for k, v in e.warnings.items()}, examples)

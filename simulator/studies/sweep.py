@@ -417,7 +417,7 @@ def run_sweep(scenario: str | Path | Scenario | dict, vary: Sequence[str] | Mapp
         if folder is not None:
             atomic_write_text(folder / CSV, table_csv(rows, keys))
             if plots:
-                plot_sweep(rows, keys, str(folder))
+                plot_sweep(rows, keys, str(folder), name)
         return rows
     finally:
         if log is not None:

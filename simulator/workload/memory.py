@@ -67,6 +67,14 @@ DDP_BUCKET_PARAMS_PER_RANK = 1_000_000
 CUDA_CONTEXT_BYTES = 1.0 * GiB
 NCCL_BUFFER_BYTES = 1.5 * GiB
 ALLOCATOR_FRAGMENTATION = 0.05
+# Room a stage's peak should leave below the GPU's capacity, on top of the margin above (which the
+# peak already includes): the caching allocator's fragmentation depends on the allocation pattern,
+# and ALLOCATOR_FRAGMENTATION is its average, so a run that fragments twice as much needs about
+# another 5% of the tensor bytes, nearly 5% of the capacity at a full GPU (PyTorch's CUDA memory
+# management notes: memory reserved but not allocated is lost to a large request; expandable
+# segments reduce it). It also covers what the model leaves out: transient kernel workspaces
+# beyond the context's, and the HBM the driver keeps (an "80 GB" H100 shows 79.6 GiB).
+HEADROOM_FRACTION = 0.05
 
 
 def model_state_bytes(
