@@ -425,3 +425,61 @@ def test_errors_show_yaml_values_as_yaml_writes_them():
         "cluster.gpus_per_node: got null; must be a whole number >= 1"
     assert str(ConfigError("parallelism.tp", True, "x")).startswith("parallelism.tp: got true;")
     assert str(ConfigError("parallelism.tp", "8x", "x")).startswith("parallelism.tp: got '8x';")
+
+
+# --- errors in root-cause order ------------------------------------------------------------------
+
+@pytest.mark.parametrize("sets, says", [
+    # tp 3 splits neither the 8 heads nor the 8 GPUs: the heads are the cause, not the node count
+    (["parallelism.tp=3", "parallelism.dp=null"], "parallelism.tp: got 3; must divide num_attention_heads (8)"),
+    (["parallelism.tp=3"], "parallelism.tp: got 3; must divide num_attention_heads (8)"),
+    # vp needs a pipeline before the layers can be split into pp x vp chunks
+    (["parallelism.pp=1", "parallelism.dp=4", "parallelism.vp=3"], "parallelism.vp: got 3; virtual pipeline stages "
+                                                                  "need pp > 1"),
+    # the FFN split is the model's rule, named before the GPU count that tp 16 also misses
+    (["parallelism.tp=16", "model.num_attention_heads=16", "model.num_key_value_heads=16",
+      "model.intermediate_size=4104"], "parallelism.tp: got 16; must divide model.intermediate_size (4104)"),
+])
+def test_the_first_error_is_the_root_cause(sets, says):
+    with pytest.raises(ConfigError) as err:
+        validate_plan(load_scenario(TINY, sets))
+    assert str(err.value).startswith(says), err.value
+
+
+def test_a_key_left_out_is_named_as_left_out_with_its_default(tmp_path, capsys):
+    """No training: section and a layout of dp 2: the batch rule fails on the default batch of 1,
+    and the message says the key was left out instead of 'got 1', a value the file never wrote."""
+    raw = yaml.safe_load(Path(TINY).read_text())
+    del raw["training"]
+    path = tmp_path / "no-training.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    status, _, err = run_cli(["run", str(path)], capsys=capsys)
+    one_line_error(status, err, "training.global_batch_size")
+    assert err.startswith("stepsim: error: training.global_batch_size: left out (default 1); must be a multiple of "
+                          "micro_batch_size x dp = 1 x 2 = 2")
+    # written, the same value is a value the user gave
+    status, _, err = run_cli(["run", str(path), "--set", "training.global_batch_size=1"], capsys=capsys)
+    assert "training.global_batch_size: got 1; must be a multiple" in err
+    del raw["cluster"]["num_nodes"]
+    raw["parallelism"].update(tp=2, pp=2, dp=None, cp=1)
+    raw["training"] = {"global_batch_size": 8}
+    path.write_text(yaml.safe_dump(raw))
+    status, _, err = run_cli(["run", str(path), "--set", "parallelism.tp=1", "--set", "parallelism.pp=3",
+                              "--set", "model.num_hidden_layers=3"], capsys=capsys)
+    assert err.startswith("stepsim: error: cluster.num_nodes: left out (default 1); 8 GPUs"), err
+    del raw["model"]["hidden_size"]
+    path.write_text(yaml.safe_dump(raw))
+    status, _, err = run_cli(["memory", str(path)], capsys=capsys)
+    assert err == "stepsim: error: model.hidden_size: left out; required\n"
+
+
+def test_a_window_is_checked_in_two_steps_and_never_against_an_unknown_step(tmp_path, capsys):
+    png = str(tmp_path / "t.png")
+    status, _, err = run_cli(["run", TINY, "--timeline", png, "--window", "5:1"], capsys=capsys)
+    one_line_error(status, err, "--window")
+    assert "t0 must be below t1" in err and "inf" not in err
+    status, _, err = run_cli(["run", TINY, "--timeline", png, "--window", "-1:1"], capsys=capsys)
+    assert status == 2 and "t0 must be at least 0" in err
+    status, _, err = run_cli(["run", TINY, "--timeline", png, "--window", "5:6"], capsys=capsys)
+    assert status == 2 and err.splitlines()[-1].startswith("stepsim: error: --window: got '5:6'; starts at or past "
+                                                           "the end of the step, 0.00772504 s")

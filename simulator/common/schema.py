@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import MISSING, Field, dataclass, field, fields
 from typing import Any
 
-from simulator.common.errors import ConfigError
+from simulator.common.errors import ConfigError, LeftOut
 from simulator.common.limits import Limit
 
 
@@ -305,7 +305,7 @@ def check_section(section: str, raw: dict, cls: type):
         if f.name in raw:
             values[f.name] = declared[f.name].kind.check(f"{section}.{f.name}", raw[f.name])
         elif f.default is MISSING and f.default_factory is MISSING:
-            raise ConfigError(f"{section}.{f.name}", None, "required")
+            raise ConfigError(f"{section}.{f.name}", LeftOut(), "required")
     return cls(**values)
 
 
