@@ -1,4 +1,5 @@
-"""The one error type users see: a bad value in a scenario, topology or command line."""
+"""The errors users see: a bad value in a scenario, topology or command line (``ConfigError``), and
+a worker process that died under a study (``WorkerDied``)."""
 
 from dataclasses import dataclass
 
@@ -54,3 +55,16 @@ def yaml_text(value: object) -> str:
         return "true" if value else "false"
     return repr(value)
 
+
+class WorkerDied(RuntimeError):
+    """A worker process died before it returned a result: the out-of-memory killer's SIGKILL, a
+    crash, a ``kill``. Not bad input, so the CLI prints the one-line message and exits with
+    status 1 (2 is for bad input). ``what`` names the point, case or layout it was computing,
+    ``cause`` how the worker ended, ``after`` what became of the rest and of a rerun."""
+
+    def __init__(self, what: str, cause: str, after: str = ""):
+        self.what, self.cause, self.after = what, cause, after
+        super().__init__(f"{what}: {cause}" + (f"; {after}" if after else ""))
+
+    def __reduce__(self):
+        return (WorkerDied, (self.what, self.cause, self.after))
