@@ -261,6 +261,42 @@ class PerLayer(Kind):
 
 
 @dataclass(frozen=True)
+class PerName(Kind):
+    """A mapping from names of ``valid`` to numbers above ``minimum`` (``peak_tflops: {bf16: 989}``),
+    stored as a sorted tuple of pairs so the record hashes; ``required`` names must be present."""
+
+    valid: tuple[str, ...]
+    minimum: float = 0.0
+    required: tuple[str, ...] = ()
+    limit: Limit | None = None
+
+    def check(self, name: str, value: object) -> tuple[tuple[str, float], ...]:
+        if not isinstance(value, dict) or not value:
+            raise ConfigError(name, value, f"must be a mapping of {', '.join(self.valid)} to numbers")
+        for k, v in value.items():
+            if k not in self.valid:
+                raise ConfigError(f"{name}.{k}", v, f"unknown key; valid: {', '.join(self.valid)}")
+            if not is_number(v) or v <= self.minimum or (self.limit is not None and v > self.limit.maximum):
+                top = f" and {self.limit.describe()}" if self.limit is not None else ""
+                raise ConfigError(f"{name}.{k}", v, f"must be a number > {self.minimum:g}{top}")
+        for k in self.required:
+            if k not in value:
+                raise ConfigError(f"{name}.{k}", LeftOut(), "required")
+        return tuple(sorted((k, float(v)) for k, v in value.items()))
+
+    def json(self) -> dict:
+        item: dict = {"type": "number", "exclusiveMinimum": self.minimum}
+        if self.limit is not None:
+            item["maximum"] = self.limit.maximum
+        return {"type": "object", "properties": {k: item for k in self.valid}, "additionalProperties": False,
+                "required": list(self.required), "minProperties": 1}
+
+    def describe(self) -> str:
+        return "mapping of " + ", ".join(f"`{v}`" for v in self.valid) + " to numbers" + (
+            f" (`{'`, `'.join(self.required)}` required)" if self.required else "")
+
+
+@dataclass(frozen=True)
 class Key:
     """The declaration of one scenario key (``field.metadata["key"]``). ``default_text`` names a
     default that is not a constant (``the topology's``)."""

@@ -12,11 +12,14 @@ scenario's overrides into the behaviour the cost models read.
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 
 import yaml
 
-from simulator.common import resources
+from simulator.common import limits, resources
 from simulator.common.errors import ConfigError
+from simulator.common.schema import Choice, Flag, Number, Whole
+from simulator.common.yamlfile import load_yaml_file
 
 
 FP8_RECIPES = ("delayed", "tensorwise", "rowwise", "blockwise", "mxfp8")
@@ -85,9 +88,30 @@ MODEL_CODES = ("megatron-core", "own")
 
 
 
-SECTIONS = {"model": ("code",), "attention": ("kernel", "cp_comm_type", "kv_heads_expanded", "cp_merge"), "overlap": OVERLAP_KEYS, "fusion": FUSION_KEYS, "execution": EXECUTION_KEYS, "fp8": FP8_KEYS,
-            "optimizer": OPTIMIZER_KEYS, "recompute": ("selective",), "fsdp": ("pipeline_unsharded", "replica_combine_bytes")}
 
+
+
+_FLAG = Flag()
+_BYTES = Number(0, True, required="must be a number >= 0")
+# The profile format, each key once: section -> key -> what it accepts. Every entry of a profile
+# file is {value: ..., source: "..."}.
+PROFILE_KEYS = {
+    "model": {"code": Choice(MODEL_CODES)},
+    "attention": {"kernel": Choice(ATTENTION_KERNELS), "cp_comm_type": Choice(CP_COMM_TYPES),
+                  "kv_heads_expanded": _FLAG, "cp_merge": Choice(CP_MERGES)},
+    "overlap": {"tp_comm": _FLAG, "grad_reduce": _FLAG, "param_gather": _FLAG,
+                "param_prefetch_depth": Whole(0, limits.PREFETCH_DEPTH), "async_tp": _FLAG, "cp_comm": _FLAG},
+    "fusion": {"norm": _FLAG, "rope": _FLAG, "activation": _FLAG, "cross_entropy": Choice(CROSS_ENTROPY_IMPLS),
+               "cross_entropy_compiled": Choice(CROSS_ENTROPY_IMPLS)},
+    "execution": {"compile": _FLAG, "cuda_graphs": _FLAG, "host_issue_us": _BYTES, "compiled_host_issue_us": _BYTES},
+    "fp8": {"recipe": Choice(FP8_RECIPES), "casts_fused_into_producers": _FLAG, "weight_cast_once_per_step": _FLAG,
+            "saves_quantized_inputs": _FLAG},
+    "optimizer": {k: _BYTES for k in OPTIMIZER_KEYS},
+    "recompute": {"selective": Choice(SELECTIVE_POLICIES)},
+    "fsdp": {"pipeline_unsharded": _FLAG, "replica_combine_bytes": _BYTES},
+}
+SECTIONS = {section: tuple(keys) for section, keys in PROFILE_KEYS.items()}
+GENERIC = "generic"  # the profile of a scenario that names no framework
 
 
 def framework_names() -> tuple[str, ...]:
@@ -95,38 +119,45 @@ def framework_names() -> tuple[str, ...]:
     return resources.names("frameworks")
 
 
+def is_profile_path(value: str) -> bool:
+    """Whether ``framework:`` names a profile file rather than a shipped profile."""
+    return value.lower().endswith((".yaml", ".yml")) or "/" in value or "\\" in value
 
-@functools.lru_cache(maxsize=16)
+
+@functools.lru_cache(maxsize=32)
 def load_profile(name: str) -> dict:
-    """The profile's values by section (sources dropped), or a one-line ConfigError."""
-    names = framework_names()
-    if name not in names:
-        raise ConfigError("framework", name, f"valid: {', '.join(names)}")
-    path = resources.entry("frameworks", name)
-    raw = yaml.safe_load(path.read_text())
+    """The profile's values by section (sources dropped): a shipped profile by name, or a profile
+    file by path; a one-line ConfigError naming the file and the key otherwise."""
+    if is_profile_path(name):
+        path = Path(name)
+        raw = load_yaml_file(path, "framework")
+        where = str(path)
+    else:
+        names = framework_names()
+        if name not in names:
+            raise ConfigError("framework", name, f"no shipped profile of that name ({', '.join(names)}): give the path "
+                                                 "of a profile YAML (docs/extending.md), or leave framework out for "
+                                                 "the generic profile")
+        raw = yaml.safe_load(resources.entry("frameworks", name).read_text())
+        where = f"{name}.yaml"
+    if not isinstance(raw, dict):
+        raise ConfigError("framework", where, "must be a YAML mapping of profile sections (docs/extending.md)")
+    for section in raw:
+        if section not in PROFILE_KEYS and section not in ("name", "description"):
+            raise ConfigError(f"{where}: {section}", raw[section],
+                              f"unknown section; valid: name, description, {', '.join(PROFILE_KEYS)}")
     out: dict = {}
-    for section, keys in SECTIONS.items():
+    for section, kinds in PROFILE_KEYS.items():
         entries = raw.get(section) or {}
+        if not isinstance(entries, dict):
+            raise ConfigError(f"{where}: {section}", entries, f"must be a mapping of {', '.join(kinds)}")
+        for key in entries:
+            if key not in kinds:
+                raise ConfigError(f"{where}: {section}.{key}", entries[key], f"unknown key; valid: {', '.join(kinds)}")
         out[section] = {}
-        for key in keys:
+        for key, kind in kinds.items():
             entry = entries.get(key)
             if not isinstance(entry, dict) or "value" not in entry or not entry.get("source"):
-                raise ConfigError(f"{path.name}: {section}.{key}", entry, "needs a value and a source")
-            out[section][key] = entry["value"]
-    if out["recompute"]["selective"] not in SELECTIVE_POLICIES:
-        raise ConfigError(f"{path.name}: recompute.selective", out["recompute"]["selective"],
-                          f"valid: {', '.join(SELECTIVE_POLICIES)}")
-    for key, valid in (("kernel", ATTENTION_KERNELS), ("cp_comm_type", CP_COMM_TYPES), ("cp_merge", CP_MERGES)):
-        if out["attention"][key] not in valid:
-            raise ConfigError(f"{path.name}: attention.{key}", out["attention"][key], f"valid: {', '.join(valid)}")
-    if out["model"]["code"] not in MODEL_CODES:
-        raise ConfigError(f"{path.name}: model.code", out["model"]["code"], f"valid: {', '.join(MODEL_CODES)}")
-    for key in ("cross_entropy", "cross_entropy_compiled"):
-        if out["fusion"][key] not in CROSS_ENTROPY_IMPLS:
-            raise ConfigError(f"{path.name}: fusion.{key}", out["fusion"][key], f"valid: {', '.join(CROSS_ENTROPY_IMPLS)}")
-    for key in ("casts_fused_into_producers", "weight_cast_once_per_step", "saves_quantized_inputs"):
-        if not isinstance(out["fp8"][key], bool):
-            raise ConfigError(f"{path.name}: fp8.{key}", out["fp8"][key], "valid: true, false")
-    if out["fp8"]["recipe"] not in FP8_RECIPES:
-        raise ConfigError(f"{path.name}: fp8.recipe", out["fp8"]["recipe"], f"valid: {', '.join(FP8_RECIPES)}")
+                raise ConfigError(f"{where}: {section}.{key}", entry, "needs a value and a source")
+            out[section][key] = kind.check(f"{where}: {section}.{key}", entry["value"])
     return out

@@ -17,11 +17,16 @@ constants used by ``simulator.workload.compute`` (same for every scenario, never
 
 from __future__ import annotations
 
+import functools
 import re
-from dataclasses import dataclass, replace, field
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
 
+from simulator.common import limits
 from simulator.common.errors import ConfigError
+from simulator.common.schema import Choice, Number, PerName, Text, Whole, check_section, key
 from simulator.common.units import GiB, TERA, GBps
+from simulator.common.yamlfile import load_yaml_file
 
 PRECISIONS = ("bf16", "fp16", "fp8", "tf32", "mxfp8", "nvfp4")
 
@@ -452,8 +457,81 @@ def _lookup(name: str) -> str | None:
     return None
 
 
-def get_gpu(name: str) -> GPUSpec:
-    """The catalog entry for ``name`` or one of its aliases, case-insensitively."""
+@dataclass(frozen=True)
+class GPUFile:
+    """A GPU the catalog does not hold, described by its datasheet (``cluster.gpu`` inline or as a
+    YAML file). The measured efficiencies the compute model needs (best GEMM fraction of peak per
+    precision, sustained fraction under load, HBM and NVLink efficiencies, launch gap, host speed)
+    are borrowed from ``like``, a catalog GPU of the same kind: say which one; a new GPU's own
+    efficiencies are only known once measured (docs/extending.md)."""
+
+    name: str = key(kind=Text(), help="the GPU's name in reports")
+    peak_tflops: tuple = key(kind=PerName(PRECISIONS, 0, ("bf16",), limits.GPU_PEAK_TFLOPS),
+                             help="dense peak per precision (no 2:4 sparsity); bf16 required", unit="TFLOP/s")
+    hbm_gib: float = key(kind=Number(0, False, limits.GPU_MEMORY_GIB, required="must be a number > 0"),
+                         help="HBM capacity", unit="GiB")
+    hbm_bandwidth_GBps: float = key(kind=Number(0, False, required="must be a number > 0"), help="HBM bandwidth",
+                                    unit="GB/s")
+    nvlink_bandwidth_GBps: float = key(kind=Number(0, False, limits.NVLINK_GBPS, required="must be a number > 0"),
+                                       help="NVLink (or other scale-up link) rate per GPU", unit="GB/s per direction")
+    like: str = key("H100-SXM5-80GB", Text(), help="the catalog GPU whose measured efficiencies this one borrows")
+    nvlink_generation: int | None = key(None, Choice((3, 4, 5), optional=True),
+                                        help="NVLink generation (4+: NVLink SHARP in the switch); null: like's")
+    num_sms: int | None = key(None, Whole(1, limits.Limit(4096, "SMs per GPU"), optional=True),
+                              help="streaming multiprocessors (wave quantization of GEMMs); null: like's")
+    tdp_W: float | None = key(None, Number(0, False, limits.GPU_POWER_W), help="board power (TDP); null: like's", unit="W")
+    host_link_GBps: float | None = key(None, Number(0, False, limits.HOST_LINK_GBPS),
+                                       help="link to host memory per direction; null: like's", unit="GB/s")
+    source: str | None = key(None, Text(optional=True), help="where the figures come from")
+
+    def __str__(self) -> str:
+        return self.name
+
+    def to_dict(self) -> dict:
+        out = {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+        out["peak_tflops"] = dict(self.peak_tflops)
+        return out
+
+
+def read_gpu_file(value: object, base: Path | None = None, field: str = "cluster.gpu") -> GPUFile:
+    """A ``GPUFile`` from a mapping or from the path of a YAML file (relative to ``base``)."""
+    if isinstance(value, str):
+        path = Path(value)
+        if not path.is_absolute() and base is not None:
+            path = base / path
+        value = load_yaml_file(path, field)
+        if not isinstance(value, dict):
+            raise ConfigError(field, str(path), "must be a YAML mapping of GPU fields (docs/extending.md)")
+    if not isinstance(value, dict):
+        raise ConfigError(field, value, "must be a catalog GPU name, a GPU YAML file or a mapping of GPU fields")
+    gpu = check_section(field, value, GPUFile)
+    if _lookup(gpu.like) is None:
+        raise ConfigError(f"{field}.like", gpu.like, f"must be a catalog GPU; valid: {', '.join(sorted(GPU_CATALOG))}")
+    return gpu
+
+
+@functools.lru_cache(maxsize=64)
+def _from_file(f: GPUFile) -> GPUSpec:
+    """The GPUSpec of a described GPU: its datasheet figures, ``like``'s measured efficiencies."""
+    base = get_gpu(f.like)
+    peaks = {k: v * TERA for k, v in f.peak_tflops}
+    if "fp16" not in peaks:
+        peaks["fp16"] = peaks["bf16"]
+    changes = dict(name=f.name, peak_flops=peaks, hbm_bandwidth_Bps=GBps(f.hbm_bandwidth_GBps),
+                   hbm_capacity_bytes=f.hbm_gib * GiB, nvlink_bandwidth_Bps=GBps(f.nvlink_bandwidth_GBps),
+                   source=f.source or f"described in the scenario; efficiencies of {base.name}", power_limit_w=None)
+    for name, value in (("nvlink_generation", f.nvlink_generation), ("num_sms", f.num_sms), ("tdp_w", f.tdp_W),
+                        ("host_link_Bps", GBps(f.host_link_GBps) if f.host_link_GBps else None)):
+        if value is not None:
+            changes[name] = value
+    return replace(base, **changes)
+
+
+def get_gpu(name: str | GPUFile) -> GPUSpec:
+    """The catalog entry for ``name`` or one of its aliases, case-insensitively; a described GPU
+    (``GPUFile``) with the efficiencies of the catalog GPU it names as ``like``."""
+    if isinstance(name, GPUFile):
+        return _from_file(name)
     key = _lookup(name)
     if key is None:
         valid = sorted(set(GPU_CATALOG) | set(_ALIASES))

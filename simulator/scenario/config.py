@@ -17,8 +17,11 @@ from dataclasses import dataclass, field
 
 from simulator.common import limits
 from simulator.common.errors import ConfigError
-from simulator.parts.frameworks import CROSS_ENTROPY_IMPLS, CUDA_GRAPH_SCOPES, FP8_RECIPES, SELECTIVE_POLICIES
-from simulator.common.schema import (Between, Choice, Flag, Names, Number, PerLayer, Text, Whole, key)
+from simulator.parts.frameworks import (CROSS_ENTROPY_IMPLS, CUDA_GRAPH_SCOPES, FP8_RECIPES, GENERIC, SELECTIVE_POLICIES,
+                                        framework_names, load_profile)
+from simulator.parts.gpus import GPUFile, read_gpu_file
+from simulator.common.schema import (Between, Choice, Flag, Kind, Names, Number, PerLayer, Text, Whole, key,
+                                     section_schema)
 
 # --- the vocabulary of the format: the values a key may take ---------------------------------
 
@@ -59,6 +62,46 @@ def optimizer_state_bytes(dtype: str) -> int:
 def _graph_scope_rule(name: str, scope: tuple[str, ...]) -> None:
     if "moe_preprocess" in scope and "moe_router" not in scope:
         raise ConfigError(name, list(scope), "moe_preprocess is captured with moe_router only (Megatron-core): add moe_router")
+
+
+@dataclass(frozen=True)
+class GPUChoice(Kind):
+    """``cluster.gpu``: a catalog name, or a described GPU (``parts.gpus.GPUFile``, a mapping; a
+    file path is read into one by the loader, relative to the scenario)."""
+
+    def check(self, name: str, value: object) -> str | GPUFile:
+        if isinstance(value, GPUFile):
+            return value
+        if isinstance(value, dict):
+            return read_gpu_file(value, field=name)
+        return Text().check(name, value)
+
+    def json(self) -> dict:
+        return {"oneOf": [{"type": "string", "minLength": 1,
+                           "description": "a catalog GPU, or the path of a GPU YAML file (relative to the scenario)"},
+                          section_schema(GPUFile)]}
+
+    def describe(self) -> str:
+        return "a catalog GPU name, a GPU YAML file, or a mapping of GPU fields"
+
+
+@dataclass(frozen=True)
+class FrameworkChoice(Kind):
+    """``framework``: a shipped profile by name or a profile file by path (the loader makes a
+    relative path absolute); null is the generic profile (``parts.frameworks.GENERIC``)."""
+
+    def check(self, name: str, value: object) -> str:
+        if value is None:
+            return GENERIC
+        value = Text().check(name, value)
+        load_profile(value)  # an unknown name or a bad file is named here
+        return value
+
+    def json(self) -> dict:
+        return {"type": ["string", "null"], "minLength": 1, "examples": list(framework_names())}
+
+    def describe(self) -> str:
+        return "a shipped profile (" + ", ".join(f"`{n}`" for n in framework_names()) + "), a profile file, or null"
 
 
 def _dim(minimum: int = 1, limit: limits.Limit = limits.HIDDEN_SIZE, optional: bool = True) -> Whole:
@@ -178,8 +221,9 @@ class ClusterConfig:
     num_nodes: int = key(1, _upto(limits.NUM_GPUS), help="nodes (NVLink domains) in the job")
     gpus_per_node: int = key(8, Whole(1, limits.GPUS_PER_NODE, optional=True), help="GPUs per node the job uses",
                              default_text="the topology's")
-    gpu: str = key("H100-SXM5-80GB", Text(optional=True), help="a GPU of the catalog (name or alias)",
-                   default_text="the topology's")
+    gpu: str | GPUFile = key("H100-SXM5-80GB", GPUChoice(),
+                             help="a GPU of the catalog (name or alias), a GPU YAML file, or the GPU's fields inline "
+                                  "(docs/extending.md)", default_text="the topology's")
     nvlink_bandwidth_GBps: float | None = key(None, Number(0, False, limits.NVLINK_GBPS),
                                               help="NVLink rate per GPU; null: the GPU's or the topology's", unit="GB/s per direction")
     network_bandwidth_Gbps: float | None = key(None, Number(0, False, limits.NETWORK_GBPS),
@@ -392,7 +436,9 @@ class Scenario:
     training: TrainingConfig = field(default_factory=TrainingConfig, metadata={"section": "the batch and precision"})
     parallelism: ParallelConfig = field(default_factory=ParallelConfig, metadata={"section": "the layout"})
     schedule: str = key("1f1b", Choice(SCHEDULES), help="pipeline schedule (vp > 1 with 1f1b runs interleaved 1F1B)")
-    framework: str = key("megatron-core", Text(), help="a shipped framework profile (simulator/data/frameworks) by name")
+    framework: str = key(GENERIC, FrameworkChoice(),
+                         help="the training stack: a shipped profile's name, or the path of a profile YAML "
+                              "(docs/extending.md); null or left out: the generic profile")
     overlap: OverlapConfig = field(default_factory=OverlapConfig, metadata={"section": "communication overlap"})
     framework_options: FrameworkOptions = field(default_factory=FrameworkOptions, metadata={"section": "framework switches"})
     moe: MoEConfig = field(default_factory=MoEConfig, metadata={"section": "MoE layers"})

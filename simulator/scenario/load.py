@@ -30,7 +30,8 @@ import yaml
 from simulator.common import limits, resources
 from simulator.common.errors import ConfigError, LeftOut
 from simulator.common.yamlfile import load_yaml_file
-from simulator.parts.frameworks import framework_names
+from simulator.parts.frameworks import is_profile_path
+from simulator.parts.gpus import GPUFile, read_gpu_file
 from simulator.parts.topology import load_topology
 from simulator.scenario.config import (SCHEDULES, ClusterConfig, Faults, FrameworkOptions, ModelConfig, MoEConfig,
                                        OverlapConfig, ParallelConfig, Scenario, TrainingConfig)
@@ -216,7 +217,7 @@ def scenario_from_dict(d: dict, overrides: Iterable[str] = (), *, base_dir: str 
         training=_training(sections["training"]),
         parallelism=check_section("parallelism", sections["parallelism"], ParallelConfig),
         schedule=Choice(SCHEDULES).check("schedule", d.get("schedule", "1f1b")),
-        framework=Choice(framework_names()).check("framework", d.get("framework", "megatron-core")),
+        framework=_framework(d.get("framework"), base),
         overlap=check_section("overlap", sections["overlap"], OverlapConfig),
         framework_options=check_section("framework_options", sections["framework_options"], FrameworkOptions),
         moe=check_section("moe", sections["moe"], MoEConfig),
@@ -249,6 +250,13 @@ def explain_left_out(err: ConfigError, s: Scenario) -> ConfigError:
     return ConfigError(err.field, LeftOut.of(err.value, source), err.valid)
 
 
+def _framework(value: object, base: Path) -> str:
+    """The ``framework`` key, a relative profile path made absolute against the scenario's folder."""
+    if isinstance(value, str) and is_profile_path(value) and not Path(value).is_absolute():
+        value = str((base / value).resolve())
+    return keys_of(Scenario)["framework"].kind.check("framework", value)
+
+
 def _training(raw: dict) -> TrainingConfig:
     t = check_section("training", raw, TrainingConfig)
     if t.recompute_modules is not None and t.recompute != "selective":
@@ -267,6 +275,9 @@ def _cluster(raw: dict, base: Path) -> ClusterConfig:
     for key in ("gpu", "gpus_per_node"):  # null, like leaving it out: the topology's
         if key in raw and raw[key] is None:
             del raw[key]
+    gpu = raw.get("gpu")
+    if isinstance(gpu, dict) or (isinstance(gpu, str) and gpu.lower().endswith((".yaml", ".yml"))):
+        raw["gpu"] = read_gpu_file(gpu, base)
     if "gpu" not in raw or "gpus_per_node" not in raw:
         spec = load_topology(Text().check("cluster.topology", raw.get("topology", topology)))
         raw.setdefault("gpu", spec.gpu)
@@ -285,6 +296,8 @@ def _plain(x):
     the planner converts thousands of scenarios."""
     if type(x) in (int, float, str, bool, type(None)):
         return x
+    if isinstance(x, GPUFile):
+        return x.to_dict()
     if is_dataclass(x) and not isinstance(x, type):
         return {f.name: _plain(getattr(x, f.name)) for f in fields(x)}
     if isinstance(x, tuple) and hasattr(x, "_fields"):

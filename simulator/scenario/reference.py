@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from dataclasses import MISSING, fields
 
-from simulator.parts.frameworks import framework_names
 from simulator.scenario.config import (LINK_CLASSES, ClusterConfig, Faults, FrameworkOptions, LinkFault, ModelConfig,
                                        MoEConfig, OverlapConfig, ParallelConfig, Scenario, Straggler, TrainingConfig)
 from simulator.scenario.hf import HF_CONFIG, HF_ID, MODEL_ALIASES
@@ -60,9 +59,7 @@ def json_schema() -> dict:
         decl = _top(name)
         props[name] = {**decl.kind.json(), "description": decl.help}
     props["schedule"]["default"] = default_of(next(f for f in fields(Scenario) if f.name == "schedule"))
-    props["framework"] = {"type": "string", "minLength": 1, "examples": list(framework_names()),
-                          "description": _top("framework").help,
-                          "default": default_of(next(f for f in fields(Scenario) if f.name == "framework"))}
+    props["framework"]["default"] = default_of(next(f for f in fields(Scenario) if f.name == "framework"))
     props["model"] = _model_schema()
     for name, cls in SECTIONS[1:]:
         props[name] = {**section_schema(cls), "description": (cls.__doc__ or "").strip().splitlines()[0]}
@@ -131,8 +128,7 @@ def markdown() -> str:
     for f in fields(Scenario):
         if f.name in TOP_KEYS:
             decl = f.metadata["key"]
-            accepts = decl.kind.describe() if f.name != "framework" else (
-                "a shipped profile name (" + ", ".join(f"`{n}`" for n in framework_names()) + ")")
+            accepts = decl.kind.describe()
             out.append(f"| `{f.name}` | {accepts} | {_default_text(f, decl)} | | {decl.help} |")
     out += ["| `model` | a Hugging Face id, or a mapping (below) | required | | "
             f"{keys_of(Scenario)['model'].help} |",
