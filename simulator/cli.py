@@ -527,7 +527,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "what the exact Pareto front needs (slower)")
     pl.add_argument("--tolerance", default=None, metavar="T",
                     help="prune a layout unless it could beat the shown one at its rank (or on the Pareto front) by "
-                         f"more than T, a fraction or a percentage: 0 is exact (default {TOLERANCE_HELP_DEFAULT})")
+                         f"more than T, a fraction or a percentage: 0 is exact (default "
+                         f"{TOLERANCE_HELP_DEFAULT.replace('%', '%%')})")  # argparse %-formats help texts
     pl.add_argument("--validate", action="store_true",
                     help="SCENARIO is a public-runs file: plan every run and compare with its published layout")
     add_progress_flags(pl)

@@ -60,3 +60,24 @@ def test_plan_help_shows_the_planners_default_tolerance():
     from simulator.studies.planner import DEFAULT_TOLERANCE
 
     assert TOLERANCE_HELP_DEFAULT == f"{DEFAULT_TOLERANCE * 100:g}%"
+
+
+def test_every_command_prints_its_help(capsys):
+    """argparse %-formats help texts: a bare % (plan's "default 0%") made `stepsim plan --help` a
+    ValueError traceback. Each command's help prints, and plan's shows its default tolerance."""
+    from simulator.cli import TOLERANCE_HELP_DEFAULT, build_parser
+
+    parser = build_parser()
+    commands = parser._subparsers._group_actions[0].choices
+    for name in commands:
+        with pytest.raises(SystemExit) as stop:
+            parser.parse_args([name, "--help"])
+        assert stop.value.code == 0, name
+        text = capsys.readouterr().out
+        assert text.startswith(f"usage: stepsim {name}"), name
+        if name in ("sweep", "whatif", "plan", "validate", "report"):
+            assert "default: one per CPU" in " ".join(text.split()), name
+    parser.parse_args(["plan", "x.yaml"])
+    with pytest.raises(SystemExit):
+        parser.parse_args(["plan", "--help"])
+    assert f"(default {TOLERANCE_HELP_DEFAULT})" in " ".join(capsys.readouterr().out.split())
