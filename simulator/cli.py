@@ -5,13 +5,18 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import re
 import sys
 
 from simulator.common import limits, units
-from simulator.common.errors import ConfigError
+from simulator.common.errors import ConfigError, LeftOut, WorkerDied
 from simulator.common.outputs import FIGURE_SUFFIXES, JSON_SUFFIXES, check_output_folder, check_output_path
 from simulator.common.progress import add_progress_flags, progress_from_args
+
+HTML_SUFFIXES = (".html", ".htm")
+# what an --out that names a folder must not look like: a file of a kind the commands write
+FILE_SUFFIXES = (*HTML_SUFFIXES, ".md", *JSON_SUFFIXES, ".jsonl", ".csv", ".yaml", ".yml", *FIGURE_SUFFIXES, ".txt")
 
 
 # ``stepsim plan --tolerance``'s default as its help shows it: the planner's DEFAULT_TOLERANCE
@@ -136,28 +141,32 @@ def _run(args) -> int:
     elif args.stages is not None or args.window is not None:
         raise ConfigError("--stages" if args.stages is not None else "--window",
                           args.stages if args.stages is not None else args.window, "only applies with --timeline FILE")
+    if args.window is not None:
+        from simulator.reports.timeline import parse_window
+        parse_window(args.window)  # its form; whether it lies inside the step is known after the simulation
+    # every input is checked before the first progress line: bad input is one line on stderr
+    c = simulation.checked(args.scenario, args.set or [], on_warning=_warn)
+    if args.stages is not None:
+        from simulator.reports.timeline import parse_stages
+        parse_stages(args.stages, c.scenario.parallelism.pp)
+    if not args.allow_oom:
+        simulation.check_fits(c.scenario, c.memory)
     with progress_from_args(args, "run") as bar:
-        bar.phase("loading the scenario")
-        s = simulation.load_scenario(args.scenario, args.set or [])
-        if args.stages is not None or args.window is not None:
-            from simulator.reports.timeline import parse_stages, parse_window
-            if args.stages is not None:
-                parse_stages(args.stages, s.parallelism.pp)
-            if args.window is not None:
-                parse_window(args.window, math.inf)
         fold = not (args.no_fold or args.trace_all_ranks)
-        result = simulation.run(s, fold=fold, algorithm=args.algorithm, allow_oom=args.allow_oom,
-                                record_flows=bool(args.json), progress=bar, on_warning=_warn)
+        result = simulation.run(c, fold=fold, algorithm=args.algorithm, allow_oom=True,
+                                record_flows=bool(args.json), progress=bar)
+        if args.timeline:
+            from simulator.reports.timeline import parse_stages, parse_window, timeline
+            tl = timeline(result.result, result.to_dict(analyses=False))
+            stages = parse_stages(args.stages, tl.stages) if args.stages is not None else None
+            window = parse_window(args.window, tl.step_time_s) if args.window is not None else None
         if args.trace:
             bar.phase(f"writing {args.trace}")
             result.write_trace(args.trace)
         if args.timeline:
             bar.phase(f"drawing {args.timeline}")
             from simulator.reports.plots import plot_timeline
-            from simulator.reports.timeline import parse_stages, parse_window, timeline, view
-            tl = timeline(result.result, result.to_dict(analyses=False))
-            stages = parse_stages(args.stages, tl.stages) if args.stages is not None else None
-            window = parse_window(args.window, tl.step_time_s) if args.window is not None else None
+            from simulator.reports.timeline import view
             chart, overview = view(tl, stages, window)
             plot_timeline(chart, args.timeline, overview)
         if args.json:
@@ -181,7 +190,7 @@ def _memory(args) -> int:
 def _validate(args) -> int:
     from pathlib import Path
 
-    from simulator.studies.validate import format_table, validate_file
+    from simulator.studies.validate import format_table, load_cases, validate_file
     from simulator.studies.validation_page import page
 
     if args.plot:
@@ -190,6 +199,9 @@ def _validate(args) -> int:
             raise ConfigError("--plot", args.plot, "draws one runs file: give one file, or drop --plot")
     if args.json and args.markdown:
         raise ConfigError("--markdown", True, "prints the validation page; it cannot be combined with --json")
+    _check_workers(args)
+    for runs in args.runs:  # every file's cases are checked before the first is predicted
+        load_cases(runs)
     results = []
     with progress_from_args(args, "validate") as bar:
         for runs in args.runs:
@@ -205,9 +217,20 @@ def _validate(args) -> int:
         print(json.dumps({runs: result for runs, result in results}, indent=2))
     else:
         print("\n\n".join(f"== {runs}\n{format_table(result)}" for runs, result in results))
+    _raise_died([r for _, result in results for r in result["rows"]], "validate: case",
+                "the other cases are in the table; validate keeps no log, so a rerun predicts every case again")
     for runs, result in results:
         _none_ran(result["rows"], lambda r: isinstance(r.get("error"), str), runs, "simulated")
     return 0
+
+
+def _raise_died(rows: list[dict], what: str, after: str) -> None:
+    """Exit 1 naming the first case whose worker process died (``worker_died`` rows), once the
+    table of the others is printed (validate, plan --validate)."""
+    died = [r for r in rows if r.get("worker_died")]
+    if died:
+        more = f" (and {len(died) - 1} more case{'s' if len(died) > 2 else ''})" if len(died) > 1 else ""
+        raise WorkerDied(f"{what} {died[0]['id']}", died[0]["worker_died"] + more, after)
 
 
 def _none_ran(rows: list[dict], failed, runs: str, what: str) -> None:
@@ -223,11 +246,25 @@ def _sweep(args) -> int:
 
     _check_workers(args)
     check_output_folder(args.out, "--out")
-    rows = run_sweep(args.scenario, args.vary, args.out, sets=args.set or [], workers=args.workers,
-                     executor=args.executor, address=args.address, progress=None if args.quiet else sys.stderr)
     keys = [v.partition("=")[0].strip() for v in args.vary]
-    print(format_table(rows, keys))
-    print(f"{len(rows)} points: {args.out}/{CSV}, {args.out}/{JSONL} and plots")
+
+    def show(rows: list[dict], complete: bool = True) -> None:
+        if args.json:
+            print(json.dumps(rows, indent=2))
+            return
+        print(format_table(rows, keys))
+        if complete:  # an incomplete sweep draws no plots; its error line says where its rows are
+            print(f"{len(rows)} points: {args.out}/{CSV}, {args.out}/{JSONL} and plots")
+
+    with progress_from_args(args, "sweep") as bar:
+        try:
+            rows = run_sweep(args.scenario, args.vary, args.out, sets=args.set or [], workers=args.workers,
+                             executor=args.executor, address=args.address, progress=bar)
+        except WorkerDied as err:
+            bar.close()
+            show(err.rows, complete=False)
+            raise
+    show(rows)
     if rows and all(r.get("error") for r in rows):
         # the rows are saved above; a sweep of which no point could be simulated is bad input
         first = rows[0]
@@ -250,7 +287,6 @@ def _whatif(args) -> int:
     s, _ = _load(args)
     _check_memory(s, args)
     with progress_from_args(args, "whatif") as bar:
-        bar.phase("simulating the baseline and each resource faster and slower")
         result = whatif(args.scenario, sets=args.set or [], factor=args.factor, executor=args.executor,
                         workers=args.workers, address=args.address, progress=bar)
     if args.out:
@@ -259,31 +295,69 @@ def _whatif(args) -> int:
     return 0
 
 
+# ``plan --validate`` plans every run of a public-runs file with the planner's defaults: the flags
+# that shape one plan of one scenario do not apply, and are refused rather than silently ignored.
+PLAN_ONLY = (("set", "--set"), ("space", "--space"), ("top", "--top"), ("prove", "--prove"), ("emit", "--emit"),
+             ("out", "--out"), ("executor", "--executor"), ("address", "--address"), ("objective", "--objective"),
+             ("max_memory_fraction", "--max-memory-fraction"), ("pareto", "--pareto"), ("tolerance", "--tolerance"))
+
+
 def _plan(args) -> int:
     from simulator.studies.planner import emit_scenario, format_plan, plan
 
     _check_workers(args)
+    if args.validate:
+        from simulator.studies.plan_check import check_runs, format_check
+
+        for dest, flag in PLAN_ONLY:
+            if getattr(args, dest) != args.plan_defaults[dest]:
+                raise ConfigError(flag, getattr(args, dest), "does not apply with --validate, which plans every run "
+                                                             "of a public-runs file with the planner's defaults; "
+                                                             "leave it out")
+        with progress_from_args(args, "plan --validate") as bar:
+            result = check_runs(args.scenario, workers=args.workers, progress=bar)
+        print(json.dumps(result, indent=2) if args.json else format_check(result))
+        _raise_died(result["rows"], "plan --validate: case", "the other cases are in the table; a rerun plans "
+                                                           "every case again")
+        _none_ran(result["rows"], lambda r: "error" in r, args.scenario, "planned")
+        return 0
     if args.out:
         check_output_folder(args.out, "--out")
     if args.emit:
         check_output_path(args.emit, "--emit", (".yaml", ".yml"))
-    if args.validate:
-        from simulator.studies.plan_check import check_runs, format_check
-
-        result = check_runs(args.scenario, workers=args.workers)
-        print(json.dumps(result, indent=2) if args.json else format_check(result))
-        _none_ran(result["rows"], lambda r: "error" in r, args.scenario, "planned")
-        return 0
-    result = plan(args.scenario, sets=args.set or [], space=args.space or [], top=args.top, prove=args.prove,
-                  objective=args.objective, max_memory_fraction=args.max_memory_fraction, out=args.out,
-                  pareto=args.pareto == "exact",
-                  tolerance=args.tolerance,
-                  workers=args.workers, executor=args.executor, address=args.address,
-                  progress=None if args.quiet else sys.stderr, force_progress=args.progress)
+    with progress_from_args(args, "plan") as bar:
+        result = plan(args.scenario, sets=args.set or [], space=args.space or [], top=args.top, prove=args.prove,
+                      objective=args.objective, max_memory_fraction=args.max_memory_fraction, out=args.out,
+                      pareto=args.pareto == "exact", tolerance=args.tolerance, workers=args.workers,
+                      executor=args.executor, address=args.address, progress=bar)
     if args.emit:
         emit_scenario(result, args.scenario, args.emit, sets=args.set or [])
     print(json.dumps(result, indent=2) if args.json else format_plan(result))
     return 0
+
+
+def _page_outputs(args, page: str) -> tuple[str | None, str | None]:
+    """(the HTML file, the output folder) of ``report`` or ``audit``. ``--out`` is a folder, as on
+    every command; an ``--out`` ending in .html or .htm is the page itself, as it was before
+    ``--html`` existed. Each is checked before any work."""
+    html, folder = args.html, None
+    if args.out is not None:
+        suffix = os.path.splitext(str(args.out))[1].lower()
+        if suffix in HTML_SUFFIXES:
+            if html is not None:
+                raise ConfigError("--out", args.out, f"names the page and so does --html ({html}): give it once")
+            html = args.out
+        elif suffix in FILE_SUFFIXES:
+            own = "--md FILE" if suffix == ".md" and hasattr(args, "md") else "--html FILE"
+            raise ConfigError("--out", args.out, f"is a folder (for {page}.html and the rest), not a {suffix} file; "
+                                                 f"give a folder name, or {own} for that file alone")
+        else:
+            folder = args.out
+    if html is not None:
+        check_output_path(html, "--html" if html == args.html else "--out", HTML_SUFFIXES)
+    if folder is not None:
+        check_output_folder(folder, "--out")
+    return html, folder
 
 
 def _report(args) -> int:
@@ -295,44 +369,67 @@ def _report(args) -> int:
     from simulator.studies.designdoc import gather
     from simulator.studies.whatif import check_factor
 
-    check_output_path(args.out, "--out", (".html", ".htm"))
-    if args.md:
-        check_output_path(args.md, "--md", (".md",))
+    html, folder = _page_outputs(args, "memo")
+    md = args.md
+    if md:
+        check_output_path(md, "--md", (".md",))
+    if html is None and md is None and folder is None:
+        raise ConfigError("--out", LeftOut(), "give a folder for memo.html, memo.md and its figures (--out DIR), or "
+                                              "--html FILE, or --md FILE")
+    if folder is not None:
+        html = html or str(Path(folder) / "memo.html")
+        md = md or str(Path(folder) / "memo.md")
     _check_workers(args)
     check_factor(args.factor)
     _load(args)
     t0 = time.perf_counter()
     with progress_from_args(args, "report") as bar:
-        bar.phase("simulating the step, its what-ifs, the fallback layout and the batch sizes")
-        data = gather(args.scenario, args.set or [], factor=args.factor, workers=args.workers)
-    atomic_write_text(args.out, memo_html(data))
-    written = [args.out]
-    if args.md:
-        md = Path(args.md)
-        paths = {}
-        for name, png in sorted(data["figures"].items()):
-            fig = md.with_name(f"{md.stem}-{name}.png")
-            atomic_write(fig, lambda f, png=png: f.write(png), binary=True)
-            paths[name] = fig.name
-            written.append(str(fig))
-        atomic_write_text(md, memo_markdown(data, paths))
-        written.insert(1, str(md))
+        data = gather(args.scenario, args.set or [], factor=args.factor, workers=args.workers, progress=bar)
+        if folder is not None:
+            Path(folder).mkdir(parents=True, exist_ok=True)
+        written = []
+        if html:
+            bar.phase(f"writing {html}")
+            atomic_write_text(html, memo_html(data))
+            written.append(html)
+        if md:
+            bar.phase(f"writing {md}")
+            page = Path(md)
+            paths = {}
+            figures = []
+            for name, png in sorted(data["figures"].items()):
+                fig = page.with_name(f"{page.stem}-{name}.png")
+                atomic_write(fig, lambda f, png=png: f.write(png), binary=True)
+                paths[name] = fig.name
+                figures.append(str(fig))
+            atomic_write_text(page, memo_markdown(data, paths))
+            written += [md, *figures]
     print(f"memo written: {', '.join(written)} ({time.perf_counter() - t0:.1f} s wall)")
     return 0
 
 
 def _audit(args) -> int:
+    from pathlib import Path
+
     from simulator.common.files import atomic_write_text
     from simulator.reports.auditpage import audit_html
     from simulator.scenario.load import read_scenario_file
     from simulator.studies.audit import audit, format_audit, parse_claims
 
-    if args.out:
-        check_output_path(args.out, "--out", (".html", ".htm"))
+    from simulator import simulation
+
+    html, folder = _page_outputs(args, "audit")
     parse_claims(read_scenario_file(args.scenario))
-    result = audit(args.scenario, args.set or [])
-    if args.out:
-        atomic_write_text(args.out, audit_html(result))
+    simulation.checked(args.scenario, args.set or [])  # a plan that cannot run is an error before any progress
+    with progress_from_args(args, "audit") as bar:
+        bar.phase("simulating the plan")
+        result = audit(args.scenario, args.set or [])
+    if folder is not None:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        html = html or str(Path(folder) / "audit.html")
+        atomic_write_text(Path(folder) / "audit.json", json.dumps(result, indent=2) + "\n")
+    if html is not None:
+        atomic_write_text(html, audit_html(result))
     print(json.dumps(result, indent=2) if args.json else format_audit(result))
     return 0
 
@@ -340,8 +437,7 @@ def _audit(args) -> int:
 def _check_workers(args) -> None:
     from simulator.studies.workers import check_local_workers
 
-    if args.workers is not None:
-        check_local_workers(args.workers, getattr(args, "executor", "process"), getattr(args, "address", None))
+    check_local_workers(args.workers, getattr(args, "executor", "process"), getattr(args, "address", None))
 
 
 def _diff(args) -> int:
@@ -431,7 +527,7 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--markdown", action="store_true",
                    help="print the validation page (docs/validation.md): summaries and signed errors per file")
     v.add_argument("--plot", metavar="FILE", help="draw predicted against measured step time (PNG/SVG/PDF)")
-    v.add_argument("--workers", type=int, default=2, help="simulations in parallel (processes)")
+    v.add_argument("--workers", type=int, default=None, help=limits.workers_help())
     add_progress_flags(v)
     v.set_defaults(func=_validate)
 
@@ -442,8 +538,11 @@ def build_parser() -> argparse.ArgumentParser:
                          "fastest of the layouts simulated, shown as >=rank unless no unsimulated layout could beat them")
     pl.add_argument("--json", action="store_true", help="print the result as JSON")
     pl.add_argument("--emit", metavar="FILE", help="write the best layout as a scenario file")
-    pl.add_argument("--out", default=None, help="folder for plan.jsonl (a rerun skips what is done) and pareto.png")
-    pl.add_argument("--workers", type=int, default=None, help="simulations in parallel (default: 2 or the CPU count)")
+    pl.add_argument("--out", default=None, metavar="DIR",
+                    help="folder for plan.jsonl (a rerun skips what is done) and pareto.png")
+    pl.add_argument("--workers", type=int, default=None,
+                    help=limits.workers_help(ray=True) + "; the plan found is the same for any count, its counts of "
+                                                         "simulated layouts are not")
     pl.add_argument("--executor", default="process", choices=("process", "ray"),
                     help="process pool (default) or Ray (pip install 'stepsim[ray]')")
     pl.add_argument("--address", default=None, help="Ray cluster to join (default: start a local one)")
@@ -462,19 +561,24 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--validate", action="store_true",
                     help="SCENARIO is a public-runs file: plan every run and compare with its published layout")
     add_progress_flags(pl)
-    pl.set_defaults(func=_plan)
+    pl.set_defaults(func=_plan, plan_defaults={dest: pl.get_default(dest) for dest, _ in PLAN_ONLY})
 
     m = _scenario_parser(sub, "report", "a design memo (one self-contained HTML page) answering the design worksheet")
-    m.add_argument("--out", required=True, metavar="FILE", help="the memo, HTML")
-    m.add_argument("--md", metavar="FILE", help="also write the memo as Markdown (figures as FILE-stem-*.png)")
+    m.add_argument("--out", metavar="DIR", help="folder for memo.html, memo.md and its figures (an --out ending in "
+                                                "'.html' is the HTML page itself, as before --html)")
+    m.add_argument("--html", metavar="FILE", help="the memo as one self-contained HTML page")
+    m.add_argument("--md", metavar="FILE", help="the memo as Markdown (figures as FILE-stem-*.png beside it)")
     m.add_argument("--factor", type=float, default=2.0, help="what-if factor for the bottleneck (default 2)")
-    m.add_argument("--workers", type=int, default=None, help="simulations in parallel (default: CPU count)")
+    m.add_argument("--workers", type=int, default=None, help=limits.workers_help())
     add_progress_flags(m)
     m.set_defaults(func=_report)
 
     a = _scenario_parser(sub, "audit", "hold a plan's claims: section against a simulation of the plan")
     a.add_argument("--json", action="store_true", help="print the verdicts as JSON")
-    a.add_argument("--out", metavar="FILE", help="also write the audit as an HTML page")
+    a.add_argument("--out", metavar="DIR", help="folder for audit.html and audit.json (an --out ending in '.html' "
+                                                "is the HTML page itself, as before --html)")
+    a.add_argument("--html", metavar="FILE", help="also write the audit as an HTML page")
+    add_progress_flags(a)
     a.set_defaults(func=_audit)
 
     d = sub.add_parser("diff", help="what changed between two run/memory JSON reports, or two scenarios")
@@ -503,7 +607,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, func, text in (("sweep", _sweep, "simulate the cartesian product of varied scenario keys, in parallel"),
                              ("whatif", _whatif, "step time with each link class or compute 2x faster and slower")):
         w = _scenario_parser(sub, name, text)
-        w.add_argument("--workers", type=int, default=None, help="simulations in parallel (default: CPU count)")
+        w.add_argument("--workers", type=int, default=None, help=limits.workers_help(ray=True))
         w.add_argument("--executor", default="process", choices=("process", "ray"),
                        help="process pool (default) or Ray (pip install 'stepsim[ray]')")
         w.add_argument("--address", default=None, help="Ray cluster to join (default: start a local one)")
@@ -511,14 +615,15 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "sweep":
             w.add_argument("--vary", action="append", required=True, metavar="KEY=V1,V2,...",
                            help="a scenario key and its values, e.g. --vary parallelism.tp=4,8 (repeatable)")
-            w.add_argument("--out", default="results", help="folder for results.jsonl, results.csv and plots; "
-                                                            "a rerun skips finished points")
-            # a sweep reports each point on stderr even off a terminal (logs); --quiet silences it
+            w.add_argument("--out", default="results", metavar="DIR",
+                           help="folder for results.jsonl, results.csv and plots (default results); a rerun skips "
+                                "finished points")
+            w.add_argument("--json", action="store_true", help="print the rows as JSON")
             add_progress_flags(w)
         else:
             w.add_argument("--factor", type=float, default=2.0, help="how much faster and slower (default 2)")
-            w.add_argument("--out", default=None, help="folder for whatif.csv, whatif.json and tornado.png")
-            w.add_argument("--json", action="store_true")
+            w.add_argument("--out", default=None, metavar="DIR", help="folder for whatif.csv, whatif.json and tornado.png")
+            w.add_argument("--json", action="store_true", help="print the result as JSON")
             w.add_argument("--allow-oom", action="store_true", help="go on even if the plan does not fit in memory")
             add_progress_flags(w)
     return p
@@ -532,5 +637,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(f"stepsim: error: {err}", file=sys.stderr)
         return 2
+    except WorkerDied as err:
+        print(f"stepsim: error: {err}", file=sys.stderr)
+        return 1
     except BrokenPipeError:
         return 0

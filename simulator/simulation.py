@@ -188,12 +188,13 @@ def run(scenario: ScenarioLike | Checked, overrides: Overrides = (), *, fold: bo
     ``options`` replaces ``fold``, ``algorithm`` and ``record_flows`` with a whole ``SimOptions``;
     ``cluster`` runs on a given (what-if) cluster; ``engine(scenario, options, cluster)`` replaces
     the simulation (the planner's stop-above-a-cutoff). ``progress.phase(text)`` hears each stage
-    begin; ``on_warning`` hears each warning as soon as it is found. Bad input raises a one-line
+    begin (loading only when there is something to load: not for a ``Checked`` scenario); ``on_warning`` hears each warning as soon as it is found. Bad input raises a one-line
     ConfigError."""
     if algorithm not in ALGORITHMS:
         raise ConfigError("algorithm", algorithm, f"valid: {', '.join(ALGORITHMS)}")
     phase = progress.phase if progress is not None else (lambda text: None)
-    phase("loading the scenario")
+    if not isinstance(scenario, Checked) or overrides:
+        phase("loading the scenario")
     c = checked(scenario, overrides, on_warning)
     s, warnings, mem = c.scenario, c.warnings, c.memory
     if not allow_oom:

@@ -53,3 +53,27 @@ def kill_all(pids: list[int]) -> None:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+def cpu_ticks(pid: int) -> int:
+    """User plus system CPU time of ``pid`` so far, in clock ticks (0 once it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0
+    return int(fields[11]) + int(fields[12])
+
+
+def busy_child(pid: int, timeout_s: float, window_s: float = 0.5) -> int | None:
+    """A child of ``pid`` that is computing (its CPU time grew by a tenth of ``window_s`` or more
+    within ``window_s``): a pool worker in the middle of a task, not one waiting for one. None if
+    there is none within ``timeout_s``."""
+    hz = os.sysconf("SC_CLK_TCK")
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        before = {k: cpu_ticks(k) for k in live_children(pid)}
+        time.sleep(window_s)
+        for kid, ticks in before.items():
+            if alive(kid) and cpu_ticks(kid) - ticks >= 0.1 * window_s * hz:
+                return kid
+    return None

@@ -126,7 +126,7 @@ def no_simulation(monkeypatch):
 
 def test_audit_without_claims_section(capsys, no_simulation):
     line = _one_line_exit_2(["audit", SEED_SCENARIO], capsys)
-    assert "claims: got null" in line and "memory_gib_per_gpu" in line
+    assert "claims: left out; required" in line and "memory_gib_per_gpu" in line
 
 
 def test_audit_unknown_claim(tmp_path, capsys, no_simulation):

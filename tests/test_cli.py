@@ -87,3 +87,24 @@ def test_every_help_renders(capsys):
         assert stop.value.code == 0, words
         out = capsys.readouterr().out
         assert out.startswith(f"usage: {' '.join(words)}"), (words, out[:200])
+
+
+def test_every_command_prints_its_help(capsys):
+    """argparse %-formats help texts: a bare % (plan's "default 0%") made `stepsim plan --help` a
+    ValueError traceback. Each command's help prints, and plan's shows its default tolerance."""
+    from simulator.cli import TOLERANCE_HELP_DEFAULT, build_parser
+
+    parser = build_parser()
+    commands = parser._subparsers._group_actions[0].choices
+    for name in commands:
+        with pytest.raises(SystemExit) as stop:
+            parser.parse_args([name, "--help"])
+        assert stop.value.code == 0, name
+        text = capsys.readouterr().out
+        assert text.startswith(f"usage: stepsim {name}"), name
+        if name in ("sweep", "whatif", "plan", "validate", "report"):
+            assert "default: one per CPU" in " ".join(text.split()), name
+    parser.parse_args(["plan", "x.yaml"])
+    with pytest.raises(SystemExit):
+        parser.parse_args(["plan", "--help"])
+    assert f"(default {TOLERANCE_HELP_DEFAULT})" in " ".join(capsys.readouterr().out.split())

@@ -16,7 +16,7 @@ from simulator.scenario.config import Faults, LinkFault
 from simulator.common.errors import ConfigError
 from simulator.network.faults import apply_link_faults
 from simulator.parts.topology import node_links
-from simulator.network.cluster import build_cluster, path_nodes
+from simulator.network.cluster import build_cluster
 from simulator.parts.topology import load_topology
 from simulator.reports.report import format_summary, step_report
 from simulator.scenario.load import load_scenario, scenario_from_dict, scenario_to_dict

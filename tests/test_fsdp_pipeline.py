@@ -3,7 +3,6 @@ step as torch pipelining runs FSDP2 (``fsdp.pipeline_unsharded``, torchtitan).""
 import dataclasses
 from collections import Counter
 
-import pytest
 
 from simulator.scenario.config import ClusterConfig, ModelConfig, ParallelConfig, Scenario, TrainingConfig
 from simulator.engine.inputs import step_inputs

@@ -35,9 +35,16 @@ def run_cli(argv, monkeypatch=None, capsys=None):
     return status, (out.out if out else ""), (out.err if out else "")
 
 
-def one_line_error(status, err, field):
+PROGRESS_LINE = re.compile(r"(run|validate|plan|plan --validate|sweep|whatif|report|diff|audit): ")
+
+
+def one_line_error(status, err, field, after_work=False):
+    """Status 2 and one error line; ``after_work``: an error found once the work ran (no case of a
+    runs file could be simulated) may follow that work's progress lines, and nothing else."""
     assert status == 2, err
-    assert err.count("\n") == 1 and err.startswith(f"stepsim: error: {field}") and "Traceback" not in err, err
+    *before, last = err.splitlines() or [""]
+    assert err.endswith("\n") and last.startswith(f"stepsim: error: {field}") and "Traceback" not in err, err
+    assert (all(PROGRESS_LINE.match(line) for line in before) if after_work else not before), err
 
 
 @pytest.fixture
@@ -205,8 +212,11 @@ def test_progress_goes_to_stderr_only_and_json_stays_clean(capsys):
     assert "run: " in err and "simulating the step" in err
     status, out, err = run_cli(["run", TINY, "--json", "--quiet"], capsys=capsys)
     assert status == 0 and err == "" and json.loads(out)
-    status, out, err = run_cli(["run", TINY], capsys=capsys)  # stderr is not a terminal here: silent
-    assert status == 0 and err == ""
+    status, out, err = run_cli(["run", TINY], capsys=capsys)  # off a terminal: a plain line per stage
+    assert status == 0 and err == "run: " + err.split("run: ", 1)[1] and "\r" not in err
+    assert [line.split(" s ", 1)[1] for line in err.splitlines()] == ["simulating the step"]
+    status, out, err = run_cli(["run", TINY, "--set", "parallelism.tp=3"], capsys=capsys)
+    assert status == 2 and err.count("\n") == 1 and "run: " not in err  # bad input: the error line alone
 
 
 def test_progress_counts_whatif_simulations(capsys):
@@ -216,19 +226,62 @@ def test_progress_counts_whatif_simulations(capsys):
     assert counts and counts[-1][0] == counts[-1][1] and len(counts) == int(counts[-1][1])
 
 
-def test_progress_redraws_one_line_on_a_terminal():
+class _Tty(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_progress_redraws_one_line_on_a_terminal_with_the_fraction_and_a_time_left(monkeypatch):
     from simulator.common.progress import Progress
 
-    class Tty(io.StringIO):
-        def isatty(self):
-            return True
-
-    stream = Tty()
-    with Progress("sweep", total=3, stream=stream, interval_s=10) as bar:
+    monkeypatch.setenv("COLUMNS", "200")
+    stream = _Tty()
+    with Progress("sweep", stream=stream, interval_s=10) as bar:
+        bar.phase("", total=4)
         for i in range(3):
             bar.advance(f"point {i}")
     text = stream.getvalue()
-    assert "\n" not in text and "[" in text and "3/3" in text and text.endswith("\r")
+    assert "\n" not in text and text.endswith("\r\x1b[K")  # redrawn in place, cleared at the end
+    last = text.split("\r")[-2]
+    assert "3/4 75%" in last and "ETA" in last and last.endswith("point 2\x1b[K")
+
+
+def test_the_status_line_fits_the_terminal_and_notes_get_their_own_line(monkeypatch):
+    from simulator.common.progress import Progress
+
+    monkeypatch.setenv("COLUMNS", "40")
+    stream = _Tty()
+    with Progress("report", stream=stream, interval_s=10) as bar:
+        bar.phase("simulating the baseline and fourteen what-ifs of a long name", total=15)
+        bar.note("a worker died")
+        bar.advance("what-if nvlink 2x faster")
+    frames = [f.removesuffix("\x1b[K") for f in stream.getvalue().split("\r") if f.removesuffix("\x1b[K")]
+    assert frames and all(len(f) <= 39 for f in frames if "\n" not in f)
+    assert any(f.endswith("...") for f in frames)
+    assert "report: a worker died\n" in stream.getvalue()
+
+
+def test_progress_off_a_terminal_is_one_plain_line_per_stage_and_step():
+    from simulator.common.progress import Progress
+
+    stream = io.StringIO()
+    with Progress("validate", stream=stream) as bar:
+        bar.phase("predicting 3 published runs", total=3)
+        bar.resume(1)
+        bar.status("not in a log")
+        bar.advance("case-b")
+        bar.advance("case-c")
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == 3 and "\r" not in stream.getvalue() and "not in a log" not in stream.getvalue()
+    assert re.fullmatch(r"validate: \d+\.\d s predicting 3 published runs", lines[0])
+    assert re.fullmatch(r"validate: 2/3 \d+\.\d s \(ETA \d+ s\) case-b", lines[1])
+    assert re.fullmatch(r"validate: 3/3 \d+\.\d s case-c", lines[2])  # no time left to estimate
+    quiet = io.StringIO()
+    with Progress("validate", stream=quiet, enabled=False) as bar:
+        bar.phase("x", total=1)
+        bar.note("y")
+        bar.advance("z")
+    assert quiet.getvalue() == ""
 
 
 def test_memory_assumptions_say_what_the_attention_kernel_stores(capsys):
@@ -352,19 +405,20 @@ def test_a_malformed_runs_file_is_one_line_for_validate_and_plan(tmp_path, capsy
     that names an unknown GPU is that case's row, and a file of which no case runs exits 2."""
     path = tmp_path / "runs.yaml"
     path.write_text(yaml.safe_dump(doc))
+    ran = "H999" in str(doc)  # the cases ran (each failed): their progress comes before the error
     status, out, err = run_cli(["validate", str(path), "--workers", "1"], capsys=capsys)
-    one_line_error(status, err, field)
-    if "H999" in str(doc):  # the table printed before the error says why nothing was scored
+    one_line_error(status, err, field, after_work=ran)
+    if ran:  # the table printed before the error says why nothing was scored
         assert "nothing to score: 1 could not be simulated" in out
     status, _, err = run_cli(["plan", str(path), "--validate"], capsys=capsys)
-    one_line_error(status, err, field)
+    one_line_error(status, err, field, after_work=ran)
 
 
 def test_the_pre_simulation_window_check_names_no_step_length(capsys):
     """Before the simulation the step's length is unknown: the message said "inside the step of inf s"."""
     status, _, err = run_cli(["run", TINY, "--timeline", "x.png", "--window", "1:0"], capsys=capsys)
     one_line_error(status, err, "--window")
-    assert err.rstrip().endswith("needs 0 <= t0 < t1")
+    assert err.rstrip().endswith("t0 must be below t1") and "inf" not in err
 
 
 @pytest.mark.parametrize("key, value, message", [
@@ -493,3 +547,64 @@ def test_errors_show_yaml_values_as_yaml_writes_them():
         "cluster.gpus_per_node: got null; must be a whole number >= 1"
     assert str(ConfigError("parallelism.tp", True, "x")).startswith("parallelism.tp: got true;")
     assert str(ConfigError("parallelism.tp", "8x", "x")).startswith("parallelism.tp: got '8x';")
+
+
+# --- errors in root-cause order ------------------------------------------------------------------
+
+@pytest.mark.parametrize("sets, says", [
+    # tp 3 splits neither the 8 heads nor the 8 GPUs: the heads are the cause, not the node count
+    (["parallelism.tp=3", "parallelism.dp=null"], "parallelism.tp: got 3; must divide num_attention_heads (8)"),
+    (["parallelism.tp=3"], "parallelism.tp: got 3; must divide num_attention_heads (8)"),
+    # vp needs a pipeline before the layers can be split into pp x vp chunks
+    (["parallelism.pp=1", "parallelism.dp=4", "parallelism.vp=3"], "parallelism.vp: got 3; virtual pipeline stages "
+                                                                  "need pp > 1"),
+    # the FFN split is the model's rule, named before the GPU count that tp 16 also misses
+    (["parallelism.tp=16", "model.num_attention_heads=16", "model.num_key_value_heads=16",
+      "model.intermediate_size=4104"], "parallelism.tp: got 16; must divide model.intermediate_size (4104)"),
+])
+def test_the_first_error_is_the_root_cause(sets, says):
+    with pytest.raises(ConfigError) as err:
+        validate_plan(load_scenario(TINY, sets))
+    assert str(err.value).startswith(says), err.value
+
+
+def test_a_key_left_out_is_named_as_left_out_with_its_default(tmp_path, capsys):
+    """No training: section and a layout of dp 2: the batch rule fails on the default batch of 1,
+    and the message says the key was left out instead of 'got 1', a value the file never wrote."""
+    raw = yaml.safe_load(Path(TINY).read_text())
+    del raw["training"]
+    path = tmp_path / "no-training.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    status, _, err = run_cli(["run", str(path)], capsys=capsys)
+    one_line_error(status, err, "training.global_batch_size")
+    assert err.startswith("stepsim: error: training.global_batch_size: left out (default 1); must be a multiple of "
+                          "micro_batch_size x dp = 1 x 2 = 2")
+    # written, the same value is a value the user gave
+    status, _, err = run_cli(["run", str(path), "--set", "training.global_batch_size=1"], capsys=capsys)
+    assert "training.global_batch_size: got 1; must be a multiple" in err
+    del raw["cluster"]["num_nodes"]
+    raw["parallelism"].update(tp=2, pp=2, dp=None, cp=1)
+    raw["training"] = {"global_batch_size": 8}
+    path.write_text(yaml.safe_dump(raw))
+    status, _, err = run_cli(["run", str(path), "--set", "parallelism.tp=1", "--set", "parallelism.pp=3",
+                              "--set", "model.num_hidden_layers=3"], capsys=capsys)
+    assert err.startswith("stepsim: error: cluster.num_nodes: left out (default 1); 8 GPUs"), err
+    del raw["model"]["hidden_size"]
+    path.write_text(yaml.safe_dump(raw))
+    status, _, err = run_cli(["memory", str(path)], capsys=capsys)
+    assert err == "stepsim: error: model.hidden_size: left out; required\n"
+
+
+def test_a_window_is_checked_in_two_steps_and_never_against_an_unknown_step(tmp_path, capsys):
+    png = str(tmp_path / "t.png")
+    status, _, err = run_cli(["run", TINY, "--timeline", png, "--window", "5:1"], capsys=capsys)
+    one_line_error(status, err, "--window")
+    assert "t0 must be below t1" in err and "inf" not in err
+    status, _, err = run_cli(["run", TINY, "--timeline", png, "--window", "-1:1"], capsys=capsys)
+    assert status == 2 and "t0 must be at least 0" in err
+    status, _, err = run_cli(["run", TINY, "--timeline", png, "--window", "5:6"], capsys=capsys)
+    import simulator
+
+    step = simulator.run(simulator.load_scenario(TINY)).step_time_s
+    assert status == 2 and err.splitlines()[-1].startswith("stepsim: error: --window: got '5:6'; starts at or past "
+                                                           f"the end of the step, {step:.6g} s")

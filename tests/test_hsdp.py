@@ -10,7 +10,7 @@ from simulator.common.errors import ConfigError
 from simulator.layout.rules import validate_plan
 from simulator.engine.engine import SimOptions, simulate
 from simulator.layout.grid import Plan
-from simulator.program.builder import Launch, Enqueue, build_program
+from simulator.program.builder import Enqueue, build_program
 from simulator.engine.inputs import step_inputs
 from simulator.workload.memory import memory_report
 

@@ -213,10 +213,43 @@ def test_report_unwritable_output_is_one_line_exit_2(tmp_path, capsys, no_simula
     assert len(err) == 1 and err[0].startswith(f"stepsim: error: {flag}:") and "does not exist" in err[0]
 
 
-def test_report_output_that_is_a_folder_is_rejected(tmp_path, capsys, no_simulation):
-    assert main(["report", SCENARIO, "--out", str(tmp_path)]) == 2
+def test_report_html_output_that_is_a_folder_is_rejected(tmp_path, capsys, no_simulation):
+    assert main(["report", SCENARIO, "--html", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "is a directory" in err[0]
+    assert len(err) == 1 and err[0].startswith("stepsim: error: --html:") and "is a directory" in err[0]
+
+
+@pytest.mark.parametrize("argv, says", [
+    ([], "--out: left out; give a folder"),
+    (["--out", "memo.md"], "--out: got 'memo.md'; is a folder (for memo.html and the rest), not a .md file; give a "
+                           "folder name, or --md FILE"),
+    (["--out", "a.html", "--html", "b.html"], "--out: got 'a.html'; names the page and so does --html"),
+])
+def test_report_outputs_are_a_folder_or_named_files(tmp_path, capsys, no_simulation, monkeypatch, argv, says):
+    """--out is a folder on report as on every command; the page and the Markdown have --html and
+    --md; an --out ending in .html is the page (what worked before --html keeps working)."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["report", SCENARIO, *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"stepsim: error: {says}"), err
+
+
+def test_report_out_folder_holds_the_page_the_markdown_and_its_figures(tmp_path, capsys, monkeypatch):
+    """The memo's data is stubbed (the slow tests above render real ones): what is checked is where
+    each file goes for --out DIR, --out FILE.html and --html."""
+    import simulator.reports.memo as memo
+    import simulator.studies.designdoc as designdoc
+
+    monkeypatch.setattr(designdoc, "gather", lambda *a, **k: {"figures": {"timeline": b"png"}})
+    monkeypatch.setattr(memo, "memo_html", lambda data: "<html></html>")
+    monkeypatch.setattr(memo, "memo_markdown", lambda data, paths: f"![]({paths['timeline']})")
+    assert main(["report", SCENARIO, "--out", str(tmp_path / "memo"), "--quiet"]) == 0
+    assert sorted(p.name for p in (tmp_path / "memo").iterdir()) == ["memo-timeline.png", "memo.html", "memo.md"]
+    assert (tmp_path / "memo" / "memo.md").read_text() == "![](memo-timeline.png)"
+    assert main(["report", SCENARIO, "--out", str(tmp_path / "old.html"), "--quiet"]) == 0
+    assert main(["report", SCENARIO, "--html", str(tmp_path / "new.html"), "--quiet"]) == 0
+    assert (tmp_path / "old.html").read_text() == (tmp_path / "new.html").read_text() == "<html></html>"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["memo", "new.html", "old.html"]
 
 
 def test_report_bad_factor_is_rejected_before_simulating(tmp_path, capsys, no_simulation):

@@ -8,7 +8,6 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-import yaml
 
 from simulator.cli import main
 from simulator.common.errors import ConfigError

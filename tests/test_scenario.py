@@ -21,11 +21,13 @@ def tiny(*overrides: str):
     return load_scenario(str(TINY), list(overrides))
 
 
-def expect_error(field: str, fn, *args):
+def expect_error(field: str, fn, *args, left_out: bool = False):
+    """The one-line error of ``fn(*args)`` names ``field`` and the value it got, or (``left_out``)
+    says the key was left out: a message never shows a value the file did not write."""
     with pytest.raises(ConfigError) as info:
         fn(*args)
     message = str(info.value)
-    assert message.startswith(f"{field}: got "), message
+    assert message.startswith(f"{field}: left out" if left_out else f"{field}: got "), message
     assert "\n" not in message
     return message
 
@@ -238,7 +240,8 @@ def test_hf_config_errors(tmp_path):
     (tmp_path / "hf" / "broken.json").write_text("{not json")
     expect_error("model.hf_config", load_scenario, str(path), ["model.hf_config=hf/broken.json"])
     (tmp_path / "hf" / "partial.json").write_text(json.dumps({"hidden_size": 64}))
-    expect_error("model.num_hidden_layers", load_scenario, str(path), ["model.hf_config=hf/partial.json"])
+    expect_error("model.num_hidden_layers", load_scenario, str(path), ["model.hf_config=hf/partial.json"],
+                 left_out=True)
 
 
 # --- field checks --------------------------------------------------------------------------------

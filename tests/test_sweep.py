@@ -158,7 +158,8 @@ def test_sweep_cli_errors_are_one_line_with_exit_2(tmp_path):
 
 
 def test_a_sweep_with_no_valid_point_keeps_its_rows_and_exits_2(tmp_path):
-    """tiny.yaml pins dp = 2, so tp 1 and 3 both miss its 8 GPUs: every point is invalid. The rows
+    """tiny.yaml pins dp = 2, so tp 1 misses its 8 GPUs and tp 3 does not divide its 8 heads (the
+    cause named first, before the GPU count it also misses): every point is invalid. The rows
     are written (each with its reason), the plots draw without a legend of nothing, and the
     command ends with one error line and status 2 instead of reporting success."""
     def sweep(out, *extra):
@@ -171,7 +172,8 @@ def test_a_sweep_with_no_valid_point_keeps_its_rows_and_exits_2(tmp_path):
     assert proc.stderr.count("\n") == 1 and "no point of the sweep is valid" in proc.stderr
     assert "Warning" not in proc.stderr and "Traceback" not in proc.stderr
     rows, _ = read_log(tmp_path / JSONL)
-    assert len(rows) == 2 and all("tp x pp x dp x cp" in r["error"] for r in rows.values())
+    errors = sorted(r["error"] for r in rows.values())
+    assert len(rows) == 2 and "tp x pp x dp x cp" in errors[0] and "must divide num_attention_heads" in errors[1]
     assert (tmp_path / "breakdown.png").stat().st_size > 0
     one_valid = sweep(tmp_path / "mixed", "--set", "parallelism.dp=null")
     assert one_valid.returncode == 0, one_valid.stderr  # tp 1 runs with dp derived; tp 3 stays an invalid row

@@ -1,7 +1,6 @@
 """PyTorch's attention as torchtitan runs it: the SDPA flash kernel's measured curve, K/V repeated
 to the query heads before the CP exchange, and context_parallel's fp32 merges (closed forms)."""
 
-import dataclasses
 
 import pytest
 

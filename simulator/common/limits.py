@@ -7,6 +7,7 @@ one-line error instead of astronomic step times. The error names the bound and i
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 
@@ -56,3 +57,34 @@ MESSAGE_BYTES = Limit(2**50, "bytes, 1 PiB: beyond any node's memory")
 
 # Studies: a sweep runs one simulation per point of the cartesian product of its --vary values.
 SWEEP_POINTS = Limit(2**17, "points; a day of the fastest scenario's simulations on one core")
+
+# Local worker processes (``--workers``). The simulator is CPU-bound, so more than a few per CPU
+# only queue for the cores while each holds its own simulation in memory (about 0.1-1 GiB on a
+# 16K-GPU cluster).
+WORKERS_PER_CPU = 4
+
+
+def cpu_count() -> int:
+    """The CPUs this process may run on (its affinity mask, which a container or ``taskset`` narrows),
+    else the machine's."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def default_workers() -> int:
+    """``--workers`` left out, on every command that has it: one process per CPU."""
+    return cpu_count()
+
+
+def local_limit() -> int:
+    """The most local worker processes: ``WORKERS_PER_CPU`` per CPU."""
+    return WORKERS_PER_CPU * cpu_count()
+
+
+def workers_help(ray: bool = False) -> str:
+    """The help of ``--workers``, one text for every command (``ray``: the command has ``--executor``)."""
+    text = (f"simulations in parallel, each in its own process (default: one per CPU, {default_workers()} here; "
+            f"at most {local_limit()} local ones")
+    return text + ("; with --executor ray --address, any number of Ray workers)" if ray else ")")

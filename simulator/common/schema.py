@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import MISSING, Field, dataclass, field, fields
 from typing import Any
 
-from simulator.common.errors import ConfigError, key_text
+from simulator.common.errors import ConfigError, LeftOut, key_text
 from simulator.common.limits import Limit
 
 
@@ -289,7 +289,7 @@ class PerName(Kind):
                 raise ConfigError(f"{name}.{k}", v, f"must be a number > {self.minimum:g}{top}")
         for k in self.required:
             if k not in value:
-                raise ConfigError(f"{name}.{k}", None, "required")
+                raise ConfigError(f"{name}.{k}", LeftOut(), "required")
         return tuple(sorted((k, float(v)) for k, v in value.items()))
 
     def json(self) -> dict:
@@ -350,7 +350,7 @@ def check_section(section: str, raw: dict, cls: type):
         if f.name in raw:
             values[f.name] = declared[f.name].kind.check(f"{section}.{f.name}", raw[f.name])
         elif f.default is MISSING and f.default_factory is MISSING:
-            raise ConfigError(f"{section}.{f.name}", None, "required")
+            raise ConfigError(f"{section}.{f.name}", LeftOut(), "required")
     return cls(**values)
 
 

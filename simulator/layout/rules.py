@@ -14,25 +14,35 @@ from simulator.parts.gpus import get_gpu, peak
 from simulator.parts.topology import load_topology, nvlink_GBps, nvlink_generation
 from simulator.scenario.config import (MOE_OFFLOAD_MODULES, QUANTIZED_PRECISIONS, ModelConfig, MoEConfig, ParallelConfig,
                                        Scenario)
-from simulator.scenario.load import scenario_from_dict, scenario_to_dict
+from simulator.scenario.load import explain_left_out, scenario_from_dict, scenario_to_dict
 
 
 def validate_plan(s: Scenario) -> list[str]:
     """Raise ConfigError if the parallel plan cannot run; return warnings for slow layouts.
 
-    Rules (Megatron-LM's, in this order): GPU and topology known, precision supported; world size
-    = tp x pp x dp x cp; tp divides the attention heads, and divides the KV heads or is a multiple
-    of them (Megatron replicates each KV head over tp / kv ranks when kv < tp); pp x vp divides the
-    layers; ep divides the experts and dp x cp (the expert-parallel group is carved out of the
-    data x context ranks); the FFN widths divide by tp and etp (``_check_tp_splits``);
-    micro_batch_size x dp divides the global batch, giving at most ``limits.MICROBATCHES``; with cp > 1 the sequence
-    splits into 2 x cp chunks (load-balanced causal attention); with sequence parallelism each TP
-    rank holds seq / (cp x tp) tokens; vp > 1 needs pp > 1 and the interleaved schedule, whose
-    own rules ``schedules.check_schedule_args`` applies. Interleaved with vp 1 is plain 1F1B.
+    Rules (Megatron-LM's), in root-cause order, so that the first error is the one to fix: GPU and
+    topology known, precision supported; then the layout against the model: tp divides the
+    attention heads, and divides the KV heads or is a multiple of them (Megatron replicates each KV
+    head over tp / kv ranks when kv < tp); vp > 1 needs pp > 1; pp x vp divides the layers; ep
+    divides the experts; etp divides tp; the FFN widths divide by tp and etp
+    (``_check_tp_splits``); then against the cluster: world size = tp x pp x dp x cp; ep x etp
+    divides tp x dp x cp (the expert-parallel group is carved out of a stage's ranks); then the
+    batch: micro_batch_size x dp divides the global batch, giving at most ``limits.MICROBATCHES``;
+    with cp > 1 the sequence splits into 2 x cp chunks (load-balanced causal attention); with
+    sequence parallelism each TP rank holds seq / (cp x tp) tokens; the interleaved schedule's own
+    rules ``schedules.check_schedule_args`` applies. Interleaved with vp 1 is plain 1F1B. A key the
+    scenario left out is named as such with its default (``load.explain_left_out``).
 
     Warnings name the slower link a TP or EP group falls back to when it spans nodes (ranks are
     laid out TP fastest, then CP/DP with EP consecutive right after TP).
     """
+    try:
+        return _checked_plan(s)
+    except ConfigError as err:
+        raise explain_left_out(err, s) from None
+
+
+def _checked_plan(s: Scenario) -> list[str]:
     s = scenario_from_dict(scenario_to_dict(s))
     m, c, t, p = s.model, s.cluster, s.training, s.parallelism
     gpu = get_gpu(c.gpu)
@@ -61,6 +71,40 @@ def validate_plan(s: Scenario) -> list[str]:
                           f"{spec.name} has {spec.nics_per_node} NICs per node, which must be shared evenly: "
                           f"use a multiple of {spec.nics_per_node} or at most {spec.nics_per_node}")
 
+    # The layout against the model first, then against the cluster: a tp that cannot split the
+    # heads is the cause to name, not the GPU count it then fails to divide.
+    if m.num_attention_heads % p.tp:
+        raise ConfigError("parallelism.tp", p.tp, f"must divide num_attention_heads ({m.num_attention_heads}); "
+                          f"valid: {_listing(_divisors(m.num_attention_heads))}")
+    kv = m.num_key_value_heads
+    if kv % p.tp and p.tp % kv:
+        raise ConfigError("parallelism.tp", p.tp, f"must divide num_key_value_heads ({kv}) or be a multiple "
+                          "of it (Megatron then replicates each KV head)")
+    layers = m.num_hidden_layers
+    if p.vp > 1 and p.pp == 1:
+        raise ConfigError("parallelism.vp", p.vp, "virtual pipeline stages need pp > 1: set vp to 1")
+    uneven = p.first_pipeline_num_layers is not None or p.last_pipeline_num_layers is not None
+    if uneven:
+        vstage_layers(layers, p.pp, p.vp, p.first_pipeline_num_layers, p.last_pipeline_num_layers)
+    elif layers % p.pp:
+        raise ConfigError("parallelism.pp", p.pp, f"must divide num_hidden_layers ({layers}); "
+                          f"valid: {_listing(_divisors(layers))}, or set first/last_pipeline_num_layers")
+    elif layers % (p.pp * p.vp):
+        raise ConfigError("parallelism.vp", p.vp, f"pp x vp must divide num_hidden_layers ({layers}); "
+                          f"valid vp with pp {p.pp}: {_listing(_divisors(layers // p.pp))}")
+    if p.ep > 1 and not m.is_moe:
+        raise ConfigError("parallelism.ep", p.ep, "must be 1 for a dense model (model.num_experts is 0)")
+    if m.is_moe and m.num_experts % p.ep:
+        raise ConfigError("parallelism.ep", p.ep, f"must divide num_experts ({m.num_experts}); "
+                          f"valid: {_listing(_divisors(m.num_experts))}")
+    etp = p.expert_tp
+    if p.tp % etp:
+        raise ConfigError("parallelism.etp", p.etp, f"must divide tp ({p.tp}); valid: {_listing(_divisors(p.tp))}")
+    if etp < p.tp and m.is_moe and not p.sequence_parallel:
+        raise ConfigError("parallelism.etp", p.etp, f"below tp ({p.tp}) needs sequence_parallel: true "
+                          "(each expert-TP group takes its ranks' sequence shards)")
+    _check_tp_splits(m, p)
+
     world = c.num_gpus
     base = p.tp * p.pp * p.cp
     if p.dp is None:
@@ -82,34 +126,6 @@ def validate_plan(s: Scenario) -> list[str]:
                           f"({_nodes(c.num_nodes)} x {c.gpus_per_node}): {fix}")
     dp = s.dp
 
-    if m.num_attention_heads % p.tp:
-        raise ConfigError("parallelism.tp", p.tp, f"must divide num_attention_heads ({m.num_attention_heads}); "
-                          f"valid: {_listing(_divisors(m.num_attention_heads))}")
-    kv = m.num_key_value_heads
-    if kv % p.tp and p.tp % kv:
-        raise ConfigError("parallelism.tp", p.tp, f"must divide num_key_value_heads ({kv}) or be a multiple "
-                          "of it (Megatron then replicates each KV head)")
-    layers = m.num_hidden_layers
-    uneven = p.first_pipeline_num_layers is not None or p.last_pipeline_num_layers is not None
-    if uneven:
-        vstage_layers(layers, p.pp, p.vp, p.first_pipeline_num_layers, p.last_pipeline_num_layers)
-    elif layers % p.pp:
-        raise ConfigError("parallelism.pp", p.pp, f"must divide num_hidden_layers ({layers}); "
-                          f"valid: {_listing(_divisors(layers))}, or set first/last_pipeline_num_layers")
-    elif layers % (p.pp * p.vp):
-        raise ConfigError("parallelism.vp", p.vp, f"pp x vp must divide num_hidden_layers ({layers}); "
-                          f"valid vp with pp {p.pp}: {_listing(_divisors(layers // p.pp))}")
-    if p.ep > 1 and not m.is_moe:
-        raise ConfigError("parallelism.ep", p.ep, "must be 1 for a dense model (model.num_experts is 0)")
-    if m.is_moe and m.num_experts % p.ep:
-        raise ConfigError("parallelism.ep", p.ep, f"must divide num_experts ({m.num_experts}); "
-                          f"valid: {_listing(_divisors(m.num_experts))}")
-    etp = p.expert_tp
-    if p.tp % etp:
-        raise ConfigError("parallelism.etp", p.etp, f"must divide tp ({p.tp}); valid: {_listing(_divisors(p.tp))}")
-    if etp < p.tp and m.is_moe and not p.sequence_parallel:
-        raise ConfigError("parallelism.etp", p.etp, f"below tp ({p.tp}) needs sequence_parallel: true "
-                          "(each expert-TP group takes its ranks' sequence shards)")
     if (p.tp * dp * p.cp) % (p.ep * etp):
         ranks = p.tp * dp * p.cp
         hint = (" (or set etp: 1 to let expert groups span TP ranks)" if p.etp is None and p.tp > 1
@@ -129,7 +145,6 @@ def validate_plan(s: Scenario) -> list[str]:
         if m.is_moe:
             raise ConfigError("parallelism.dp_replicate", p.dp_replicate,
                               "hybrid sharding of expert weights is not modelled: use 1 for MoE models")
-    _check_tp_splits(m, p)
     unit = t.micro_batch_size * dp
     if t.global_batch_size % unit:
         below = t.global_batch_size // unit * unit
@@ -145,8 +160,6 @@ def validate_plan(s: Scenario) -> list[str]:
         raise ConfigError("training.seq_length", t.seq_length,
                           f"with sequence_parallel each TP rank holds seq_length / (cp x tp) tokens: "
                           f"must be a multiple of cp x tp = {p.cp * p.tp}")
-    if p.vp > 1 and p.pp == 1:
-        raise ConfigError("parallelism.vp", p.vp, "virtual pipeline stages need pp > 1: set vp to 1")
     if s.num_microbatches > limits.MICROBATCHES.maximum:
         raise ConfigError("training.global_batch_size", t.global_batch_size,
                           f"gives {s.num_microbatches:,} micro-batches per pipeline; {limits.MICROBATCHES.describe()}: "

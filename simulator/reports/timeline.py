@@ -84,22 +84,28 @@ def parse_stages(text: str, stages: int) -> tuple[int, ...]:
     return tuple(sorted(chosen))
 
 
-def parse_window(text: str, step_time_s: float) -> tuple[float, float]:
-    """``"t0:t1"`` in seconds (either side may be left out) as (start, end) inside the step."""
+def parse_window(text: str, step_time_s: float | None = None) -> tuple[float, float]:
+    """``"t0:t1"`` in seconds (either side may be left out) as (start, end) inside the step. Before
+    the step is simulated (``step_time_s`` None) only the form and the order are checked; a
+    window past the step's end is refused once its length is known."""
     lo, sep, hi = str(text).partition(":")
     try:
         start = float(lo) if lo.strip() else 0.0
-        end = float(hi) if hi.strip() else step_time_s
+        end = float(hi) if hi.strip() else math.inf
     except ValueError:
         start = end = math.nan
-    if not sep or not (math.isfinite(start) and (math.isfinite(end) or not hi.strip())) or math.isnan(end):
+    if not sep or not math.isfinite(start) or math.isnan(end) or (hi.strip() and math.isinf(end)):
         raise ConfigError("--window", text, "expected t0:t1 in seconds, e.g. 0.5:1.25 (either side may be left out)")
-    end = min(end, step_time_s)
-    if not 0 <= start < end:
-        # checked before the simulation too, when the step's length is not known yet
-        inside = f", inside the step of {step_time_s:.6g} s" if math.isfinite(step_time_s) else ""
-        raise ConfigError("--window", text, f"needs 0 <= t0 < t1{inside}")
-    return start, end
+    if start < 0:
+        raise ConfigError("--window", text, "t0 must be at least 0 (seconds from the start of the step)")
+    if not start < end:
+        raise ConfigError("--window", text, "t0 must be below t1")
+    if step_time_s is None:
+        return start, end
+    if start >= step_time_s:
+        raise ConfigError("--window", text, f"starts at or past the end of the step, {step_time_s:.6g} s: t0 must be "
+                                            "below it")
+    return start, min(end, step_time_s)
 
 
 def select(tl: Timeline, stages: tuple[int, ...] | None = None, window_s: tuple[float, float] | None = None) -> Timeline:

@@ -443,6 +443,10 @@ class Scenario:
     framework_options: FrameworkOptions = field(default_factory=FrameworkOptions, metadata={"section": "framework switches"})
     moe: MoEConfig = field(default_factory=MoEConfig, metadata={"section": "MoE layers"})
     faults: Faults = field(default_factory=Faults, metadata={"section": "faults and noise"})
+    # The keys its file (or mapping, after --set) wrote, "section.key" and top-level names; None
+    # when unknown (a Scenario built in Python). Not part of the scenario: only error messages read
+    # it, to say a key was left out rather than show its default as a value the user gave.
+    given: frozenset[str] | None = field(default=None, compare=False, repr=False)
 
     @property
     def pipeline_schedule(self) -> str:

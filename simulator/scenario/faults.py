@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
-from simulator.common.errors import ConfigError, key_text
+from simulator.common.errors import ConfigError, LeftOut, key_text
 from simulator.parts.topology import effective_spec, load_topology, node_links
 from simulator.scenario.config import LINK_CLASSES, ClusterConfig, Faults, LinkFault, Straggler
 from simulator.common.schema import keys_of, whole
@@ -67,7 +67,7 @@ def faults_section(raw: object, cluster: ClusterConfig) -> Faults:
         _keys(f, entry, LINK_FAULT_KEYS)
         for key in ("node", "link_class", "bandwidth_fraction"):
             if key not in entry:
-                raise ConfigError(f"{f}.{key}", None, "required")
+                raise ConfigError(f"{f}.{key}", LeftOut(), "required")
         node = whole(f"{f}.node", entry["node"], 0)
         if node >= nodes:
             raise ConfigError(f"{f}.node", node, f"must be a node from 0 to {nodes - 1} (the cluster has {_nodes(nodes)})")

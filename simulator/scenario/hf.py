@@ -17,7 +17,7 @@ import math
 import os
 from pathlib import Path
 
-from simulator.common.errors import ConfigError, key_text
+from simulator.common.errors import ConfigError, LeftOut, key_text
 from simulator.common.yamlfile import read_text_file
 from simulator.parts.models import catalog_config
 from simulator.scenario.config import ModelConfig
@@ -97,7 +97,7 @@ def model_section(raw: dict, base: Path) -> ModelConfig:
     if model.kv_lora_rank:
         for name in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
             if getattr(model, name) is None:
-                raise ConfigError(f"model.{name}", None, "required with kv_lora_rank (multi-head latent attention)")
+                raise ConfigError(f"model.{name}", LeftOut(), "required with kv_lora_rank (multi-head latent attention)")
     if model.layer_types is not None and len(model.layer_types) != model.num_hidden_layers:
         raise ConfigError("model.layer_types", f"{len(model.layer_types)} entries",
                           f"must give one per layer ({model.num_hidden_layers})")

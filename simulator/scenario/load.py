@@ -27,7 +27,7 @@ from dataclasses import fields, is_dataclass
 from pathlib import Path
 
 from simulator.common import limits, resources
-from simulator.common.errors import ConfigError, key_text
+from simulator.common.errors import ConfigError, LeftOut, key_text
 from simulator.common.yamlfile import load_yaml_file, too_long, yaml_value
 from simulator.parts.frameworks import is_profile_path
 from simulator.parts.gpus import GPUFile, read_gpu_file
@@ -206,8 +206,11 @@ def scenario_from_dict(d: dict, overrides: Iterable[str] = (), *, base_dir: str 
             raise ConfigError(name, raw, f"must be a mapping; valid keys: {', '.join(valid_keys(name))}")
         sections[name] = raw
     if "model" not in d:
-        raise ConfigError("model", None, "required: Hugging Face config.json fields, hf_config: path, "
+        raise ConfigError("model", LeftOut(), "required: Hugging Face config.json fields, hf_config: path, "
                           "or a Hugging Face id such as deepseek-ai/DeepSeek-V3")
+    given = frozenset([*(k for k in TOP_LEVEL_SCALARS if d.get(k) is not None),
+                       *(f"{name}.{k}" for name, raw in sections.items() for k, v in raw.items() if v is not None),
+                       *(f"{FAULTS}.{k}" for k in (d.get(FAULTS) or {} if isinstance(d.get(FAULTS), dict) else {}))])
     cluster = _cluster(sections["cluster"], base)
     return Scenario(
         name=Text().check("name", d.get("name", default_name)),
@@ -221,7 +224,32 @@ def scenario_from_dict(d: dict, overrides: Iterable[str] = (), *, base_dir: str 
         framework_options=check_section("framework_options", sections["framework_options"], FrameworkOptions),
         moe=check_section("moe", sections["moe"], MoEConfig),
         faults=faults_section(d.get(FAULTS), cluster),
+        given=given,
     )
+
+
+def explain_left_out(err: ConfigError, s: Scenario) -> ConfigError:
+    """``err`` as it must read when the key it names is one ``s``'s file left out: the value it
+    shows is then a default, so the message says "left out (default 1)" instead of "got 1", a
+    value the user never wrote. Model keys count as given (the model file or catalog wrote them);
+    any other error is returned as it is."""
+    if s.given is None or err.field in s.given or isinstance(err.value, LeftOut):
+        return err
+    section, _, name = err.field.partition(".")
+    if not name and section in TOP_LEVEL_SCALARS:
+        holder, cls, name = s, Scenario, section
+    elif section in SECTIONS and section != "model":
+        holder, cls = getattr(s, section), SECTIONS[section]
+    elif section == FAULTS:
+        holder, cls = s.faults, Faults
+    else:
+        return err
+    f = next((f for f in fields(cls) if f.name == name), None)
+    if f is None or getattr(holder, name) != err.value:
+        return err
+    decl = f.metadata.get("key")
+    source = decl.default_text if decl is not None and decl.default_text else "default"
+    return ConfigError(err.field, LeftOut.of(err.value, source), err.valid)
 
 
 def _framework(value: object, base: Path) -> str:

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from simulator.common.errors import ConfigError
+from simulator.common.errors import ConfigError, LeftOut
 from simulator.common.units import hide_float_noise
 from simulator.scenario.load import read_scenario_file, scenario_from_dict
 from simulator.simulation import run
@@ -142,7 +142,7 @@ def parse_claims(raw: dict) -> list[tuple[str, str, float]]:
     claims = raw.get("claims")
     valid = ", ".join(CLAIMS)
     if claims is None:
-        raise ConfigError("claims", None, f"required: a mapping of claim to stated value; valid claims: {valid}")
+        raise ConfigError("claims", LeftOut(), f"required: a mapping of claim to stated value; valid claims: {valid}")
     if not isinstance(claims, dict) or not claims:
         raise ConfigError("claims", claims, f"must be a non-empty mapping of claim to stated value; valid claims: {valid}")
     out = []

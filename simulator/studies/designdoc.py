@@ -16,7 +16,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from simulator.common.errors import ConfigError
-from simulator.studies.sweep import Task, base_of, run_tasks
+from simulator.common.progress import as_progress
+from simulator.studies.sweep import Task, base_of, rows_of
 from simulator.engine.engine import scenario_cluster
 from simulator.parts.gpus import gpu_of
 from simulator.parts.topology import LINK_CLASSES
@@ -69,7 +70,7 @@ def neighbours(s) -> list[tuple[str, tuple[str, ...]]]:
 
 
 def fallback_design(scenario, sets: Sequence[str] = (), *, executor: str = "process",
-                    workers: int | None = None, baseline_step_time_s: float | None = None) -> dict:
+                    workers: int | None = None, baseline_step_time_s: float | None = None, progress=None) -> dict:
     """The best alternative layout: every neighbour (``neighbours``) that is valid and fits in
     memory, simulated; the fastest wins (same global batch, so the same tokens per step).
 
@@ -81,7 +82,9 @@ def fallback_design(scenario, sets: Sequence[str] = (), *, executor: str = "proc
     tasks = [(label, Task(raw, base_dir, name, overrides)) for label, overrides in moves]
     if baseline_step_time_s is None:
         tasks.append(("baseline", Task(raw, base_dir, name)))
-    results = dict(run_tasks(tasks, executor, workers))
+    bar = as_progress(progress, "report")
+    bar.phase(f"simulating {len(moves)} neighbouring layouts for a fallback", total=len(tasks))
+    results = rows_of(tasks, lambda label: f"fallback layout {label}", executor, workers, progress=bar)
     base = baseline_step_time_s if baseline_step_time_s is not None else results["baseline"]["step_time_s"]
     candidates = []
     for label, overrides in moves:
@@ -105,7 +108,7 @@ def fallback_design(scenario, sets: Sequence[str] = (), *, executor: str = "proc
 # --- global batch ---------------------------------------------------------------------------------
 
 def batch_study(scenario, sets: Sequence[str] = (), *, executor: str = "process", workers: int | None = None,
-                report: dict) -> list[dict]:
+                report: dict, progress=None) -> list[dict]:
     """The same layout at half and double the global batch (skipped where the batch is not a valid
     multiple), with the baseline row taken from ``report``."""
     raw, base_dir, name = base_of(scenario, sets)
@@ -113,7 +116,9 @@ def batch_study(scenario, sets: Sequence[str] = (), *, executor: str = "process"
     gbs = s.training.global_batch_size
     sizes = ([gbs // 2] if gbs % 2 == 0 else []) + [gbs * 2]
     tasks = [(str(g), Task(raw, base_dir, name, (f"training.global_batch_size={g}",))) for g in sizes]
-    results = dict(run_tasks(tasks, executor, workers))
+    bar = as_progress(progress, "report")
+    bar.phase("simulating the global batch halved and doubled", total=len(tasks))
+    results = rows_of(tasks, lambda g: f"global batch {g}", executor, workers, progress=bar)
     unit = s.training.micro_batch_size * s.dp
     rows = [{"global_batch_size": gbs, "microbatches": gbs // unit, "step_time_s": report["step_time_s"],
              "tokens_per_s": report["tokens_per_s"], "bubble_fraction": report["bubble_fraction"],
@@ -144,8 +149,10 @@ def _png(draw) -> bytes:
 
 
 def gather(scenario: str, sets: Sequence[str] = (), *, factor: float = 2.0, executor: str = "process",
-           workers: int | None = None, fallback=fallback_design) -> dict:
-    """All numbers and figures of the design memo for one scenario file (see the module docstring)."""
+           workers: int | None = None, fallback=fallback_design, progress=None) -> dict:
+    """All numbers and figures of the design memo for one scenario file (see the module docstring);
+    ``progress`` (a stream, a ``progress.Progress`` or None) hears each stage and simulation."""
+    bar = as_progress(progress, "report")
     c = checked(scenario, sets)
     s, mem = c.scenario, c.memory.to_dict()
     if not mem["fits"]:
@@ -153,16 +160,18 @@ def gather(scenario: str, sets: Sequence[str] = (), *, factor: float = 2.0, exec
         raise ConfigError("memory", f"{worst['total_gib']:.1f} GiB on stage {worst['stage']}",
                           f"exceeds the {worst['capacity_gib']:.1f} GiB of {s.cluster.gpu}: a memo needs a plan "
                           "that runs; shard more (tp, pp, zero_stage) or recompute")
+    bar.phase("simulating the step with its flows recorded")
     r = run(c, allow_oom=True)
     result, report = r.result, r.to_dict(wall=False)
     used = [c for c in LINK_CLASSES if report["link_use"]["classes"].get(c, {}).get("bytes", 0) > 0]
     wi = whatif(scenario, sets=sets, factor=factor, executor=executor, workers=workers,
-                targets=(*used, "compute"))
+                targets=(*used, "compute"), progress=bar)
     faster = [r for r in wi["rows"] if r["present"]]
     bottleneck = min(faster, key=lambda r: (r["faster_change"], r["target"]))
     fb = fallback(scenario, sets, executor=executor, workers=workers,
-                  baseline_step_time_s=report["step_time_s"])
-    batches = batch_study(scenario, sets, executor=executor, workers=workers, report=report)
+                  baseline_step_time_s=report["step_time_s"], progress=bar)
+    batches = batch_study(scenario, sets, executor=executor, workers=workers, report=report, progress=bar)
+    bar.phase("drawing the figures")
     counts = param_counts(s.model)
     gpu = gpu_of(s.cluster, s.training.precision)
     cluster = scenario_cluster(s)

@@ -18,7 +18,7 @@ from simulator.common.errors import ConfigError
 from simulator.common.yamlfile import read_text_file
 from dataclasses import replace
 from simulator.scenario.load import scenario_to_dict
-from simulator.simulation import run
+from simulator.simulation import checked, run
 
 VOLATILE = ("sim_wall_s",)
 REPORT_SUFFIXES = (".json",)
@@ -82,10 +82,10 @@ def load_report(path: str, field: str) -> dict:
     return data
 
 
-def _simulate(path: str) -> tuple[dict, dict]:
-    """(scenario keys, step report with memory) of one scenario file; a plan that does not fit is
-    still simulated, as in a sweep."""
-    r = run(path, allow_oom=True, record_flows=False)
+def _simulate(scenario) -> tuple[dict, dict]:
+    """(scenario keys, step report with memory) of one scenario (a file or a ``Checked``); a plan
+    that does not fit is still simulated, as in a sweep."""
+    r = run(scenario, allow_oom=True, record_flows=False)
     report = replace(r.report, sim_wall_s=None).to_dict()
     report["memory_gib_per_gpu"] = r.memory.to_dict()
     return scenario_to_dict(r.scenario), report
@@ -108,12 +108,14 @@ def diff_files(a: str, b: str, progress=None) -> dict:
     if kinds[0] == "report":
         out["report"] = diff_values(load_report(a, "a"), load_report(b, "b"))
         return out
+    # both scenarios are checked before either is simulated: a bad b is an error at once
+    ca, cb = checked(a), checked(b)
     if progress is not None:
         progress.phase(f"simulating {a}")
-    keys_a, rep_a = _simulate(a)
+    keys_a, rep_a = _simulate(ca)
     if progress is not None:
         progress.phase(f"simulating {b}")
-    keys_b, rep_b = _simulate(b)
+    keys_b, rep_b = _simulate(cb)
     out["scenario"] = diff_values(keys_a, keys_b, ignore=())
     out["report"] = diff_values(rep_a, rep_b)
     return out

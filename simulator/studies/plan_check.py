@@ -14,7 +14,8 @@ from __future__ import annotations
 from pathlib import Path
 
 
-from simulator.common.errors import ConfigError
+from simulator.common.errors import ConfigError, WorkerDied
+from simulator.common.progress import as_progress
 from simulator.studies.planner import plan
 from simulator.studies.validate import case_to_scenario_dict, load_cases
 from simulator.scenario.load import scenario_from_dict
@@ -57,6 +58,9 @@ def check_case(case: dict, workers: int | None = None, space=(), narrow: bool = 
     except ConfigError as err:
         row["error"] = str(err)
         return row
+    except WorkerDied as err:
+        row.update(error=f"not planned: {err.what}: {err.cause}", worker_died=err.cause)
+        return row
     best, given = result["best"], result["given"]
     row.update(
         best=best["layout"], best_step_s=best["step_time_s"], best_fits=best["fits"],
@@ -89,18 +93,22 @@ def check_runs(path: str | Path, workers: int | None = None, ids: list[str] | No
                narrow: bool = False, progress=None, max_gpus: int | None = None) -> dict:
     """Rows for every case of ``path`` (or only ``ids``, or only runs on at most ``max_gpus``
     GPUs) and a summary; ``narrow`` plans each over ``narrow_space`` (CI time) instead of the
-    default space."""
+    default space. ``progress``: a stream, a ``progress.Progress`` or None. A case whose plan lost
+    a worker process is an error row with ``worker_died``, and the other cases go on."""
     p = Path(path)
     cases = load_cases(p)
     if ids is not None:
         cases = [c for c in cases if c["id"] in ids]
     if max_gpus is not None:
         cases = [c for c in cases if (c.get("hardware") or {}).get("count", max_gpus + 1) <= max_gpus]
+    bar = as_progress(progress, "plan --validate")
+    bar.phase(f"planning {len(cases)} published runs", total=len(cases))
     rows = []
     for c in cases:
         rows.append(check_case(c, workers, narrow=narrow))
-        if progress is not None:
-            print(f"{p.name}: {c['id']}", file=progress, flush=True)
+        if rows[-1].get("worker_died"):
+            bar.note(f"case {c['id']}: {rows[-1]['worker_died']}; the other cases go on")
+        bar.advance(f"{p.name}: {c['id']}")
     ok = [r for r in rows if "error" not in r]
     return {
         "file": str(path),

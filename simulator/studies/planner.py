@@ -50,8 +50,6 @@ import itertools
 import json
 import math
 import os
-import sys
-import time
 from bisect import insort
 from collections.abc import Sequence
 from pathlib import Path
@@ -59,7 +57,7 @@ from pathlib import Path
 import yaml
 
 from simulator.scenario.config import Scenario
-from simulator.common.errors import ConfigError
+from simulator.common.errors import ConfigError, WorkerDied
 from simulator.common.files import atomic_write_text, remove_stale
 from simulator.reports.report import AXES
 from simulator.scenario.load import scenario_from_dict, scenario_to_dict
@@ -75,7 +73,8 @@ from simulator.parts.gpus import gpu_of
 from simulator.reports.plots import plot_pareto
 from simulator.studies.bound import (blocking_tp_s, schedule_walk_bound, stage_fsdp_busy, step_compute, step_lower_bound)
 from simulator.studies.sweep import (EXECUTORS, METRICS, Task, _Lock, base_of, evaluate, point_id, read_log, scenario_hash)
-from simulator.studies.workers import check_local_workers, local_limit, process_pool
+from simulator.common.progress import as_progress
+from simulator.studies.workers import Lost, check_local_workers, local_limit, outcome, process_pool
 from simulator.workload.frameworks import fsdp_gathered_once
 from simulator.workload.memory import memory_peak, memory_report
 from simulator.workload.workload import build_workload
@@ -307,10 +306,17 @@ class _Runner:
         """Whether a submission runs beside this process (a pool or Ray) rather than inline."""
         return self.pool is not None or self.ray is not None
 
-    def map_local(self, fn, items: list) -> list:
+    def map_local(self, fn, items: list, what: str) -> list:
+        """``fn`` of each item in the local pool; a dead worker is a ``WorkerDied`` naming ``what``
+        (nothing is logged before these passes, so a rerun starts them over)."""
         if self.pool is None or len(items) < 2:
             return [fn(x) for x in items]
-        return list(self.pool.map(fn, items))
+        out = self.pool.map(fn, items)
+        for i, x in enumerate(out):
+            if isinstance(x, Lost):
+                raise WorkerDied(f"plan: {what} (part {i + 1} of {len(items)})", x.cause, "no layout was simulated yet; "
+                                 "a rerun starts over")
+        return out
 
     def submit(self, index: int, task: Task) -> None:
         if self.ray is not None:
@@ -320,31 +326,27 @@ class _Runner:
         else:
             self.ready[index] = evaluate(task)
 
-    def result(self, index: int) -> dict:
+    def result(self, index: int) -> dict | Lost:
+        """Submission ``index``'s row, or a ``Lost`` if its worker process died."""
         if index in self.ready:
             return self.ready.pop(index)
         handle = self.pending.pop(index)
-        return self.ray.get(handle) if self.ray is not None else handle.result()
+        return self.ray.get(handle) if self.ray is not None else outcome(handle)
+
+    def drain(self) -> list[tuple[int, dict]]:
+        """The rows of every submission still out, waiting for each (those whose worker died are left out)."""
+        rows = []
+        for index in sorted(self.pending):
+            row = self.result(index)
+            if not isinstance(row, Lost):
+                rows.append((index, row))
+        return rows
 
     def close(self) -> None:
         if self.pool is not None:
-            self.pool.shutdown(cancel_futures=True)
+            self.pool.close(cancel=True)
         if self._ray_started:
             self.ray.shutdown()
-
-
-class _Progress:
-    """One status line on stderr when it is a terminal; silent otherwise (logs, notebooks, CI)."""
-
-    def __init__(self, stream, force: bool = False):
-        self.stream = stream
-        self.on = stream is not None and (force or (hasattr(stream, "isatty") and stream.isatty()))
-        self.start = time.monotonic()
-
-    def show(self, text: str, end: bool = False) -> None:
-        if self.on:
-            print(f"\rplan {time.monotonic() - self.start:6.1f} s  {text[:100]:<100}", end="\n" if end else "",
-                  file=self.stream, flush=True)
 
 
 def parse_tolerance(value) -> float:
@@ -419,9 +421,11 @@ def plan(scenario: str | Path | Scenario | dict, *, sets: Sequence[str] = (), sp
          top: int = 5, prove: int = 1, objective: str = "step_time", max_memory_fraction: float = 1.0,
          pareto: bool = False,
          tolerance: float | str | None = None, out: str | Path | None = None, workers: int | None = None, executor: str = "process",
-         address: str | None = None, progress=sys.stderr, force_progress: bool = False) -> dict:
-    """Plan a scenario (module docstring); returns the result in the ``--json`` shape. Progress goes
-    to ``progress`` when it is a terminal or ``force_progress`` (``--progress``); None is silent."""
+         address: str | None = None, progress=None) -> dict:
+    """Plan a scenario (module docstring); returns the result in the ``--json`` shape. ``progress``
+    (a stream, a ``progress.Progress`` or None) hears each stage and each simulation. A simulation
+    whose worker process died ends the plan with a ``WorkerDied`` naming its layout, once the
+    simulations still out have finished (and, with ``out``, been logged for the rerun)."""
     if objective not in OBJECTIVES:
         raise ConfigError("--objective", objective, f"valid: {', '.join(OBJECTIVES)}")
     if executor not in EXECUTORS:
@@ -433,12 +437,11 @@ def plan(scenario: str | Path | Scenario | dict, *, sets: Sequence[str] = (), sp
     if not 0 < max_memory_fraction <= 1:
         raise ConfigError("--max-memory-fraction", max_memory_fraction, "must be a number in (0, 1]")
     tolerance = parse_tolerance(DEFAULT_TOLERANCE if tolerance is None else tolerance)
-    workers = workers if workers is not None else min(2, os.cpu_count() or 1)
-    check_local_workers(workers, executor, address)
+    workers = check_local_workers(workers, executor, address)
     raw, base_dir, name = base_of(scenario, sets)
     s = scenario_from_dict(raw, base_dir=base_dir, default_name=name)
     given = layout_of(s)
-    bar = _Progress(progress, force_progress)
+    bar = as_progress(progress, "plan")
 
     values = parse_space(space, s)
     runner = _Runner(executor, workers, address)
@@ -447,31 +450,37 @@ def plan(scenario: str | Path | Scenario | dict, *, sets: Sequence[str] = (), sp
     try:
         # the structural shapes, then the memory screen, in 4 interleaved parts per local process
         parts = 4 * runner.local if runner.pool is not None else 1
-        enum = merge_enumerations(runner.map_local(_enumerate_part, [(s, values, (i, parts)) for i in range(parts)]))
+        # the layouts, the rules and the memory screen may still end in a one-line error: until they
+        # are through, progress shows on a terminal only, so that such an error stands alone in a log
+        bar.status("enumerating the layouts")
+        enum = merge_enumerations(runner.map_local(_enumerate_part, [(s, values, (i, parts)) for i in range(parts)],
+                                                   "enumerating the layouts"))
         if not enum.valid:
             reason, count = enum.pruned_rules.most_common(1)[0] if enum.pruned_rules else ("the space is empty", 0)
             raise ConfigError("--space", f"{enum.enumerated} layouts", f"none is valid; most common rule: {reason} "
                               f"({count} layouts)")
         runner.connect()
-        bar.show(f"{enum.enumerated} layouts, {len(enum.valid)} valid: memory and bounds")
+        bar.status(f"{enum.enumerated:,} layouts, {len(enum.valid):,} valid: the memory screen")
         base = scenario_hash(raw)
         done: dict[str, dict] = {}
         if folder is not None:
             folder.mkdir(parents=True, exist_ok=True)
-            lock = _Lock(folder)
+            lock = _Lock(folder, notes=bar)
             remove_stale(folder)
             done, damaged = read_log(folder / LOG)
             if damaged:
                 atomic_write_text(folder / LOG, "".join(json.dumps(r, sort_keys=True) + "\n" for r in done.values()))
             log = open(folder / LOG, "a")
         chunks = [enum.valid[i::parts] for i in range(parts)]
-        screened_chunks = runner.map_local(_screen, [(s, c, max_memory_fraction) for c in chunks])
+        screened_chunks = runner.map_local(_screen, [(s, c, max_memory_fraction) for c in chunks], "the memory screen")
         by_layout = {}
         for chunk, results in zip(chunks, screened_chunks):
             for layout, (peak, fits) in zip(chunk, results):
                 by_layout[layout] = (peak, fits)
         if not any(fits for _, fits in by_layout.values()):
             _no_fit(s, enum.valid, by_layout, max_memory_fraction)
+        bar.phase(f"{enum.enumerated:,} layouts, {len(enum.valid):,} valid, "
+                  f"{sum(fits for _, fits in by_layout.values()):,} fit: lower bounds and simulations")
         # Submission 0, the given layout as written, is simulated whatever the bounds say: with
         # workers, it goes out once something fits, so one runs it while this process bounds.
         given_id = point_id(base, {"given": True})
@@ -502,25 +511,45 @@ def plan(scenario: str | Path | Scenario | dict, *, sets: Sequence[str] = (), sp
         def task_id(index: int) -> str:
             return given_id if index == 0 else point_id(base, order[index].key())
 
+        def keep(i: int, metrics: dict) -> dict:
+            row = {"point_id": task_id(i), "layout": order[i].key(), **metrics}
+            done[row["point_id"]] = row
+            if log is not None:
+                log.write(json.dumps(row, sort_keys=True) + "\n")
+                log.flush()
+                os.fsync(log.fileno())
+            return row
+
+        def died(i: int, lost: Lost) -> WorkerDied:
+            """Log what the simulations still out give, then the error naming layout ``i``."""
+            saved = [keep(index, metrics) for index, metrics in runner.drain()]
+            what = "plan: the given layout" if i == 0 else f"plan: layout {order[i].label()}"
+            if log is None:
+                after = "without --out nothing is kept: rerun with --out DIR to make the plan resumable"
+            else:
+                after = (f"{len(done)} simulations are logged in {folder / LOG} ({len(saved)} of them finished after "
+                         "it); rerun the same command to resume: it reuses them and simulates the rest")
+            return WorkerDied(what, lost.cause, after)
+
         def collect(upto: int) -> None:
             while len(results) < upto:
                 i = len(results)
                 tid = task_id(i)
+                twin = i in twin_of
                 if tid in done:
                     row = done[tid]
                 else:
-                    metrics = (_twin_row(results[twin_of[i]], s, order[i]) if i in twin_of else runner.result(i))
-                    row = {"point_id": tid, "layout": order[i].key(), **metrics}
-                    done[tid] = row
-                    if log is not None:
-                        log.write(json.dumps(row, sort_keys=True) + "\n")
-                        log.flush()
-                        os.fsync(log.fileno())
+                    metrics = _twin_row(results[twin_of[i]], s, order[i]) if twin else runner.result(i)
+                    if isinstance(metrics, Lost):
+                        raise died(i, metrics)
+                    row = keep(i, metrics)
                 results.append(row)
                 if (i > 0 or given_is_candidate) and row.get("step_time_s") is not None:
                     front.add(row["step_time_s"], peak_of[order[i]])
-                best = front.steps[0] if front.steps else float("nan")
-                bar.show(f"simulated {len(results)}, pruned by bound {len(pruned_bound)}, best {best:.4g} s")
+                if not twin:
+                    best = f"best {front.steps[0]:.4g} s" if front.steps else "none ranked yet"
+                    bar.advance(f"{'given ' if i == 0 else ''}{order[i].label()}: {_outcome(row)}; {best}, "
+                                f"{len(pruned_bound):,} pruned by bound")
 
         def submit(layout: Layout) -> None:
             order.append(layout)
@@ -589,7 +618,6 @@ def plan(scenario: str | Path | Scenario | dict, *, sets: Sequence[str] = (), sp
                     continue
             submit(cand.layout)
         collect(len(order))
-        bar.show(f"simulated {len(results)}, pruned by bound {len(pruned_bound)}", end=True)
     finally:
         runner.close()
         if log is not None:
@@ -606,6 +634,15 @@ def plan(scenario: str | Path | Scenario | dict, *, sets: Sequence[str] = (), sp
     if folder is not None and result["pareto"]:
         plot_pareto(result, str(folder / PARETO_PLOT))
     return result
+
+
+def _outcome(row: dict) -> str:
+    """A simulation's row in a few words, for the progress line."""
+    if row.get("error"):
+        return "invalid"
+    if row.get("step_time_s") is None:
+        return f"stopped above {row['stopped_above_s']:.4g} s"
+    return f"{row['step_time_s']:.4g} s" + ("" if row.get("fits", True) else " (does not fit)")
 
 
 def decision_point(submitted: int, collected: int, twins, in_flight: int) -> int:

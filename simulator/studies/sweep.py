@@ -42,7 +42,7 @@ from pathlib import Path
 
 from simulator.scenario.config import Scenario
 from simulator.common import limits
-from simulator.common.errors import ConfigError
+from simulator.common.errors import ConfigError, LeftOut, WorkerDied
 from simulator.common.yamlfile import yaml_value
 from simulator.reports.report import AXES
 from simulator.scenario.load import apply_overrides, read_scenario_file, scenario_to_dict
@@ -52,7 +52,8 @@ from simulator.engine.records import SimOptions
 from simulator.scenario.load import scenario_from_dict
 from simulator.simulation import checked, run
 from simulator.studies.bound import StepAbove, simulate_below
-from simulator.studies.workers import check_local_workers, process_pool
+from simulator.common.progress import as_progress
+from simulator.studies.workers import Lost, check_local_workers, outcome, process_pool
 from concurrent.futures import as_completed
 from simulator.reports.plots import plot_sweep
 from simulator.scenario.load import scenario_path
@@ -133,7 +134,7 @@ def parse_vary(items: Sequence[str] | Mapping[str, Iterable]) -> Vary:
                 raise ConfigError("--vary", item, "expected key.path=v1,v2,..., e.g. parallelism.tp=4,8")
             pairs.append((key.strip(), tuple(yaml_value(t.strip(), f"--vary {key.strip()}") for t in text.split(","))))
     if not pairs:
-        raise ConfigError("--vary", None, "give at least one key.path=v1,v2,...")
+        raise ConfigError("--vary", LeftOut(), "give at least one key.path=v1,v2,...")
     seen = set()
     for key, values in pairs:
         if key in seen:
@@ -190,13 +191,12 @@ def base_of(scenario: str | Path | Scenario | dict, sets: Sequence[str] = ()) ->
 # --- executors ---------------------------------------------------------------------------------
 
 def run_tasks(tasks: Sequence[tuple[str, Task]], executor: str = "process", workers: int | None = None,
-              address: str | None = None) -> Iterator[tuple[str, dict]]:
-    """Evaluate ``(id, task)`` pairs; yield ``(id, row)`` as each finishes (any order)."""
+              address: str | None = None) -> Iterator[tuple[str, dict | Lost]]:
+    """Evaluate ``(id, task)`` pairs; yield ``(id, row)`` as each finishes (any order). A task whose
+    worker process died (``workers.Lost``) yields that in place of its row, and the others go on."""
     if executor not in EXECUTORS:
         raise ConfigError("--executor", executor, f"valid: {', '.join(EXECUTORS)}")
-    if workers is None:
-        workers = os.cpu_count() or 1
-    check_local_workers(workers, executor, address)
+    workers = check_local_workers(workers, executor, address)
     if not tasks:
         return
     if executor == "ray":
@@ -208,7 +208,31 @@ def run_tasks(tasks: Sequence[tuple[str, Task]], executor: str = "process", work
         with process_pool(min(workers, len(tasks))) as pool:
             futures = {pool.submit(evaluate, task): pid for pid, task in tasks}
             for fut in as_completed(futures):
-                yield futures[fut], fut.result()
+                yield futures[fut], outcome(fut)
+
+
+def rows_of(tasks: Sequence[tuple[str, Task]], what, executor: str = "process", workers: int | None = None,
+            address: str | None = None, progress=None) -> dict[str, dict]:
+    """Every task's row by id, for a study that needs them all: ``progress.advance`` hears each
+    one finish; a task whose worker died is named by ``what(id)`` in a ``WorkerDied`` raised once
+    the rest have finished."""
+    rows: dict[str, dict] = {}
+    lost: list[tuple[str, Lost]] = []
+    for tid, row in run_tasks(tasks, executor, workers, address):
+        if isinstance(row, Lost):
+            lost.append((tid, row))
+            if progress is not None:
+                progress.note(f"{what(tid)}: {row.cause}; the other simulations go on")
+            continue
+        rows[tid] = row
+        if progress is not None:
+            progress.advance(what(tid))
+    if lost:
+        tid, first = lost[0]
+        more = f" (and {len(lost) - 1} more)" if len(lost) > 1 else ""
+        raise WorkerDied(what(tid), first.cause + more,
+                         f"the other {len(rows)} simulations finished; nothing is saved, a rerun starts over")
+    return rows
 
 
 def _ray(tasks: Sequence[tuple[str, Task]], workers: int, address: str | None) -> Iterator[tuple[str, dict]]:
@@ -293,7 +317,7 @@ class _Lock:
 
     _HELD: set[str] = set()
 
-    def __init__(self, folder: Path, notes=sys.stderr):
+    def __init__(self, folder: Path, notes=None):
         self.key = str(folder.resolve())
         if self.key in _Lock._HELD:
             raise ConfigError("--out", str(folder), "another sweep in this process is writing there; use another folder")
@@ -308,8 +332,8 @@ class _Lock:
                               "folder") from None
         previous = self._recorded()
         if previous and previous != os.getpid() and notes is not None:
-            print(f"sweep: taking over the lock of {folder}: its owner, pid {previous}, ended without releasing it "
-                  "(killed?); resuming", file=notes, flush=True)
+            notes.note(f"taking over the lock of {folder}: its owner, pid {previous}, ended without releasing it "
+                       "(killed?); resuming")
         self._write(f"{os.getpid()}\n")
         _Lock._HELD.add(self.key)
 
@@ -333,29 +357,6 @@ class _Lock:
             self.file.close()
 
 
-class Progress:
-    """A one-line progress bar on a terminal; one line per point otherwise (logs, notebooks)."""
-
-    def __init__(self, total: int, done: int, stream=sys.stderr, width: int = 30):
-        self.total, self.done, self.stream, self.width = total, done, stream, width
-        self.start = time.monotonic()
-        self.tty = hasattr(stream, "isatty") and stream.isatty()
-        if done:
-            print(f"sweep: {done} of {total} points already done", file=stream, flush=True)
-
-    def step(self, label: str) -> None:
-        self.done += 1
-        elapsed = time.monotonic() - self.start
-        if self.tty:
-            filled = self.width * self.done // self.total
-            bar = "#" * filled + "." * (self.width - filled)
-            end = "\n" if self.done == self.total else ""
-            print(f"\r[{bar}] {self.done}/{self.total} {elapsed:6.1f} s  {label[:60]:<60}", end=end,
-                  file=self.stream, flush=True)
-        else:
-            print(f"sweep: {self.done}/{self.total} {elapsed:.1f} s {label}", file=self.stream, flush=True)
-
-
 def _label(point: Mapping, row: dict) -> str:
     values = " ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in point.items())
     outcome = "invalid" if row.get("error") else f"{row['step_time_s']:.4g} s"
@@ -369,8 +370,10 @@ def run_sweep(scenario: str | Path | Scenario | dict, vary: Sequence[str] | Mapp
     """Run a sweep; return its rows in cartesian order, each ``{"point_id", "point", *METRICS}``.
 
     With ``out`` the rows go to ``results.jsonl`` / ``results.csv`` there (finished points are
-    skipped on a rerun) and, with ``plots``, the figures of ``plots.plot_sweep``. ``progress``
-    is a stream for the progress bar, or None for silence.
+    skipped on a rerun) and, with ``plots``, the figures of ``plots.plot_sweep``. ``progress``:
+    a stream, a ``progress.Progress`` or None (``progress.as_progress``). A point whose worker
+    process died is not logged (a rerun computes it); once the other points are done, a
+    ``WorkerDied`` names it, with the rows of the finished points as ``rows``.
     """
     vary = parse_vary(vary)
     raw, base_dir, name = base_of(scenario, sets)
@@ -380,12 +383,13 @@ def run_sweep(scenario: str | Path | Scenario | dict, vary: Sequence[str] | Mapp
     base = scenario_hash(raw)
     plan = [(point_id(base, p), p) for p in points(vary)]
     folder = Path(out) if out is not None else None
+    bar = as_progress(progress, "sweep")
     lock = None
     done: dict[str, dict] = {}
     log = None
     if folder is not None:
         folder.mkdir(parents=True, exist_ok=True)
-        lock = _Lock(folder, notes=progress)
+        lock = _Lock(folder, notes=bar)
         remove_stale(folder)
     try:
         if folder is not None:
@@ -395,13 +399,22 @@ def run_sweep(scenario: str | Path | Scenario | dict, vary: Sequence[str] | Mapp
             log = open(folder / JSONL, "a")
         todo = [(pid, Task(raw, base_dir, name, point_overrides(p))) for pid, p in plan if pid not in done]
         points_by_id = dict(plan)
-        bar = Progress(len(plan), len(plan) - len(todo), progress) if progress is not None else None
+        bar.phase("", total=len(plan))
+        already = len(plan) - len(todo)
+        if already:
+            bar.resume(already)
+            bar.note(f"{already} of {len(plan)} points already done")
         last_csv = 0.0
+        lost: list[tuple[dict, Lost]] = []
 
         def finished() -> list[dict]:
             return [done[pid] for pid, _ in plan if pid in done]
 
         for pid, metrics in run_tasks(todo, executor, workers, address):
+            if isinstance(metrics, Lost):
+                lost.append((points_by_id[pid], metrics))
+                bar.note(f"point {_point_text(points_by_id[pid])}: {metrics.cause}; the other points go on")
+                continue
             row = {"point_id": pid, "point": points_by_id[pid], **metrics}
             done[pid] = row
             if log is not None:
@@ -411,19 +424,39 @@ def run_sweep(scenario: str | Path | Scenario | dict, vary: Sequence[str] | Mapp
                 if time.monotonic() - last_csv >= csv_every_s:
                     atomic_write_text(folder / CSV, table_csv(finished(), keys))
                     last_csv = time.monotonic()
-            if bar is not None:
-                bar.step(_label(row["point"], row))
+            bar.advance(_label(row["point"], row))
         rows = finished()
         if folder is not None:
             atomic_write_text(folder / CSV, table_csv(rows, keys))
-            if plots:
-                plot_sweep(rows, keys, str(folder), name)
+        if lost:
+            raise _died(lost, rows, len(plan), folder)
+        if folder is not None and plots:
+            plot_sweep(rows, keys, str(folder), name)
         return rows
     finally:
         if log is not None:
             log.close()
         if lock is not None:
             lock.release()
+
+
+def _point_text(point: Mapping) -> str:
+    return " ".join(f"{k}={v}" for k, v in point.items())
+
+
+def _died(lost: list[tuple[dict, Lost]], rows: list[dict], total: int, folder: Path | None) -> WorkerDied:
+    """The one-line error of a sweep that lost points to dead workers (``run_sweep``), with the
+    finished rows as ``rows``."""
+    point, first = lost[0]
+    more = f" (and {len(lost) - 1} more point{'s' if len(lost) > 2 else ''})" if len(lost) > 1 else ""
+    if folder is not None:
+        after = (f"the other {len(rows)} of {total} points are in {folder / JSONL}; rerun the same command to "
+                 "resume: it simulates only the missing points")
+    else:
+        after = f"the other {len(rows)} of {total} points finished (no --out folder: nothing to resume)"
+    err = WorkerDied(f"sweep point {_point_text(point)}", first.cause + more, after)
+    err.rows = rows
+    return err
 
 
 def format_table(rows: Sequence[dict], keys: Sequence[str]) -> str:

@@ -132,7 +132,8 @@ from simulator.parts.frameworks import CUDA_GRAPH_SCOPES, GENERIC, framework_nam
 from simulator.parts.topology import load_topology
 from simulator.common.errors import ConfigError
 from simulator.common.yamlfile import load_yaml_file
-from simulator.studies.workers import check_local_workers, process_pool
+from simulator.common.progress import as_progress
+from simulator.studies.workers import Lost, check_local_workers, outcome, process_pool
 from simulator.scenario.load import scenario_from_dict
 from simulator.common.schema import optional_whole, whole
 from simulator.layout.schedules import check_schedule_args
@@ -793,22 +794,29 @@ def load_cases(path: str | Path) -> list[dict]:
     return cases
 
 
-def validate_file(path: str, workers: int = 2, progress=None) -> dict:
-    """Predict every case of a public-runs file; ``progress.advance(case_id, total)`` after each."""
-    check_local_workers(workers)
+def validate_file(path: str, workers: int | None = None, progress=None) -> dict:
+    """Predict every case of a public-runs file. ``progress`` (a stream, a ``progress.Progress`` or
+    None) hears each case finish. A case whose worker process died is a row with ``worker_died``
+    (how it ended) and that as its ``error``, and the other cases go on: ``died`` lists them."""
+    workers = check_local_workers(workers)
     cases = load_cases(path)
+    bar = as_progress(progress, "validate")
+    bar.phase(f"predicting {len(cases)} published runs", total=len(cases))
     rows = []
-    if workers > 1:
-        with process_pool(workers) as pool:
-            for row in pool.map(predict, cases):
+    if workers > 1 and len(cases) > 1:
+        with process_pool(min(workers, len(cases))) as pool:
+            futures = [pool.submit(predict, case) for case in cases]
+            for case, fut in zip(cases, futures):
+                row = outcome(fut)
+                if isinstance(row, Lost):
+                    row = {"id": case["id"], "error": f"not predicted: {row.cause}", "worker_died": row.cause}
+                    bar.note(f"case {case['id']}: {row['worker_died']}; the other cases go on")
                 rows.append(row)
-                if progress is not None:
-                    progress.advance(str(row["id"]), total=len(cases))
+                bar.advance(str(row["id"]))
     else:
         for case in cases:
             rows.append(predict(case))
-            if progress is not None:
-                progress.advance(str(rows[-1]["id"]), total=len(cases))
+            bar.advance(str(rows[-1]["id"]))
     predicted = [r for r in rows if isinstance(r.get("error"), float)]
     scored = [r for r in predicted if not r.get("excluded")]
     summary = {"cases": len(rows), "scored": len(scored),
@@ -823,7 +831,7 @@ def validate_file(path: str, workers: int = 2, progress=None) -> dict:
     for key in ("gpu", "precision", "kind", "axes"):
         values = sorted({r["groups"][key] for r in scored})
         summary["by_group"][key] = {v: _mape([r for r in scored if r["groups"][key] == v]) for v in values}
-    return {"rows": rows, "summary": summary}
+    return {"rows": rows, "summary": summary, "died": [r["id"] for r in rows if r.get("worker_died")]}
 
 
 def _mape(rows: list[dict]) -> float | None:

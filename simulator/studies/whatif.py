@@ -33,7 +33,8 @@ from pathlib import Path
 
 from simulator.common.errors import ConfigError
 from simulator.common.files import atomic_write_text
-from simulator.studies.sweep import Task, base_of, run_tasks
+from simulator.common.progress import as_progress
+from simulator.studies.sweep import Task, base_of, rows_of
 from simulator.parts.topology import LINK_CLASSES
 from simulator.engine.engine import scenario_cluster
 from simulator.layout.rules import validate_plan
@@ -54,7 +55,8 @@ MAX_FACTOR = 1000.0  # 1000x any link or GPU is far outside any hardware generat
 
 
 def check_factor(factor: object) -> float:
-    """``--factor`` of whatif and report, or a one-line ConfigError."""
+    """``--factor`` of whatif and report: how many times faster and slower, above 1 and at most
+    ``MAX_FACTOR``; a one-line error otherwise."""
     if not isinstance(factor, (int, float)) or isinstance(factor, bool) or not 1 < factor <= MAX_FACTOR:
         raise ConfigError("--factor", factor, f"must be a number > 1 and at most {MAX_FACTOR:g} "
                           "(2 means 2x faster and 2x slower)")
@@ -67,7 +69,8 @@ def whatif(scenario, *, sets: Sequence[str] = (), factor: float = 2.0, executor:
     """Baseline and per-target step times at ``factor`` x faster and slower, as plain data.
 
     ``targets`` limits the rows to some of ``TARGETS`` and ``FAULT_TARGETS`` (default: all of them);
-    ``progress.advance(task_id, total)`` is called as each simulation finishes."""
+    ``progress`` (a stream, a ``progress.Progress`` or None) hears each simulation finish. A
+    simulation whose worker process died is a ``WorkerDied`` naming it, once the others are done."""
     check_factor(factor)
     raw, base_dir, name = base_of(scenario, sets)
     s = scenario_from_dict(raw, base_dir=base_dir, default_name=name)
@@ -104,11 +107,9 @@ def whatif(scenario, *, sets: Sequence[str] = (), factor: float = 2.0, executor:
         section = dict(raw.get("faults") or {})
         section[key] = [*(section.get(key) or []), entry]
         tasks.append((f"fault:{target}", Task({**raw, "faults": section}, base_dir, name)))
-    results = {}
-    for task_id, row in run_tasks(tasks, executor, workers, address):
-        results[task_id] = row
-        if progress is not None:
-            progress.advance(task_id, total=len(tasks))
+    bar = as_progress(progress, "whatif")
+    bar.phase(f"simulating the baseline and {len(tasks) - 1} what-ifs", total=len(tasks))
+    results = rows_of(tasks, lambda tid: task_label(tid, factor), executor, workers, address, progress=bar)
     if results["baseline"]["error"]:
         raise ConfigError("scenario", name, results["baseline"]["error"])
     baseline = results["baseline"]["step_time_s"]
@@ -136,6 +137,15 @@ def whatif(scenario, *, sets: Sequence[str] = (), factor: float = 2.0, executor:
         fault_rows.append(row)
     return {"name": s.name, "factor": float(factor), "baseline_step_time_s": baseline,
             "fits": results["baseline"]["fits"], "rows": rows, "fault_rows": fault_rows}
+
+
+def task_label(task_id: str, factor: float) -> str:
+    """A what-if simulation by name: ``nvlink:faster`` at factor 2 is "what-if nvlink 2x faster",
+    ``fault:one straggler node`` is "what-if one straggler node"."""
+    if task_id == "baseline":
+        return "what-if baseline (the scenario as written)"
+    target, _, tag = task_id.partition(":")
+    return f"what-if {tag}" if target == "fault" else f"what-if {target} {factor:g}x {tag}"
 
 
 def format_whatif(result: dict) -> str:
