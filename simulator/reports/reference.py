@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import fields
 
-from simulator.reports.report import Layout, StageTimes, StepReport, TimeBreakdown
+from simulator.reports.report import CalibrationReport, Layout, StageTimes, StepReport, TimeBreakdown
 from simulator.workload.memory import MemoryReport, StageMemoryRow
 
 # (path, help) for the analyses' keys; "*" stands for any name (a link class, an axis).
@@ -63,8 +63,9 @@ def markdown() -> str:
         "this file is stale. -->",
         "",
         "`stepsim run --json` prints one JSON object (the Python API's `Run.to_dict()`); seconds are SI, GiB",
-        "are 2^30 bytes. Fields come out in the order below; `faults` and `pipeline_passes` appear only when",
-        "they apply. Everything but `sim_wall_s` is identical, byte for byte, between runs of one scenario.",
+        "are 2^30 bytes. Fields come out in the order below; `faults`, `pipeline_passes` and `calibration`",
+        "appear only when they apply. Everything but `sim_wall_s` is identical, byte for byte, between runs",
+        "of one scenario.",
         "",
         "## The step",
         "",
@@ -73,6 +74,7 @@ def markdown() -> str:
     out += [f"| `{name}` | | {text} |" for name, text in EXTRA]
     out += [f"| `{name}` | | {text} (below) |" for name, (text, _) in ANALYSES.items()]
     for title, cls in (("`time_breakdown_s`", TimeBreakdown), ("Each of `stages`", StageTimes), ("`layout`", Layout),
+                       ("`calibration` (with a scenario's `calibration:`)", CalibrationReport),
                        ("`memory_gib_per_gpu` (`stepsim memory --json`)", MemoryReport),
                        ("Each of `memory_gib_per_gpu.stages`", StageMemoryRow)):
         out += ["", f"## {title}", ""] + _table(cls)

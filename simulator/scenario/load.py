@@ -48,7 +48,7 @@ SECTIONS = {
     "framework_options": FrameworkOptions,
     "moe": MoEConfig,
 }
-TOP_LEVEL_SCALARS = ("name", "schedule", "framework")
+TOP_LEVEL_SCALARS = ("name", "schedule", "framework", "calibration")
 # Sections a scenario file may carry for other commands; the scenario itself ignores them
 # (``claims:`` is read by ``stepsim audit``, see simulator/studies/audit.py).
 ANNOTATIONS = ("claims",)
@@ -219,7 +219,15 @@ def scenario_from_dict(d: dict, overrides: Iterable[str] = (), *, base_dir: str 
         framework_options=check_section("framework_options", sections["framework_options"], FrameworkOptions),
         moe=check_section("moe", sections["moe"], MoEConfig),
         faults=faults_section(d.get(FAULTS), cluster),
+        calibration=_calibration(d.get("calibration"), base),
     )
+
+
+def _calibration(value: object, base: Path):
+    """The ``calibration`` key, a relative file path read against the scenario's folder."""
+    if isinstance(value, str) and value.strip() and not Path(value).is_absolute():
+        value = str((base / value).resolve())
+    return keys_of(Scenario)["calibration"].kind.check("calibration", value)
 
 
 def _framework(value: object, base: Path) -> str:
@@ -290,6 +298,8 @@ def scenario_to_dict(s: Scenario) -> dict:
     out["framework"] = s.framework
     if s.faults != Faults():
         out[FAULTS] = faults_to_dict(s.faults)
+    if s.calibration is not None:
+        out["calibration"] = s.calibration.to_dict()
     return out
 
 

@@ -104,7 +104,7 @@ def gemm_op(
     nbytes = groups * (in_bytes * (m * k + k * n) + out_bytes * m * n)
     together = groups if streams is None else min(streams, groups)
     rate = peak(gpu, precision) * gemm_efficiency(m, n, k, gpu, precision, together)
-    return Op(name, flops, nbytes, _roofline(flops, nbytes, gpu, rate))
+    return Op(name, flops, nbytes, _roofline(flops, nbytes, gpu, rate), shape=(m, n, k, groups))
 
 
 def gemm_bwd_ops(
