@@ -44,6 +44,10 @@ ANALYSES = {
 }
 EXTRA = (("memory_gib_per_gpu", "the memory report (below), as `stepsim memory --json` prints it"),
          ("warnings", "the layout's warnings (slow links a TP or EP group falls back to), one line each"))
+TAIL = (("profile_diff", "only with `run --profile-diff`: per kernel class the profile's measured time against the "
+                         "simulated one (scenario, profile, ranks, representative, device, iterations, coverage, "
+                         "measured_step_s, simulated_step_s, measured_busy_s, classes, gemm_shapes, warnings; "
+                         "docs/calibrate.md)"),)
 
 
 def _table(cls: type) -> list[str]:
@@ -73,6 +77,7 @@ def markdown() -> str:
     out += _table(StepReport)
     out += [f"| `{name}` | | {text} |" for name, text in EXTRA]
     out += [f"| `{name}` | | {text} (below) |" for name, (text, _) in ANALYSES.items()]
+    out += [f"| `{name}` | | {text} |" for name, text in TAIL]
     for title, cls in (("`time_breakdown_s`", TimeBreakdown), ("Each of `stages`", StageTimes), ("`layout`", Layout),
                        ("`calibration` (with a scenario's `calibration:`)", CalibrationReport),
                        ("`memory_gib_per_gpu` (`stepsim memory --json`)", MemoryReport),
