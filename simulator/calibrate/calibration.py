@@ -422,10 +422,10 @@ def format_comparison(c: Comparison, title: str = "profile vs stepsim", compared
         spread = row.rank_ratios
         wide = len(spread) > 1 and max(spread) - min(spread) > 0.01 * min(spread)
         span = f" [{min(spread):.3g} to {max(spread):.3g} by rank]" if wide else ""
-        lines.append(f"{row.name:<14} {_ms(row.measured_s):>12} {_ms(row.simulated_s):>11} {ratio:>9} "
+        lines.append((f"{row.name:<14} {_ms(row.measured_s):>12} {_ms(row.simulated_s):>11} {ratio:>9} "
                      f"{row.share:>7.1%} {row.kernels:>8} {row.ops:>7}  "
                      + (compared if row.status == "compared" else row.status) + span
-                     + (f": {row.note}" if row.note and row.status != "compared" else ""))
+                     + (f": {row.note}" if row.note and row.status != "compared" else "")).rstrip())
     comm = c.row(COMMUNICATION)
     if comm is not None and comm.status == "compared" and compared:
         lines.append(f"communication: {COMMUNICATION_SCOPE}")

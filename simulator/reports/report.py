@@ -268,8 +268,9 @@ def format_summary(report: dict) -> str:
         shapes = f", {cal['gemm_shapes']} GEMM shapes their own" if cal["gemm_shapes"] else ""
         lines.append(f"  calibrated         time / factor: {done}{shapes}"
                      + (f" ({cal['file']})" if cal.get("file") else ""))
-        lines.append(f"    modelled         {', '.join(cal['modelled']) or 'nothing'}"
-                     + ("; communication factor on NVLink only" if cal.get("communication") else ""))
+        lines.append(f"    modelled         {', '.join(cal['modelled']) or 'no kernel class'}"
+                     + ("; collectives across nodes (the communication factor scales NVLink only)"
+                        if cal.get("communication") else ""))
     if "sim_wall_s" in report:
         lines.append(f"  simulated in       {report['sim_wall_s']:.2f} s wall, {report['events']:,} events")
     return "\n".join(lines)
