@@ -180,7 +180,7 @@ def _calibrate(args) -> int:
         return 0
     print(format_comparison(comparison, "calibrate", compared="calibrated"))
     factors = ", ".join(f"{name} {entry['factor']:.3g}" for name, entry in data["classes"].items())
-    print(f"calibration written: {args.out} ({factors})")
+    print(f"calibration written: {args.out} ({factors}; {data['covered']:.1%} of the profile's kernel time)")
     return 0
 
 

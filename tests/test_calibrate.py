@@ -163,7 +163,7 @@ def test_round_trip_gives_factors_of_one(tiny_trace, tmp_path):
         assert entry["factor"] == pytest.approx(1.0, abs=0.01), name
         assert entry["kernels"] == entry["ops"] > 0
     assert data["gemm_shapes"] and all(s["factor"] == pytest.approx(1.0, abs=0.01) for s in data["gemm_shapes"])
-    assert "uncalibrated" not in data and "unmodelled" not in data
+    assert "uncalibrated" not in data and "unmodelled" not in data and data["covered"] == 1.0
     assert "intra-node" in data["scope"]
     cal = read_calibration(out)  # the file reads back to the same record
     assert cal == read_calibration(data) and cal.path == str(out)
@@ -294,6 +294,7 @@ def test_calibrate_reads_the_public_multi_rank_excerpts_and_writes_a_file(name, 
     out = tmp_path / "cal.yaml"
     c, data = calibrate(PROFILES / name, _stand_in(nodes), out)
     assert c.coverage >= 0.95 and data["coverage"] >= 0.95
+    assert 0 < data["covered"] < data["coverage"]  # the calibrated classes: a part of what was classified
     assert read_calibration(out).factors == {k: v["factor"] for k, v in data["classes"].items()}
     assert "gemm" in data["classes"]
     assert all(MIN_FACTOR <= e["factor"] <= MAX_FACTOR for e in data["classes"].values())

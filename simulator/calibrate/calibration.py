@@ -351,6 +351,8 @@ def calibration_data(c: Comparison, scenario: str | None = None, written_by: str
         out["device"] = c.device
     out["iterations"] = c.iterations
     out["coverage"] = _sig(c.coverage)
+    total = sum(row.measured_s for row in c.classes)
+    out["covered"] = _sig(sum(row.measured_s for row in c.compared) / total) if total else 0.0
     if written_by:
         out["written_by"] = written_by
     read_calibration(out)  # what is written reads back

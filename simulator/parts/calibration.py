@@ -18,7 +18,7 @@ The file (YAML)::
     uncalibrated: {embedding: "the profile has no embedding kernels"}   # optional notes
     unmodelled: {memcpy: "stepsim's program has no memcpy ops"}
     scope: ...                       # optional: what the communication factor covers
-    profile: [...], scenario: ..., ranks: [...], device: ..., iterations: 3, coverage: 0.99
+    profile: [...], scenario: ..., ranks: [...], device: ..., iterations: 3, coverage: 0.99, covered: 0.93
 
 Classes (the classifier's, ``simulator.calibrate.kineto.CLASSES``, less those stepsim has no ops
 for): ``gemm``, ``attention``, ``norm``, ``elementwise``, ``optimizer``, ``loss``, ``embedding`` and
@@ -111,6 +111,7 @@ class Calibration:
     device: str | None = None
     iterations: int | None = None
     coverage: float | None = None
+    covered: float | None = None
     written_by: str | None = None
     path: str | None = field(default=None, compare=False)
 
@@ -135,7 +136,7 @@ class Calibration:
         for name in ("uncalibrated", "unmodelled"):
             if getattr(self, name):
                 out[name] = dict(getattr(self, name))
-        for name in ("scope", "scenario", "device", "iterations", "coverage", "written_by"):
+        for name in ("scope", "scenario", "device", "iterations", "coverage", "covered", "written_by"):
             if getattr(self, name) is not None:
                 out[name] = getattr(self, name)
         if self.profile:
@@ -146,7 +147,7 @@ class Calibration:
 
 
 TOP_KEYS = ("version", "classes", "gemm_shapes", "uncalibrated", "unmodelled", "scope", "profile", "scenario",
-            "ranks", "device", "iterations", "coverage", "written_by")
+            "ranks", "device", "iterations", "coverage", "covered", "written_by")
 
 
 def _plain(record) -> dict:
@@ -225,7 +226,8 @@ def read_calibration(value: object, base: Path | None = None, field: str = FIELD
     if not isinstance(ranks, list) or not all(isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in ranks):
         raise ConfigError(f"{field}.ranks", ranks, "must be the list of profiled ranks")
     iterations = value.get("iterations")
-    coverage = value.get("coverage")
+    fraction = Between(0.0, 1.0, "must be a fraction from 0 to 1")
+    coverage, covered = value.get("coverage"), value.get("covered")
     return Calibration(
         classes=tuple(classes), gemm_shapes=tuple(sorted(checked, key=lambda s: s.shape)),
         uncalibrated=notes["uncalibrated"], unmodelled=notes["unmodelled"],
@@ -233,8 +235,8 @@ def read_calibration(value: object, base: Path | None = None, field: str = FIELD
         scenario=_NOTE.check(f"{field}.scenario", value.get("scenario")), ranks=tuple(ranks),
         device=_NOTE.check(f"{field}.device", value.get("device")),
         iterations=None if iterations is None else Whole(1).check(f"{field}.iterations", iterations),
-        coverage=None if coverage is None else Between(0.0, 1.0, "must be a fraction from 0 to 1").check(
-            f"{field}.coverage", coverage),
+        coverage=None if coverage is None else fraction.check(f"{field}.coverage", coverage),
+        covered=None if covered is None else fraction.check(f"{field}.covered", covered),
         written_by=_NOTE.check(f"{field}.written_by", value.get("written_by")),
         path=path)
 
@@ -261,6 +263,8 @@ def calibration_schema() -> dict:
             "iterations": {"type": "integer", "minimum": 1, "description": "steady-state iterations measured per rank"},
             "coverage": {"type": "number", "minimum": 0, "maximum": 1,
                          "description": "share of the profile's kernel time the classifier placed in a class"},
+            "covered": {"type": "number", "minimum": 0, "maximum": 1,
+                        "description": "share of the profile's kernel time in the calibrated classes"},
             "written_by": {"type": "string", "description": "the stepsim that wrote the file"},
         },
         "required": ["version", "classes"],
