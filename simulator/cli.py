@@ -135,7 +135,16 @@ def _run(args) -> int:
     if args.algorithm not in ALGORITHMS:
         raise ConfigError("--algorithm", args.algorithm, f"valid: {', '.join(ALGORITHMS)}")
     if args.trace:
-        check_output_path(args.trace, "--trace", JSON_SUFFIXES)
+        kineto = args.trace_format == "kineto"
+        check_output_path(args.trace, "--trace", (*JSON_SUFFIXES, ".gz") if kineto else JSON_SUFFIXES)
+        if not str(args.trace).lower().endswith(JSON_SUFFIXES + (".json.gz",)):
+            raise ConfigError("--trace", args.trace, "a Kineto trace ends in .json or .json.gz")
+    elif args.trace_format != "perfetto":
+        raise ConfigError("--trace-format", args.trace_format, "only applies with --trace FILE")
+    if args.plot and not args.profile_diff:
+        raise ConfigError("--plot", args.plot, "only applies with --profile-diff PROFILE")
+    if args.plot:
+        check_output_path(args.plot, "--plot", FIGURE_SUFFIXES)
     if args.timeline:
         check_output_path(args.timeline, "--timeline", FIGURE_SUFFIXES)
     elif args.stages is not None or args.window is not None:
@@ -151,10 +160,14 @@ def _run(args) -> int:
         parse_stages(args.stages, c.scenario.parallelism.pp)
     if not args.allow_oom:
         simulation.check_fits(c.scenario, c.memory)
+    if args.profile_diff:
+        from simulator.calibrate.kineto import check_traces
+        check_traces(args.profile_diff)
     with progress_from_args(args, "run") as bar:
         fold = not (args.no_fold or args.trace_all_ranks)
         result = simulation.run(c, fold=fold, algorithm=args.algorithm, allow_oom=True,
-                                record_flows=bool(args.json), progress=bar)
+                                record_flows=bool(args.json) or args.trace_format == "kineto",
+                                progress=bar)
         if args.timeline:
             from simulator.reports.timeline import parse_stages, parse_window, timeline
             tl = timeline(result.result, result.to_dict(analyses=False))
@@ -162,7 +175,19 @@ def _run(args) -> int:
             window = parse_window(args.window, tl.step_time_s) if args.window is not None else None
         if args.trace:
             bar.phase(f"writing {args.trace}")
-            result.write_trace(args.trace)
+            written = result.write_trace(args.trace, args.trace_format)
+            if args.trace_format == "kineto":
+                print(f"stepsim: Kineto trace(s): {', '.join(written)}", file=sys.stderr)
+        diff = None
+        if args.profile_diff:
+            from simulator.calibrate.calibration import diff_record, format_comparison, profile_diff
+            bar.phase("reading the profile")
+            comparison = profile_diff(result, args.profile_diff)
+            diff = diff_record(comparison)
+            if args.plot:
+                from simulator.reports.plots import plot_profile_diff
+                bar.phase(f"drawing {args.plot}")
+                plot_profile_diff(diff, args.plot)
         if args.timeline:
             bar.phase(f"drawing {args.timeline}")
             from simulator.reports.plots import plot_timeline
@@ -171,8 +196,35 @@ def _run(args) -> int:
             plot_timeline(chart, args.timeline, overview)
         if args.json:
             bar.phase("critical path, link use, communication map")
-            text = result.to_json()
+            report = result.to_dict()
+            if diff is not None:
+                report["profile_diff"] = diff
+            text = json.dumps(report, indent=2)
     print(text if args.json else result.summary())
+    if diff is not None and not args.json:
+        print()
+        print(format_comparison(comparison))
+    return 0
+
+
+def _calibrate(args) -> int:
+    from simulator.calibrate.calibration import calibrate, diff_record, format_comparison
+
+    from simulator import simulation
+    from simulator.calibrate.kineto import check_traces
+
+    check_output_path(args.out, "--out", (".yaml", ".yml"))
+    simulation.checked(args.scenario, args.set or [], on_warning=_warn)  # bad input: one line, before progress
+    check_traces(args.profile)
+    with progress_from_args(args, "calibrate") as bar:
+        comparison, data = calibrate(args.profile, args.scenario, args.out, sets=args.set or [], progress=bar,
+                                     written_by=f"stepsim {version()} calibrate")
+    if args.json:
+        print(json.dumps({**diff_record(comparison), "calibration": data}, indent=2))
+        return 0
+    print(format_comparison(comparison, "calibrate", compared="calibrated"))
+    factors = ", ".join(f"{name} {entry['factor']:.3g}" for name, entry in data["classes"].items())
+    print(f"calibration written: {args.out} ({factors}; {data['covered']:.1%} of the profile's kernel time)")
     return 0
 
 
@@ -513,6 +565,13 @@ def build_parser() -> argparse.ArgumentParser:
             r.add_argument("--trace", metavar="FILE", help="write a Perfetto / Chrome trace (JSON) of the step")
             r.add_argument("--trace-all-ranks", action="store_true",
                            help="simulate unfolded so the trace holds every rank (slow on large clusters)")
+            r.add_argument("--trace-format", default="perfetto", choices=("perfetto", "kineto"),
+                           help="perfetto (default): one file of every rank's streams; kineto: per simulated rank a "
+                                "PyTorch profiler trace, one kernel per op (FILE-rank<R>.json), for stepsim calibrate")
+            r.add_argument("--profile-diff", action="append", metavar="PROFILE",
+                           help="compare with a PyTorch profiler trace (a file per rank, or their folder; repeatable): "
+                                "measured against simulated time per kernel class")
+            r.add_argument("--plot", metavar="FILE", help="with --profile-diff: draw the comparison (PNG/SVG/PDF)")
             r.add_argument("--timeline", metavar="FILE", help="draw the step as a Gantt chart per stage (PNG/SVG/PDF)")
             r.add_argument("--stages", default=None, metavar="LIST",
                            help="timeline rows: stage numbers and ranges, e.g. 0,3,7 or 0-3,12 (default: all)")
@@ -521,6 +580,17 @@ def build_parser() -> argparse.ArgumentParser:
                                 "a few micro-batches around the middle of the step, the whole step drawn above "
                                 "as an overview)")
             add_progress_flags(r)
+    cal = sub.add_parser("calibrate", help="efficiency factors per kernel class from a PyTorch profiler trace of the "
+                                           "job (docs/calibrate.md), for a scenario's calibration: key")
+    cal.add_argument("profile", nargs="+", help="Kineto trace files (.json or .json.gz, one per rank) or their folder")
+    cal.add_argument("--scenario", required=True, help="the scenario of the profiled run (same model, layout per "
+                                                      "node, precision: for a one-node profile, the job's one-node version)")
+    cal.add_argument("--out", required=True, metavar="FILE", help="the calibration file to write (.yaml)")
+    cal.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a scenario key (repeatable)")
+    cal.add_argument("--json", action="store_true", help="print the comparison and the file's contents as JSON")
+    add_progress_flags(cal)
+    cal.set_defaults(func=_calibrate)
+
     v = sub.add_parser("validate", help="predict published training runs and report the error")
     v.add_argument("runs", nargs="+", help="files in the format of shared/validation/public-runs.yaml")
     v.add_argument("--json", action="store_true", help="print the result as JSON (a mapping by file for several)")

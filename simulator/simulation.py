@@ -34,7 +34,10 @@ from simulator.scenario.load import scenario_from_dict, scenario_to_dict
 from simulator.trace.commmap import comm_map
 from simulator.trace.critical_path import critical_path
 from simulator.trace.linkuse import link_use
+from simulator.trace.kineto import write_kineto
 from simulator.trace.perfetto import write_trace
+
+TRACE_FORMATS = ("perfetto", "kineto")
 from simulator.workload.memory import MemoryReport, memory_record
 
 ScenarioLike = str | Path | Mapping | Scenario
@@ -146,9 +149,17 @@ class Run:
     def memory_table(self) -> str:
         return format_memory_table(self.memory.to_dict())
 
-    def write_trace(self, path: str | Path) -> None:
-        """A Perfetto / Chrome trace (JSON) of the step."""
+    def write_trace(self, path: str | Path, format: str = "perfetto") -> list[str]:
+        """A trace of the step; the files written. ``perfetto``: one Perfetto / Chrome trace (JSON)
+        of every simulated rank's streams; ``kineto``: per simulated rank a PyTorch profiler trace
+        with one kernel per op (``trace.kineto``; the run must have recorded its flows), which
+        ``stepsim calibrate`` reads."""
+        if format == "kineto":
+            return write_kineto(self.result, path)
+        if format != "perfetto":
+            raise ConfigError("--trace-format", format, f"valid: {', '.join(TRACE_FORMATS)}")
         write_trace(self.result, str(path))
+        return [str(path)]
 
 
 Simulate = Callable[..., SimResult]

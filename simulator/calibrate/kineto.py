@@ -831,6 +831,19 @@ def _trace_files(paths: Iterable[str]) -> list[str]:
     return files
 
 
+def check_traces(paths: str | os.PathLike | Iterable[str | os.PathLike]) -> list[str]:
+    """The trace files ``paths`` name, each read up to its first event: what the CLI checks before
+    its first progress line, so a missing file, an empty folder or a file that is not trace JSON
+    is one line (a fault deeper in a file is found while reading it)."""
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    files = _trace_files(paths)
+    for path in files:
+        _, events = iter_trace(path)
+        next(events, None)
+    return files
+
+
 def read_profile(paths: str | os.PathLike | Iterable[str | os.PathLike], *, drop_warmup: bool = True) -> Profile:
     """Read one or several Kineto rank traces (files, or folders of ``.json``/``.json.gz`` files).
 

@@ -61,7 +61,7 @@ class StepEngine:
         self._mail, self._rendezvous, self._groups = {}, {}, {}
         self._seq: dict = defaultdict(int)
         self.stage_end: dict[int, float] = {}
-        self.comm_calls = CommCalls()
+        self.comm_calls = CommCalls(spans=self.opt.record_flows)
         # SMs held by communication kernels in flight, per rank, and the rank processes inside a
         # GPU interval (``gpu_time``), which a change of the SMs left interrupts
         self.held: dict[int, int] = defaultdict(int)
@@ -368,7 +368,7 @@ class StepEngine:
             trace=tuple(self.trace.rows), step_time_s=max(self.stage_end.values()), stage_end_s=tuple(stage_end),
             simulated_ranks=tuple(ranks), events=events, link_bytes=self.net.stats.bytes_carried,
             transfers=self.net.stats.transfers, flows=tuple(self.net.flows),
-            comm_calls=self.comm_calls.rows())
+            comm_calls=self.comm_calls.rows(), comm_spans=self.comm_calls.span_rows())
 
     def run(self) -> SimResult:
         self.start()

@@ -7,6 +7,7 @@ import functools
 from dataclasses import dataclass, replace
 
 from simulator.scenario.config import Scenario
+from simulator.parts.calibration import COMMUNICATION
 from simulator.network.faults import apply_link_faults
 from simulator.parts.gpus import GPUSpec, gpu_of
 from simulator.network.cluster import Cluster, build_cluster
@@ -41,18 +42,24 @@ def step_inputs(s: Scenario, options: SimOptions = SimOptions(), cluster: Cluste
 
 
 def scenario_cluster(s: Scenario) -> Cluster:
-    """The cluster a scenario runs on: its topology scaled to its nodes, with its link overrides
-    and its link faults (``simulator.network.faults``). Cached by the cluster and fault sections
-    alone, which are all it reads: the planner's layouts of one scenario share one cluster."""
-    return _cluster(s.cluster, s.faults)
+    """The cluster a scenario runs on: its topology scaled to its nodes, with its link overrides,
+    the NVLink rate times a calibrated ``communication`` factor (``parts.calibration``: a one-node
+    profile measures NVLink collectives only, so the links between nodes keep their rates) and its
+    link faults (``simulator.network.faults``). Cached by what it reads alone: the planner's
+    layouts of one scenario share one cluster."""
+    nvlink = s.calibration.factor(COMMUNICATION) if s.calibration is not None else None
+    return _cluster(s.cluster, s.faults, nvlink or 1.0)
 
 
 @functools.lru_cache(maxsize=64)
-def _cluster(c, faults) -> Cluster:
-    return apply_link_faults(build_cluster(load_topology(c.topology), c.num_nodes, gpus_per_node=c.gpus_per_node,
-                                           nvlink_bandwidth_GBps=c.nvlink_bandwidth_GBps,
-                                           network_bandwidth_Gbps=c.network_bandwidth_Gbps,
-                                           oversubscription=c.oversubscription, gpu=c.gpu), faults)
+def _cluster(c, faults, nvlink_factor: float = 1.0) -> Cluster:
+    cluster = build_cluster(load_topology(c.topology), c.num_nodes, gpus_per_node=c.gpus_per_node,
+                            nvlink_bandwidth_GBps=c.nvlink_bandwidth_GBps,
+                            network_bandwidth_Gbps=c.network_bandwidth_Gbps,
+                            oversubscription=c.oversubscription, gpu=c.gpu)
+    if nvlink_factor != 1.0:
+        cluster = cluster.with_bandwidth_scaled({"nvlink": nvlink_factor})
+    return apply_link_faults(cluster, faults)
 
 
 def scaled_gpu(gpu: GPUSpec, factor: float) -> GPUSpec:

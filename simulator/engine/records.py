@@ -75,13 +75,16 @@ class SimResult:
     transfers: int
     flows: tuple = ()  # network.FlowRecord per transfer, when SimOptions.record_flows
     comm_calls: tuple = ()  # (rank, axis, op, calls, bytes, seconds from launch to done), sorted
+    comm_spans: tuple = ()  # (rank, axis, op, bytes, launch, done) per call, sorted, when SimOptions.record_flows
 
 
 class CommCalls:
-    """Per (rank, axis, op): calls, bytes, and seconds from launch to done (``SimResult.comm_calls``)."""
+    """Per (rank, axis, op): calls, bytes, and seconds from launch to done (``SimResult.comm_calls``);
+    with ``spans`` also each call's launch and done (``SimResult.comm_spans``, for kernel traces)."""
 
-    def __init__(self):
+    def __init__(self, spans: bool = False):
         self.calls: dict = {}
+        self.spans: list | None = [] if spans else None
 
     def count(self, env, rank: int, axis: str, op: str, size: float, event) -> None:
         """Count one call of ``rank`` and, when ``event`` fires, the time it took."""
@@ -90,9 +93,16 @@ class CommCalls:
         rec[1] += size
         t0 = env.now
 
+        spans = self.spans
+
         def done(_e):
             rec[2] += env.now - t0
+            if spans is not None:
+                spans.append((rank, axis, op, size, t0, env.now))
         event.callbacks.append(done)
 
     def rows(self) -> tuple:
         return tuple(sorted((*k, *v) for k, v in self.calls.items()))
+
+    def span_rows(self) -> tuple:
+        return tuple(sorted(self.spans)) if self.spans is not None else ()

@@ -457,6 +457,12 @@ def _lookup(name: str) -> str | None:
     return None
 
 
+def lookup_name(name: str) -> str | None:
+    """The catalog GPU a name as people or tools write it stands for (``NVIDIA H100 80GB HBM3`` is
+    the H100-SXM5-80GB), None when it is none of them."""
+    return _lookup(name)
+
+
 @dataclass(frozen=True)
 class GPUFile:
     """A GPU the catalog does not hold, described by its datasheet (``cluster.gpu`` inline or as a

@@ -488,3 +488,29 @@ def plot_memory(mem: dict, path: str, name: str | None = None) -> None:
     ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.55 / bars_in), ncol=4, frameon=False)
     save_figure(fig, path)
     plt.close(fig)
+
+
+def plot_profile_diff(diff: dict, path: str) -> None:
+    """Per kernel class, measured against simulated milliseconds of one iteration (summed over the
+    profiled ranks), with simulated / measured beside each pair: ``stepsim run --profile-diff``."""
+    plt = _pyplot()
+    rows = [r for r in diff["classes"] if r["measured_s"] > 0 or r["simulated_s"] > 0][::-1]
+    fig, ax = plt.subplots(figsize=(7.5, 0.45 * len(rows) + 1.6))
+    y = list(range(len(rows)))
+    meas = [r["measured_s"] * 1e3 for r in rows]
+    sim = [r["simulated_s"] * 1e3 for r in rows]
+    ax.barh([i + 0.2 for i in y], meas, height=0.4, color="#4C72B0", label="measured (profile)")
+    ax.barh([i - 0.2 for i in y], sim, height=0.4, color="#DD8452", label="stepsim")
+    top = max(meas + sim) or 1.0
+    for i, r in zip(y, rows):
+        text = f"{r['ratio']:.2f}x" if r["ratio"] is not None else r["status"]
+        ax.text(max(r["measured_s"], r["simulated_s"]) * 1e3 + 0.01 * top, i, text, va="center", fontsize=8)
+    ax.set_yticks(y)
+    ax.set_yticklabels([r["class"] for r in rows])
+    ax.set_xlim(0, top * 1.18)
+    ax.set_xlabel("ms per iteration (summed over the profiled ranks); label: stepsim / measured")
+    ranks = ", ".join(str(r) for r in diff["ranks"])
+    ax.set_title(f"{diff['scenario']}: profile vs stepsim, rank(s) {ranks}")
+    ax.legend(fontsize=8, loc="lower right")
+    save_figure(fig, path)
+    plt.close(fig)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import fields
 
-from simulator.reports.report import Layout, StageTimes, StepReport, TimeBreakdown
+from simulator.reports.report import CalibrationReport, Layout, StageTimes, StepReport, TimeBreakdown
 from simulator.workload.memory import MemoryReport, StageMemoryRow
 
 # (path, help) for the analyses' keys; "*" stands for any name (a link class, an axis).
@@ -44,6 +44,10 @@ ANALYSES = {
 }
 EXTRA = (("memory_gib_per_gpu", "the memory report (below), as `stepsim memory --json` prints it"),
          ("warnings", "the layout's warnings (slow links a TP or EP group falls back to), one line each"))
+TAIL = (("profile_diff", "only with `run --profile-diff`: per kernel class the profile's measured time against the "
+                         "simulated one (scenario, profile, ranks, representative, device, iterations, coverage, "
+                         "measured_step_s, simulated_step_s, measured_busy_s, classes, gemm_shapes, warnings; "
+                         "docs/calibrate.md)"),)
 
 
 def _table(cls: type) -> list[str]:
@@ -63,8 +67,9 @@ def markdown() -> str:
         "this file is stale. -->",
         "",
         "`stepsim run --json` prints one JSON object (the Python API's `Run.to_dict()`); seconds are SI, GiB",
-        "are 2^30 bytes. Fields come out in the order below; `faults` and `pipeline_passes` appear only when",
-        "they apply. Everything but `sim_wall_s` is identical, byte for byte, between runs of one scenario.",
+        "are 2^30 bytes. Fields come out in the order below; `faults`, `pipeline_passes` and `calibration`",
+        "appear only when they apply. Everything but `sim_wall_s` is identical, byte for byte, between runs",
+        "of one scenario.",
         "",
         "## The step",
         "",
@@ -72,7 +77,9 @@ def markdown() -> str:
     out += _table(StepReport)
     out += [f"| `{name}` | | {text} |" for name, text in EXTRA]
     out += [f"| `{name}` | | {text} (below) |" for name, (text, _) in ANALYSES.items()]
+    out += [f"| `{name}` | | {text} |" for name, text in TAIL]
     for title, cls in (("`time_breakdown_s`", TimeBreakdown), ("Each of `stages`", StageTimes), ("`layout`", Layout),
+                       ("`calibration` (with a scenario's `calibration:`)", CalibrationReport),
                        ("`memory_gib_per_gpu` (`stepsim memory --json`)", MemoryReport),
                        ("Each of `memory_gib_per_gpu.stages`", StageMemoryRow)):
         out += ["", f"## {title}", ""] + _table(cls)

@@ -28,6 +28,8 @@ from simulator.engine.records import SimResult
 from simulator.parts.gpus import gpu_of, peak
 from simulator.reports.faults import fault_report, format_faults
 from simulator.reports.memory import headroom_note
+from simulator.parts.calibration import CLASSES, COMMUNICATION, COMMUNICATION_SCOPE
+from simulator.workload.classes import blocks_classes
 from simulator.workload.compute import hardware_flops_per_token, model_flops_per_token, param_counts
 
 AXES = ("tp", "pp", "dp", "fsdp", "cp", "ep", "offload")  # offload: waits on CPU activation offloading copies
@@ -75,10 +77,22 @@ class Layout(Record):
 
 
 @dataclass(frozen=True)
+class CalibrationReport(Record):
+    """Which costs a scenario's ``calibration:`` file set and which stay modelled."""
+
+    OPTIONAL = ("file", "communication")
+    calibrated: dict = doc("kernel class -> factor: each op of the class took its modelled time / factor")
+    gemm_shapes: int = doc("GEMM shapes priced with their own factor instead of the gemm class's")
+    modelled: tuple[str, ...] = doc("kernel classes of the step's ops priced by stepsim's own model")
+    file: str | None = doc("the calibration file (absent when the scenario gives it inline)", "", None)
+    communication: str | None = doc("with a communication factor: what it covers (NVLink only, never across nodes)", "", None)
+
+
+@dataclass(frozen=True)
 class StepReport(Record):
     """What ``stepsim run --json`` prints (before the memory section is added)."""
 
-    OPTIONAL = ("faults", "sim_wall_s", "pipeline_passes")
+    OPTIONAL = ("faults", "sim_wall_s", "pipeline_passes", "calibration")
     name: str = doc("the scenario's name")
     step_time_s: float = doc("one training step, from the first kernel to the last rank's optimizer step", "s")
     tokens_per_step: int = doc("global batch x sequence length", "tokens")
@@ -102,6 +116,8 @@ class StepReport(Record):
     faults: dict | None = doc("only with a faults: section: straggling ranks, touched links, groups crossing a degraded link", "", None)
     sim_wall_s: float | None = doc("wall time the simulation took (the one field that differs between runs)", "s", None)
     pipeline_passes: int | None = doc("training.pipeline_passes, only when the schedule runs more than once", "", None)
+    calibration: CalibrationReport | None = doc("only with a calibration: section: the calibrated kernel classes and "
+                                                "their factors, and the classes still modelled", "", None)
 
 
 def stage_breakdown(result: SimResult) -> list[dict]:
@@ -191,6 +207,29 @@ def step_record(result: SimResult, wall_s: float | None = None) -> StepReport:
         faults=faults,
         sim_wall_s=wall_s,
         pipeline_passes=s.training.pipeline_passes if s.training.pipeline_passes > 1 else None,
+        calibration=calibration_report(result),
+    )
+
+
+def calibration_report(result: SimResult) -> CalibrationReport | None:
+    """What the scenario's calibration set: the factors of the classes the step's ops have, the
+    classes left to the model (communication among them unless calibrated), the scope note."""
+    cal = result.scenario.calibration
+    if cal is None:
+        return None
+    w = result.workload
+    blocks = [b for cost in w.layer_costs.values() for b in (cost.attn_fwd, cost.mlp_fwd, cost.attn_bwd, cost.mlp_bwd,
+                                                            cost.attn_recompute, cost.mlp_recompute)]
+    blocks += [*w.embedding, *w.head, *w.optimizer.values()]
+    present = blocks_classes(blocks) | {COMMUNICATION}
+    factors = cal.factors
+    comm = factors.get(COMMUNICATION)
+    return CalibrationReport(
+        calibrated={c: factors[c] for c in CLASSES if c in factors and c in present},
+        gemm_shapes=len(cal.gemm_shapes) if "gemm" in present else 0,
+        modelled=tuple(c for c in CLASSES if c in present and c not in factors),
+        file=cal.path,
+        communication=None if comm is None else COMMUNICATION_SCOPE,
     )
 
 
@@ -247,6 +286,15 @@ def format_summary(report: dict) -> str:
             lines.append(f"  headroom warning   {note}")
     if "faults" in report:
         lines += format_faults(report["faults"])
+    cal = report.get("calibration")
+    if cal:
+        done = ", ".join(f"{c} {f:.3g}" for c, f in cal["calibrated"].items()) or "none of the step's classes"
+        shapes = f", {cal['gemm_shapes']} GEMM shapes their own" if cal["gemm_shapes"] else ""
+        lines.append(f"  calibrated         time / factor: {done}{shapes}"
+                     + (f" ({cal['file']})" if cal.get("file") else ""))
+        lines.append(f"    modelled         {', '.join(cal['modelled']) or 'no kernel class'}"
+                     + ("; collectives across nodes (the communication factor scales NVLink only)"
+                        if cal.get("communication") else ""))
     if "sim_wall_s" in report:
         lines.append(f"  simulated in       {report['sim_wall_s']:.2f} s wall, {report['events']:,} events")
     return "\n".join(lines)

@@ -19,6 +19,7 @@ from simulator.common import limits
 from simulator.common.errors import ConfigError
 from simulator.parts.frameworks import (CROSS_ENTROPY_IMPLS, CUDA_GRAPH_SCOPES, FP8_RECIPES, GENERIC, SELECTIVE_POLICIES,
                                         framework_names, load_profile)
+from simulator.parts.calibration import Calibration, calibration_schema, read_calibration
 from simulator.parts.gpus import GPUFile, read_gpu_file
 from simulator.common.schema import (Between, Choice, Flag, Kind, Names, Number, PerLayer, Text, Whole, key,
                                      section_schema)
@@ -102,6 +103,25 @@ class FrameworkChoice(Kind):
 
     def describe(self) -> str:
         return "a shipped profile (" + ", ".join(f"`{n}`" for n in framework_names()) + "), a profile file, or null"
+
+
+@dataclass(frozen=True)
+class CalibrationChoice(Kind):
+    """``calibration``: a calibration file (``parts.calibration``; the loader makes a relative path
+    absolute against the scenario's folder), its mapping inline, or null: every cost modelled."""
+
+    def check(self, name: str, value: object) -> Calibration | None:
+        if value is None:
+            return None
+        return read_calibration(value, field=name)
+
+    def json(self) -> dict:
+        return {"oneOf": [{"type": "string", "minLength": 1,
+                           "description": "a calibration file written by stepsim calibrate (relative to the scenario)"},
+                          {"type": "null"}, calibration_schema()]}
+
+    def describe(self) -> str:
+        return "a calibration file from `stepsim calibrate` (docs/calibrate.md), its mapping inline, or null"
 
 
 def _dim(minimum: int = 1, limit: limits.Limit = limits.HIDDEN_SIZE, optional: bool = True) -> Whole:
@@ -443,6 +463,10 @@ class Scenario:
     framework_options: FrameworkOptions = field(default_factory=FrameworkOptions, metadata={"section": "framework switches"})
     moe: MoEConfig = field(default_factory=MoEConfig, metadata={"section": "MoE layers"})
     faults: Faults = field(default_factory=Faults, metadata={"section": "faults and noise"})
+    calibration: Calibration | None = key(None, CalibrationChoice(),
+                                          help="efficiency factors measured from a profile of the job (stepsim calibrate; "
+                                               "path relative to the scenario): each op of a calibrated kernel class takes "
+                                               "its modelled time / the class's factor; null: every cost modelled")
     # The keys its file (or mapping, after --set) wrote, "section.key" and top-level names; None
     # when unknown (a Scenario built in Python). Not part of the scenario: only error messages read
     # it, to say a key was left out rather than show its default as a value the user gave.

@@ -47,7 +47,7 @@ SECTIONS = {
     "framework_options": FrameworkOptions,
     "moe": MoEConfig,
 }
-TOP_LEVEL_SCALARS = ("name", "schedule", "framework")
+TOP_LEVEL_SCALARS = ("name", "schedule", "framework", "calibration")
 # Sections a scenario file may carry for other commands; the scenario itself ignores them
 # (``claims:`` is read by ``stepsim audit``, see simulator/studies/audit.py).
 ANNOTATIONS = ("claims",)
@@ -225,6 +225,7 @@ def scenario_from_dict(d: dict, overrides: Iterable[str] = (), *, base_dir: str 
         moe=check_section("moe", sections["moe"], MoEConfig),
         faults=faults_section(d.get(FAULTS), cluster),
         given=given,
+        calibration=_calibration(d.get("calibration"), base),
     )
 
 
@@ -250,6 +251,13 @@ def explain_left_out(err: ConfigError, s: Scenario) -> ConfigError:
     decl = f.metadata.get("key")
     source = decl.default_text if decl is not None and decl.default_text else "default"
     return ConfigError(err.field, LeftOut.of(err.value, source), err.valid)
+
+
+def _calibration(value: object, base: Path):
+    """The ``calibration`` key, a relative file path read against the scenario's folder."""
+    if isinstance(value, str) and value.strip() and not Path(value).is_absolute():
+        value = str((base / value).resolve())
+    return keys_of(Scenario)["calibration"].kind.check("calibration", value)
 
 
 def _framework(value: object, base: Path) -> str:
@@ -320,6 +328,8 @@ def scenario_to_dict(s: Scenario) -> dict:
     out["framework"] = s.framework
     if s.faults != Faults():
         out[FAULTS] = faults_to_dict(s.faults)
+    if s.calibration is not None:
+        out["calibration"] = s.calibration.to_dict()
     return out
 
 

@@ -16,7 +16,7 @@ from simulator.common.schema import Key, default_of, keys_of, section_schema
 SECTIONS = (("model", ModelConfig), ("cluster", ClusterConfig), ("training", TrainingConfig),
             ("parallelism", ParallelConfig), ("overlap", OverlapConfig), ("framework_options", FrameworkOptions),
             ("moe", MoEConfig))
-TOP_KEYS = ("name", "schedule", "framework")
+TOP_KEYS = ("name", "schedule", "framework", "calibration")
 
 
 def _top(name: str) -> Key:
@@ -58,6 +58,7 @@ def json_schema() -> dict:
     for name in TOP_KEYS:
         decl = _top(name)
         props[name] = {**decl.kind.json(), "description": decl.help}
+    props["calibration"]["default"] = None
     props["schedule"]["default"] = default_of(next(f for f in fields(Scenario) if f.name == "schedule"))
     props["framework"]["default"] = default_of(next(f for f in fields(Scenario) if f.name == "framework"))
     props["model"] = _model_schema()

@@ -132,7 +132,7 @@ def gemm_op(
     partials = SPLIT_K_PARTIAL_BYTES * split * m * n if split > 1 else 0.0
     nbytes = groups * (in_bytes * (m * k + k * n) + out_bytes * m * n) + partials
     rate = peak(gpu, precision) * eff
-    return Op(name, flops, nbytes, _roofline(flops, nbytes, gpu, rate))
+    return Op(name, flops, nbytes, _roofline(flops, nbytes, gpu, rate), shape=(m, n, k, groups))
 
 
 def gemm_bwd_ops(

@@ -32,6 +32,7 @@ class Op:
     bytes: float
     time_s: float
     kernels: int = 1  # kernel launches this op stands for (an unfused chain of elementwise kernels > 1)
+    shape: tuple[float, float, float, int] | None = None  # a GEMM's (m, n, k, groups): calibration by shape
 
 
 

@@ -38,6 +38,8 @@ from simulator.workload.frameworks import Software, moe_fusions, resolve
 from simulator.workload.software import CROSS_ENTROPY, head_with_software, layer_with_software, optimizer_block
 from simulator.workload.compute import (gemm_op, gemm_bwd_ops, mem_op, embedding_cost, head_cost, joined, layer_cost, param_counts)
 from simulator.workload.kernels import ACT_BYTES, BlockCost, LayerCost, Op
+from simulator.workload.classes import calibrated_block, calibrated_layer
+from simulator.parts.calibration import Calibration
 from simulator.workload.memory import offload_bytes_per_layer
 from simulator.workload.offload import host_link_Bps
 
@@ -158,13 +160,29 @@ def build_workload(s: Scenario, gpu: GPUSpec) -> Workload:
                                                       par.ep * par.expert_tp)
     else:
         payload = ep_bytes = 0.0
-    return Workload(
+    work = Workload(
         scenario=s, vstages=vstages, layer_costs=layer_costs,
         embedding=embedding_cost(m, t, par, gpu),
         head=head_with_software(_head_with_mtp(s, t, gpu, sw), gpu, sw),
         optimizer=optimizer, buckets=buckets, layer_dense_params=dense_params,
         layer_expert_params=expert_params, tp_bytes=act, pp_bytes=act / par.tp, cp_bytes=kv,
         ep_bytes=ep_bytes, ep_payload_bytes=payload, software=sw, **_offload(s))
+    return work if s.calibration is None else calibrated_workload(work, s.calibration)
+
+
+def calibrated_workload(work: Workload, cal: Calibration) -> Workload:
+    """``work`` with every op of a calibrated kernel class at its time / factor
+    (``classes.calibrated_block``); layers that shared one cost still share one."""
+    layers: dict[int, LayerCost] = {}
+    done: dict[int, LayerCost] = {}
+    for layer, cost in work.layer_costs.items():
+        if id(cost) not in done:
+            done[id(cost)] = calibrated_layer(cost, cal)
+        layers[layer] = done[id(cost)]
+    embedding = tuple(calibrated_block(b, cal) for b in work.embedding)
+    head = tuple(calibrated_block(b, cal) for b in work.head)
+    return replace(work, layer_costs=layers, embedding=embedding, head=head,
+                   optimizer={stage: calibrated_block(b, cal) for stage, b in work.optimizer.items()})
 
 
 def _offload(s: Scenario) -> dict:
