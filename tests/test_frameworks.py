@@ -39,10 +39,26 @@ def sw_layer(s):
 
 
 def test_the_seven_frameworks_load_and_every_entry_names_a_source():
-    assert framework_names() == ("automodel", "composer", "deepspeed", "fms-fsdp", "generic", "gpt-neox", "litgpt",
-                                 "llm.c", "maxtext", "megatron-core", "nanotron", "nemo", "olmo-core", "torchtitan")
+    assert framework_names() == ("automodel", "colossalai", "composer", "deepspeed", "flash-attention", "fms-fsdp",
+                                 "generic", "gpt-neox", "huggingface", "internevo", "litgpt", "llm.c", "maxtext",
+                                 "megatron-core", "modded-nanogpt", "nanogpt", "nanotron", "nemo", "olmo-core",
+                                 "torchtitan")
     for name in framework_names():
         assert load_profile(name)["overlap"]["param_prefetch_depth"] >= 0
+
+
+@pytest.mark.parametrize("name", framework_names())
+def test_every_shipped_profile_runs_the_paths_its_keys_select(name):
+    """ZeRO-3 with context parallelism, FP8, selective recompute and a gated GQA MLP read every
+    section of a profile (prefetch depth, CP exchange and merge, K/V expansion, FP8 casts, the
+    selective policy, the loss): each shipped profile runs it, and twice to the same step time."""
+    overrides = [f"framework={name}", "parallelism.pp=1", "parallelism.cp=2", "parallelism.zero_stage=3",
+                 "training.precision=fp8", "training.recompute=selective", "model.hidden_act=silu",
+                 "model.num_key_value_heads=2"]
+    first = simulate(load_scenario("scenarios/tiny.yaml", overrides))
+    again = simulate(load_scenario("scenarios/tiny.yaml", overrides))
+    assert 0 < first.step_time_s < float("inf")
+    assert again.step_time_s == first.step_time_s
 
 
 def test_unknown_framework_is_one_line_error_listing_the_valid_ones():
