@@ -152,17 +152,34 @@ def _memory(args) -> int:
 
 
 def _validate(args) -> int:
+    from pathlib import Path
+
     from simulator.studies.validate import format_table, validate_file
+    from simulator.studies.validation_page import page
 
     if args.plot:
         check_output_path(args.plot, "--plot", FIGURE_SUFFIXES)
+        if len(args.runs) > 1:
+            raise ConfigError("--plot", args.plot, "draws one runs file: give one file, or drop --plot")
+    if args.json and args.markdown:
+        raise ConfigError("--markdown", True, "prints the validation page; it cannot be combined with --json")
+    results = []
     with progress_from_args(args, "validate") as bar:
-        result = validate_file(args.runs, workers=args.workers, progress=bar)
+        for runs in args.runs:
+            results.append((runs, validate_file(runs, workers=args.workers, progress=bar)))
     if args.plot:
         from simulator.reports.plots import plot_validation
-        plot_validation(result, args.plot)
-    print(json.dumps(result, indent=2) if args.json else format_table(result))
-    _none_ran(result["rows"], lambda r: isinstance(r.get("error"), str), args.runs, "simulated")
+        plot_validation(results[0][1], args.plot)
+    if args.markdown:
+        print(page([(Path(runs).stem, runs, result) for runs, result in results]), end="")
+    elif len(results) == 1:
+        print(json.dumps(results[0][1], indent=2) if args.json else format_table(results[0][1]))
+    elif args.json:
+        print(json.dumps({runs: result for runs, result in results}, indent=2))
+    else:
+        print("\n\n".join(f"== {runs}\n{format_table(result)}" for runs, result in results))
+    for runs, result in results:
+        _none_ran(result["rows"], lambda r: isinstance(r.get("error"), str), runs, "simulated")
     return 0
 
 
@@ -379,8 +396,10 @@ def build_parser() -> argparse.ArgumentParser:
                            help="timeline time window in seconds, e.g. 0.5:1.25 (default: the whole step)")
             add_progress_flags(r)
     v = sub.add_parser("validate", help="predict published training runs and report the error")
-    v.add_argument("runs", help="a file in the format of shared/validation/public-runs.yaml")
-    v.add_argument("--json", action="store_true")
+    v.add_argument("runs", nargs="+", help="files in the format of shared/validation/public-runs.yaml")
+    v.add_argument("--json", action="store_true", help="print the result as JSON (a mapping by file for several)")
+    v.add_argument("--markdown", action="store_true",
+                   help="print the validation page (docs/validation.md): summaries and signed errors per file")
     v.add_argument("--plot", metavar="FILE", help="draw predicted against measured step time (PNG/SVG/PDF)")
     v.add_argument("--workers", type=int, default=2, help="simulations in parallel (processes)")
     add_progress_flags(v)

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from simulator.studies.validate import validate_file
+from simulator.studies.validation_page import section, summary_row
 
 HERE = Path(__file__).resolve().parent
 FILES = {
@@ -36,6 +37,20 @@ def check(name: str, result: dict) -> None:
     assert s["scored"] >= scored, f"{name}: {s['scored']} rows scored, fewer than {scored}"
     assert s["mape"] <= mape, f"{name}: MAPE {s['mape']:.2%} above its ratchet {mape:.2%}"
     assert abs(s["signed_mean"]) <= signed, f"{name}: signed mean {s['signed_mean']:+.2%} beyond +-{signed:.2%}"
+
+
+def shown_path(name: str) -> str:
+    """The file's path as docs/validation.md names it (relative to the repository root)."""
+    path = FILES[name]
+    return "../shared/validation/public-runs.yaml" if name == "public-runs" else f"tests/data/{path.name}"
+
+
+def check_page(name: str, result: dict) -> None:
+    """docs/validation.md shows this file's summary row and section as the code gives them today
+    (regenerate the page with the command in its header)."""
+    page = (HERE.parent / "docs" / "validation.md").read_text()
+    assert summary_row(name, result) in page, f"docs/validation.md: the summary of {name} is stale"
+    assert section(name, result, shown_path(name)) in page, f"docs/validation.md: the section of {name} is stale"
 
 
 def check_golden(name: str, result: dict) -> None:

@@ -2,7 +2,7 @@
 
 import pytest
 
-from ratchets import check, check_golden, validate
+from ratchets import check, check_golden, check_page, validate
 
 NAME = "nemo-2407-runs"
 
@@ -18,6 +18,10 @@ def test_mape_and_signed_mean_do_not_regress(result):
 
 def test_every_prediction_equals_the_golden_figure(result):
     check_golden(NAME, result)
+
+
+def test_the_validation_page_shows_these_figures(result):
+    check_page(NAME, result)
 
 
 def test_out_of_sample_nemo_24_07_fp8_runs_within_15pct(result):

@@ -9,7 +9,7 @@ import yaml
 from simulator.network.collectives import bus_factor, time_collective
 from simulator.network.cluster import build_cluster
 from simulator.parts.topology import load_topology
-from ratchets import check, check_golden
+from ratchets import check, check_golden, check_page
 from simulator.studies.validate import case_to_scenario_dict, predict, validate_file
 
 VALIDATION = Path(__file__).resolve().parents[2] / "shared" / "validation"
@@ -23,6 +23,7 @@ def result():
 def test_public_runs_ratchet_and_golden_predictions(result):
     check("public-runs", result)
     check_golden("public-runs", result)
+    check_page("public-runs", result)
 
 
 def test_every_published_case_is_simulated(result):

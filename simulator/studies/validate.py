@@ -55,9 +55,9 @@ only, so predictions are the same with them removed. Documented defaults for unk
   sets the first and last stages' layers instead when its middle stages are equal and its stage
   and layer counts match (``megatron_layout``); any other layout string is named in a note and
   the rule above applies. Descriptions (DualPipe, AutoModel's layers_per_stage) are not layouts.
-- framework: the case's ``framework:`` (a profile in ``simulator/data/frameworks/``: megatron-core, nemo,
-  torchtitan, deepspeed, composer, maxtext, automodel), ``megatron-core`` when the case does not say (the
-  stack of the calibration runs). An unknown name makes that case an error row naming the valid ones.
+- framework: the case's ``framework:`` when a profile of that name ships (``simulator/data/frameworks/``);
+  ``megatron-core`` when the case has no such key (the stack of the calibration runs); the generic
+  profile, in a note, when it is null or names a stack without a profile (``framework_of``).
 - framework_options (each absent key takes the profile's default): ``compile``, ``cuda_graphs``,
   ``fp8_recipe`` (delayed, tensorwise, rowwise, blockwise, mxfp8), ``cross_entropy``, ``selective_recompute``
   and ``replica_combine_bytes`` (hybrid sharding's combined cross-copy all-reduces) go to the scenario's
@@ -127,7 +127,8 @@ import re
 from pathlib import Path
 
 from simulator.workload.compute import param_counts
-from simulator.parts.frameworks import CUDA_GRAPH_SCOPES
+from simulator.parts.frameworks import CUDA_GRAPH_SCOPES, GENERIC, framework_names
+from simulator.parts.topology import load_topology
 from simulator.common.errors import ConfigError
 from simulator.common.yamlfile import load_yaml_file
 from simulator.studies.workers import check_local_workers, process_pool
@@ -374,6 +375,23 @@ def _training_options(case: dict) -> dict:
     return out
 
 
+def framework_of(case: dict, notes: list[str]) -> str:
+    """The case's profile: its ``framework:`` when stepsim ships one of that name; ``megatron-core``
+    when the case has no such key (the format's convention: the calibration runs of
+    shared/validation are Megatron-LM and NeMo, and predate the key); the generic profile, noted,
+    when the case says null or names a stack stepsim has no profile for."""
+    if "framework" not in case:
+        return "megatron-core"
+    name = case["framework"]
+    if name is None:
+        notes.append("framework not stated: the generic profile")
+        return GENERIC
+    if not isinstance(name, str) or name not in framework_names():
+        notes.append(f"framework {name}: no shipped profile, the generic profile assumed")
+        return GENERIC
+    return name
+
+
 def _framework_keys(case: dict) -> dict:
     """The scenario's framework, overlap and framework_options keys from the case (module docstring)."""
     opts = case.get("framework_options") or {}
@@ -395,7 +413,7 @@ def _framework_keys(case: dict) -> dict:
             scope = [m for m in named if m in CUDA_GRAPH_SCOPES]
             if scope:  # "transformer_engine (attn, moe_router, moe_preprocess)"
                 options["cuda_graph_scope"] = scope
-    out = {"framework": case.get("framework") or "megatron-core", "framework_options": options}
+    out = {"framework": "megatron-core", "framework_options": options}
     if overlap:
         out["overlap"] = overlap
     return out
@@ -470,7 +488,7 @@ def case_to_scenario_dict(case: dict, notes: list[str] | None = None) -> dict:
     notes = [] if notes is None else notes
     m, hw, par = case["model"], case["hardware"], case["parallelism"]
     gpu = hw["gpu"]
-    gpn = hw.get("gpus_per_node") or 8
+    gpn = gpus_per_domain(hw, notes)
     checkpointing = (case.get("framework_options") or {}).get("activation_checkpointing")
     recompute_text = str(checkpointing or par.get("recompute") or "").lower()
     sp_text = str(par.get("recompute") or "").lower()
@@ -560,6 +578,7 @@ def case_to_scenario_dict(case: dict, notes: list[str] | None = None) -> dict:
         "parallelism": parallelism,
         "schedule": split_schedule or ("interleaved" if vp > 1 else "1f1b"),
         **_framework_keys(case),
+        "framework": framework_of(case, notes),
     }
     if m.get("experts") and out["framework"] == "megatron-core" and _hopper(gpu):
         moe["grouped_gemm_streams"] = TE_GEMM_STREAMS  # TE GroupedLinear on Hopper (module docstring)
@@ -617,6 +636,29 @@ def _hopper(gpu: str) -> bool:
         return get_gpu(gpu).nvlink_generation == 4
     except ConfigError:
         return False
+
+
+# A GB200 / GB300 NVL72 rack is 18 compute trays of 4 GPUs (NVIDIA GB200 NVL72 datasheet: 36 Grace
+# CPUs and 72 Blackwell GPUs, two superchips per tray); a job takes whole trays of a rack.
+NVL72_TRAY_GPUS = 4
+
+
+def gpus_per_domain(hw: dict, notes: list[str]) -> int:
+    """The case's GPUs per NVLink domain: its ``gpus_per_node``, else 8 (a DGX/HGX node), or on an
+    NVL72 rack the whole rack. A count that is not a whole number of such domains on NVL72 racks
+    runs on the largest whole number of trays per rack that divides it (256 GPUs: 4 racks of 64,
+    16 of the 18 trays, the block Megatron-Bridge's Slurm recipes use), in a note."""
+    rack = load_topology(topology_for(hw["gpu"])).gpus_per_node
+    given = hw.get("gpus_per_node")
+    gpn = given or (rack if rack > 8 else 8)
+    count = hw["count"]
+    if rack > 8 and count > gpn and count % gpn:
+        fits = [g for g in range(NVL72_TRAY_GPUS, min(gpn, rack) + 1, NVL72_TRAY_GPUS) if count % g == 0]
+        if fits:
+            notes.append(f"{count} GPUs on {rack}-GPU racks: {count // fits[-1]} racks of {fits[-1]} GPUs "
+                         f"({fits[-1] // NVL72_TRAY_GPUS} of {rack // NVL72_TRAY_GPUS} trays)")
+            return fits[-1]
+    return gpn
 
 
 def topology_for(gpu: str) -> str:

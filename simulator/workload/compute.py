@@ -56,24 +56,49 @@ def _occupancy(ctas: float, num_sms: int) -> float:
     return min(x, x / (x + 0.5))
 
 
+# Split-K: the shortest slice of the reduction dimension a split-K CTA takes, four of the 64-deep
+# k-steps each tile's pipeline charges (``K_HALF``), so that a split still amortises its fill.
+SPLIT_K_MIN = 4 * K_HALF
+SPLIT_K_PARTIAL_BYTES = 8  # an fp32 partial sum written by its split and read by the reduction
+
+
 def gemm_efficiency(
     m: float, n: float, k: float, gpu: GPUSpec, precision: str, groups: int = 1
 ) -> float:
-    """Achieved fraction of peak for ``groups`` GEMMs (m x k) @ (k x n) run as one (grouped) kernel.
+    """Achieved fraction of peak for ``groups`` GEMMs (m x k) @ (k x n) run as one (grouped) kernel."""
+    return gemm_plan(m, n, k, gpu, precision, groups)[0]
 
-    eff = MAMF * tile_fill * occupancy * k / (k + K_HALF), maximised over 128x256 and 256x128
+
+def gemm_plan(m: float, n: float, k: float, gpu: GPUSpec, precision: str, groups: int = 1) -> tuple[float, int]:
+    """(achieved fraction of peak, split-K factor) of ``groups`` GEMMs (m x k) @ (k x n) run as one
+    (grouped) kernel.
+
+    eff = MAMF * tile_fill * occupancy * k_s / (k_s + K_HALF), maximised over 128x256 and 256x128
     output tiles (the cuBLAS large tiles, NVIDIA "Matrix Multiplication Background" Sec. 2.3):
     tile_fill is the useful fraction of padded tiles (tile quantization, Sec. 3.1), occupancy
-    the smoothed wave quantization over the SMs (Sec. 3.2), and k / (k + 64) charges each
-    tile one 64-deep K step for filling its pipeline and writing back its output.
+    the smoothed wave quantization over the SMs (Sec. 3.2), and k_s / (k_s + 64) charges each
+    CTA one 64-deep K step for filling its pipeline and writing back its output.
+
+    A single GEMM whose output tiles leave SMs idle but whose reduction is long (a weight gradient,
+    whose k is the tokens of a micro-batch) is split along k over ``s`` CTAs per tile, each
+    reducing k_s = k / s, whose fp32 partial sums are then added (split-K: CUTLASS's split-K
+    GEMMs and cuBLAS's split-K heuristics; Osama et al., "Stream-K", PPoPP 2023, Sec. 2: the
+    data-parallel tiling of a GEMM with fewer output tiles than SMs leaves the rest idle):
+    s = min(ceil(SMs / tiles), k // SPLIT_K_MIN), so the CTAs fill at least one wave. Grouped kernels
+    (MoE experts) are not split.
     """
     ceiling = gemm_ceiling(gpu, precision)
-    best = 0.0
+    best, best_split = 0.0, 1
     for tm, tn in ((TILE_M, TILE_N), (TILE_N, TILE_M)):
         mt, nt = math.ceil(m / tm), math.ceil(n / tn)
         fill = (m / (mt * tm)) * (n / (nt * tn))
-        best = max(best, fill * _occupancy(groups * mt * nt, gpu.num_sms))
-    return ceiling * best * k / (k + K_HALF)
+        tiles = groups * mt * nt
+        split = max(1, min(-(-gpu.num_sms // tiles), int(k // SPLIT_K_MIN))) if groups == 1 and tiles < gpu.num_sms else 1
+        ks = k / split
+        eff = fill * _occupancy(tiles * split, gpu.num_sms) * ks / (ks + K_HALF)
+        if eff > best:
+            best, best_split = eff, split
+    return ceiling * best, best_split
 
 
 def _roofline(flops: float, nbytes: float, gpu: GPUSpec, flop_rate: float) -> float:
@@ -101,9 +126,12 @@ def gemm_op(
     into an fp32 buffer reads and writes 4 + 4, ``gemm_bwd_ops``)."""
     in_bytes = GEMM_OPERAND_BYTES.get(precision, ACT_BYTES)
     flops = 2.0 * groups * m * n * k
-    nbytes = groups * (in_bytes * (m * k + k * n) + out_bytes * m * n)
     together = groups if streams is None else min(streams, groups)
-    rate = peak(gpu, precision) * gemm_efficiency(m, n, k, gpu, precision, together)
+    eff, split = gemm_plan(m, n, k, gpu, precision, together)
+    # a split-K GEMM writes and reads back its fp32 partial sums once per split (SPLIT_K_PARTIAL_BYTES)
+    partials = SPLIT_K_PARTIAL_BYTES * split * m * n if split > 1 else 0.0
+    nbytes = groups * (in_bytes * (m * k + k * n) + out_bytes * m * n) + partials
+    rate = peak(gpu, precision) * eff
     return Op(name, flops, nbytes, _roofline(flops, nbytes, gpu, rate))
 
 
