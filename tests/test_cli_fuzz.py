@@ -34,6 +34,7 @@ from simulator.common import limits
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = str(ROOT / "scenarios" / "tiny.yaml")
+PROFILE = ROOT / "tests" / "data" / "profiles" / "hta-adam-a100"  # a one-rank Kineto trace (tests/test_kineto.py)
 DEADLINE_S = 30  # per example; tiny runs take well under a second
 COUNTS: Counter = Counter()
 FUZZ = settings(derandomize=True, database=None, deadline=None, print_blob=True,
@@ -327,7 +328,9 @@ def option_argv(command: str, option: str, word: str, folder: Path, n: int) -> l
             "audit": ["audit", str(audited)],
             "sweep": ["sweep", TINY, "--vary", "parallelism.tp=1,2", "--out", str(folder / f"sweep{n}"), "--workers",
                       "1", "--quiet"],
-            "whatif": ["whatif", TINY, "--workers", "1", "--set", "parallelism.tp=3", "--quiet"]}[command]
+            "whatif": ["whatif", TINY, "--workers", "1", "--set", "parallelism.tp=3", "--quiet"],
+            "calibrate": ["calibrate", str(PROFILE), "--scenario", TINY, "--out", str(folder / f"cal{n}.yaml"),
+                          "--quiet"]}[command]
     if command == "run" and option in ("--stages", "--window"):
         base = [*base, "--timeline", str(folder / "t.png")]
     return [*base, option, word]

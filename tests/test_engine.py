@@ -22,7 +22,7 @@ def scenario(model=DENSE, nodes=1, tp=1, pp=1, dp=1, cp=1, ep=1, vp=1, m=4, sche
                     training=TrainingConfig(seq_length=seq, global_batch_size=m * dp, recompute=recompute),
                     parallelism=ParallelConfig(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, vp=vp, sequence_parallel=sp,
                                                zero_stage=zero),
-                    schedule=schedule)
+                    schedule=schedule, framework="megatron-core")
 
 
 @pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
@@ -196,7 +196,8 @@ def test_compute_beside_a_collective_runs_on_the_sms_it_leaves():
     from simulator.network.nccl import NCCL_KERNEL_SMS
     from simulator.workload.compute import split_at_gemm
 
-    s = scenario(model=dataclasses.replace(DENSE, num_hidden_layers=1), tp=8, m=1, seq=4096)
+    s = scenario(model=dataclasses.replace(DENSE, num_hidden_layers=1, hidden_size=4096, num_attention_heads=32,
+                                           num_key_value_heads=32, intermediate_size=16384), tp=8, m=1, seq=4096)
     with_comm = simulate(s, SimOptions(extras=False))
     alone = simulate(s, UNIFORM)
 

@@ -17,7 +17,7 @@ DATA = Path(__file__).parent / "data" / "moe-runs.yaml"
 BLOCKS = ("attn_fwd", "mlp_fwd", "attn_bwd", "mlp_bwd", "attn_recompute", "mlp_recompute")
 
 
-def scenario(model="Qwen/Qwen3-30B-A3B", framework=None, options=None, ep=8, **extra):
+def scenario(model="Qwen/Qwen3-30B-A3B", framework="megatron-core", options=None, ep=8, **extra):
     raw = {"model": model, "cluster": {"topology": "dgx-h100", "num_nodes": 1},
            "parallelism": {"ep": ep} if "A3B" in model or "gpt-oss" in model else {},
            "training": {"seq_length": 4096, "micro_batch_size": 1, "global_batch_size": 16, "precision": "bf16"},
