@@ -417,15 +417,9 @@ def _no_fit(s, valid: list, by_layout: dict, max_memory_fraction: float) -> None
                       f"{peak - max_memory_fraction * capacity:.1f} GiB too many")
 
 
-def plan(scenario: str | Path | Scenario | dict, *, sets: Sequence[str] = (), space: Sequence[str] = (),
-         top: int = 5, prove: int = 1, objective: str = "step_time", max_memory_fraction: float = 1.0,
-         pareto: bool = False,
-         tolerance: float | str | None = None, out: str | Path | None = None, workers: int | None = None, executor: str = "process",
-         address: str | None = None, progress=None) -> dict:
-    """Plan a scenario (module docstring); returns the result in the ``--json`` shape. ``progress``
-    (a stream, a ``progress.Progress`` or None) hears each stage and each simulation. A simulation
-    whose worker process died ends the plan with a ``WorkerDied`` naming its layout, once the
-    simulations still out have finished (and, with ``out``, been logged for the rerun)."""
+def _check_arguments(objective: str, executor: str, top: int, prove: int, max_memory_fraction: float,
+                     tolerance: float | str | None) -> float:
+    """The plan's flags, each a one-line ConfigError when out of range; the tolerance as a fraction."""
     if objective not in OBJECTIVES:
         raise ConfigError("--objective", objective, f"valid: {', '.join(OBJECTIVES)}")
     if executor not in EXECUTORS:
@@ -436,11 +430,217 @@ def plan(scenario: str | Path | Scenario | dict, *, sets: Sequence[str] = (), sp
         raise ConfigError("--prove", prove, f"must be a whole number from 1 to --top ({top})")
     if not 0 < max_memory_fraction <= 1:
         raise ConfigError("--max-memory-fraction", max_memory_fraction, "must be a number in (0, 1]")
-    tolerance = parse_tolerance(DEFAULT_TOLERANCE if tolerance is None else tolerance)
+    return parse_tolerance(DEFAULT_TOLERANCE if tolerance is None else tolerance)
+
+
+def _enumerate(s: Scenario, values, runner: _Runner, parts: int):
+    """The layouts of the space with the structural rules applied, in ``parts`` interleaved parts;
+    a one-line error when none is valid."""
+    enum = merge_enumerations(runner.map_local(_enumerate_part, [(s, values, (i, parts)) for i in range(parts)],
+                                               "enumerating the layouts"))
+    if not enum.valid:
+        reason, count = enum.pruned_rules.most_common(1)[0] if enum.pruned_rules else ("the space is empty", 0)
+        raise ConfigError("--space", f"{enum.enumerated} layouts", f"none is valid; most common rule: {reason} "
+                          f"({count} layouts)")
+    return enum
+
+
+def _memory_screen(s: Scenario, valid: list, runner: _Runner, parts: int,
+                   max_memory_fraction: float) -> dict[Layout, tuple[float, bool]]:
+    """(peak GiB, fits) of every valid layout; a one-line error naming the smallest when none fits."""
+    chunks = [valid[i::parts] for i in range(parts)]
+    screened_chunks = runner.map_local(_screen, [(s, c, max_memory_fraction) for c in chunks], "the memory screen")
+    by_layout = {}
+    for chunk, results in zip(chunks, screened_chunks):
+        for layout, (peak, fits) in zip(chunk, results):
+            by_layout[layout] = (peak, fits)
+    if not any(fits for _, fits in by_layout.values()):
+        _no_fit(s, valid, by_layout, max_memory_fraction)
+    return by_layout
+
+
+def _open_log(folder: Path, bar) -> tuple[_Lock, dict[str, dict], object]:
+    """The plan's folder locked, the rows its log already holds (a damaged line dropped and the log
+    rewritten without it), and the log open for appending."""
+    folder.mkdir(parents=True, exist_ok=True)
+    lock = _Lock(folder, notes=bar)
+    remove_stale(folder)
+    done, damaged = read_log(folder / LOG)
+    if damaged:
+        atomic_write_text(folder / LOG, "".join(json.dumps(r, sort_keys=True) + "\n" for r in done.values()))
+    return lock, done, open(folder / LOG, "a")
+
+
+class _Search:
+    """The simulations of one plan, in ascending bound order (module docstring): what was submitted,
+    what came back, what the bounds pruned. Submission 0 is the given layout as written; it ranks
+    with the candidates when it is one of them (the same scenario), and is otherwise only scored."""
+
+    def __init__(self, s: Scenario, task: Task, runner: _Runner, bar, done: dict[str, dict], log, folder,
+                 given: Layout, front: _Front, prove: int, pareto: bool):
+        self.s, self.task, self.runner, self.bar = s, task, runner, bar
+        self.done, self.log, self.folder = done, log, folder
+        self.given, self.front, self.prove, self.pareto = given, front, prove, pareto
+        self.base = scenario_hash(task.raw)
+        self.given_id = point_id(self.base, {"given": True})
+        self.order: list[Layout] = []
+        self.results: list[dict] = []
+        self.pruned_bound: list[Screened] = []
+        self.exact_of: dict[Layout, float] = {}
+        self.submitted: dict[Layout, int] = {}  # candidate -> its submission index
+        self.twin_of: dict[int, int] = {}  # submission -> the earlier one whose simulation it shares
+        self.given_early = False
+        self.given_is_candidate = False
+
+    def start_given(self) -> None:
+        """With workers, the given layout goes out once something fits, so one simulates it while
+        this process bounds: it is simulated whatever the bounds say."""
+        self.given_early = self.runner.parallel and self.given_id not in self.done
+        if self.given_early:
+            self.runner.submit(0, replace(self.task, overrides=()))
+
+    def task_id(self, index: int) -> str:
+        return self.given_id if index == 0 else point_id(self.base, self.order[index].key())
+
+    def keep(self, i: int, metrics: dict) -> dict:
+        row = {"point_id": self.task_id(i), "layout": self.order[i].key(), **metrics}
+        self.done[row["point_id"]] = row
+        if self.log is not None:
+            self.log.write(json.dumps(row, sort_keys=True) + "\n")
+            self.log.flush()
+            os.fsync(self.log.fileno())
+        return row
+
+    def died(self, i: int, lost: Lost) -> WorkerDied:
+        """Log what the simulations still out give, then the error naming layout ``i``."""
+        saved = [self.keep(index, metrics) for index, metrics in self.runner.drain()]
+        what = "plan: the given layout" if i == 0 else f"plan: layout {self.order[i].label()}"
+        if self.log is None:
+            after = "without --out nothing is kept: rerun with --out DIR to make the plan resumable"
+        else:
+            after = (f"{len(self.done)} simulations are logged in {self.folder / LOG} ({len(saved)} of them finished "
+                     "after it); rerun the same command to resume: it reuses them and simulates the rest")
+        return WorkerDied(what, lost.cause, after)
+
+    def collect(self, upto: int) -> None:
+        """The results of submissions up to ``upto`` (exclusive), in submission order."""
+        while len(self.results) < upto:
+            i = len(self.results)
+            tid = self.task_id(i)
+            twin = i in self.twin_of
+            if tid in self.done:
+                row = self.done[tid]
+            else:
+                metrics = (_twin_row(self.results[self.twin_of[i]], self.s, self.order[i]) if twin
+                           else self.runner.result(i))
+                if isinstance(metrics, Lost):
+                    raise self.died(i, metrics)
+                row = self.keep(i, metrics)
+            self.results.append(row)
+            if (i > 0 or self.given_is_candidate) and row.get("step_time_s") is not None:
+                self.front.add(row["step_time_s"], self.peak_of[self.order[i]])
+            if not twin:
+                best = f"best {self.front.steps[0]:.4g} s" if self.front.steps else "none ranked yet"
+                self.bar.advance(f"{'given ' if i == 0 else ''}{self.order[i].label()}: {_outcome(row)}; {best}, "
+                                 f"{len(self.pruned_bound):,} pruned by bound")
+
+    def submit(self, layout: Layout) -> None:
+        self.order.append(layout)
+        i = len(self.order) - 1
+        cutoff = None
+        if i > 0 or self.given_is_candidate:
+            twin = _zero_twin(layout)
+            if twin in self.submitted:
+                self.twin_of[i] = self.submitted[twin]
+                return
+            self.submitted[layout] = i
+            if i > 0:
+                # the simulation may stop once its step provably cannot enter the result, for
+                # this layout nor its ZeRO twin (which shares it, with its own memory)
+                mems = [self.peak_of[layout]]
+                if twin in self.by_layout and self.by_layout[twin][1]:
+                    mems.append(self.by_layout[twin][0])
+                cutoff = self.front.cutoff(mems, self.prove, self.pareto)
+        tid = self.task_id(i)
+        if tid in self.done and self.done[tid].get("stopped_above_s") not in (None, cutoff):
+            del self.done[tid]  # logged by a plan that stopped it elsewhere: run it again
+        if tid not in self.done and not (i == 0 and self.given_early):
+            self.runner.submit(i, replace(self.task, overrides=() if i == 0 else layout.overrides(),
+                                          stop_above_s=cutoff))
+
+    def run(self, valid: list[Layout], by_layout: dict[Layout, tuple[float, bool]], bounds: _Bounds,
+            in_flight: int) -> None:
+        """Bound every layout that fits, then simulate in ascending exact-bound order until the
+        bounds prune the rest."""
+        self.by_layout = by_layout
+        self.screened = []
+        for x in valid:
+            peak, fits = by_layout[x]
+            cheap = bounds.cheap(x) if fits else None
+            exact = bounds.exact(x) if fits and cheap is None else None
+            self.screened.append(Screened(x, peak, fits, exact, exact if cheap is None else cheap))
+        fitting = self.fitting = [c for c in self.screened if c.fits]
+        given = self.given
+        self.given_is_candidate = given in fit_of_layouts(fitting) and candidate_scenario(self.s, given) == self.s
+        self.peak_of = {c.layout: c.peak_gib for c in fitting}
+        front, prove, pareto = self.front, self.prove, self.pareto
+        self.submit(given)
+        # The candidates in ascending (exact bound, layout) order, exact bounds computed lazily: a
+        # heap holds those computed; the rest wait in ascending cheap-bound order and join the heap
+        # while their cheap bound is at most the heap's least exact bound (so the heap's top is the
+        # least of all), unless the cheap bound already prunes them. Pruning is monotone in the
+        # bound and in the simulated results (which only grow), so a layout the cheap bound prunes
+        # now, its exact bound would prune at its turn: the submissions are those of visiting
+        # every layout in exact-bound order.
+        waiting = sorted((c for c in fitting if not (self.given_is_candidate and c.layout == given)),
+                         key=lambda c: (c.cheap_s, layout_order(c.layout)))
+        heap: list = []
+        nxt = 0
+        refined: set[Layout] = set()  # layouts whose bound includes ``bound.schedule_walk_bound``
+        pushes = itertools.count()  # heap entries' last key (value and layout order already differ)
+        while True:
+            self.collect(decision_point(len(self.order), len(self.results), self.twin_of, in_flight))
+            while nxt < len(waiting) and (not heap or waiting[nxt].cheap_s <= heap[0][0]):
+                cand = waiting[nxt]
+                nxt += 1
+                if cand.bound_s is None and front.prunes(cand.cheap_s, cand.peak_gib, prove, pareto):
+                    self.pruned_bound.append(cand)
+                    continue
+                exact = cand.bound_s if cand.bound_s is not None else bounds.exact(cand.layout)
+                self.exact_of[cand.layout] = exact
+                heapq.heappush(heap, (exact, layout_order(cand.layout), next(pushes), cand))
+            if not heap:
+                break
+            exact, _, _, cand = heapq.heappop(heap)
+            if front.prunes(exact, cand.peak_gib, prove, pareto):
+                self.pruned_bound.append(replace(cand, bound_s=exact))
+                continue
+            if cand.layout not in refined:
+                # About to be simulated: the walk of its schedule and data-parallel stream, too
+                # costly for every layout, may lift it past others (back into the heap) or prune it.
+                refined.add(cand.layout)
+                full = bounds.refined(cand.layout, exact)
+                if full > exact:
+                    self.exact_of[cand.layout] = full
+                    heapq.heappush(heap, (full, layout_order(cand.layout), next(pushes), cand))
+                    continue
+            self.submit(cand.layout)
+        self.collect(len(self.order))
+
+
+def plan(scenario: str | Path | Scenario | dict, *, sets: Sequence[str] = (), space: Sequence[str] = (),
+         top: int = 5, prove: int = 1, objective: str = "step_time", max_memory_fraction: float = 1.0,
+         pareto: bool = False,
+         tolerance: float | str | None = None, out: str | Path | None = None, workers: int | None = None, executor: str = "process",
+         address: str | None = None, progress=None) -> dict:
+    """Plan a scenario (module docstring); returns the result in the ``--json`` shape. ``progress``
+    (a stream, a ``progress.Progress`` or None) hears each stage and each simulation. A simulation
+    whose worker process died ends the plan with a ``WorkerDied`` naming its layout, once the
+    simulations still out have finished (and, with ``out``, been logged for the rerun)."""
+    tolerance = _check_arguments(objective, executor, top, prove, max_memory_fraction, tolerance)
     workers = check_local_workers(workers, executor, address)
     raw, base_dir, name = base_of(scenario, sets)
     s = scenario_from_dict(raw, base_dir=base_dir, default_name=name)
-    given = layout_of(s)
     bar = as_progress(progress, "plan")
 
     values = parse_space(space, s)
@@ -453,171 +653,20 @@ def plan(scenario: str | Path | Scenario | dict, *, sets: Sequence[str] = (), sp
         # the layouts, the rules and the memory screen may still end in a one-line error: until they
         # are through, progress shows on a terminal only, so that such an error stands alone in a log
         bar.status("enumerating the layouts")
-        enum = merge_enumerations(runner.map_local(_enumerate_part, [(s, values, (i, parts)) for i in range(parts)],
-                                                   "enumerating the layouts"))
-        if not enum.valid:
-            reason, count = enum.pruned_rules.most_common(1)[0] if enum.pruned_rules else ("the space is empty", 0)
-            raise ConfigError("--space", f"{enum.enumerated} layouts", f"none is valid; most common rule: {reason} "
-                              f"({count} layouts)")
+        enum = _enumerate(s, values, runner, parts)
         runner.connect()
         bar.status(f"{enum.enumerated:,} layouts, {len(enum.valid):,} valid: the memory screen")
-        base = scenario_hash(raw)
         done: dict[str, dict] = {}
         if folder is not None:
-            folder.mkdir(parents=True, exist_ok=True)
-            lock = _Lock(folder, notes=bar)
-            remove_stale(folder)
-            done, damaged = read_log(folder / LOG)
-            if damaged:
-                atomic_write_text(folder / LOG, "".join(json.dumps(r, sort_keys=True) + "\n" for r in done.values()))
-            log = open(folder / LOG, "a")
-        chunks = [enum.valid[i::parts] for i in range(parts)]
-        screened_chunks = runner.map_local(_screen, [(s, c, max_memory_fraction) for c in chunks], "the memory screen")
-        by_layout = {}
-        for chunk, results in zip(chunks, screened_chunks):
-            for layout, (peak, fits) in zip(chunk, results):
-                by_layout[layout] = (peak, fits)
-        if not any(fits for _, fits in by_layout.values()):
-            _no_fit(s, enum.valid, by_layout, max_memory_fraction)
+            lock, done, log = _open_log(folder, bar)
+        by_layout = _memory_screen(s, enum.valid, runner, parts, max_memory_fraction)
         bar.phase(f"{enum.enumerated:,} layouts, {len(enum.valid):,} valid, "
                   f"{sum(fits for _, fits in by_layout.values()):,} fit: lower bounds and simulations")
-        # Submission 0, the given layout as written, is simulated whatever the bounds say: with
-        # workers, it goes out once something fits, so one runs it while this process bounds.
-        given_id = point_id(base, {"given": True})
-        given_early = runner.parallel and given_id not in done
-        if given_early:
-            runner.submit(0, Task(raw, base_dir, name, ()))
+        search = _Search(s, Task(raw, base_dir, name, ()), runner, bar, done, log, folder, layout_of(s),
+                         _Front(_capacity_gib(s), tolerance), prove, pareto)
+        search.start_given()
         bounds = _Bounds(s)
-        screened = []
-        for x in enum.valid:
-            peak, fits = by_layout[x]
-            cheap = bounds.cheap(x) if fits else None
-            exact = bounds.exact(x) if fits and cheap is None else None
-            screened.append(Screened(x, peak, fits, exact, exact if cheap is None else cheap))
-        fitting = [c for c in screened if c.fits]
-
-        # Submission 0 is the given layout as written; it ranks with the candidates when it is one
-        # of them (the same scenario), and is otherwise only scored.
-        given_is_candidate = given in fit_of_layouts(fitting) and candidate_scenario(s, given) == s
-        order: list[Layout] = []
-        results: list[dict] = []
-        front = _Front(_capacity_gib(s), tolerance)
-        pruned_bound: list[Screened] = []
-        peak_of = {c.layout: c.peak_gib for c in fitting}
-        exact_of: dict[Layout, float] = {}
-        submitted: dict[Layout, int] = {}  # candidate -> its submission index
-        twin_of: dict[int, int] = {}  # submission -> the earlier one whose simulation it shares
-
-        def task_id(index: int) -> str:
-            return given_id if index == 0 else point_id(base, order[index].key())
-
-        def keep(i: int, metrics: dict) -> dict:
-            row = {"point_id": task_id(i), "layout": order[i].key(), **metrics}
-            done[row["point_id"]] = row
-            if log is not None:
-                log.write(json.dumps(row, sort_keys=True) + "\n")
-                log.flush()
-                os.fsync(log.fileno())
-            return row
-
-        def died(i: int, lost: Lost) -> WorkerDied:
-            """Log what the simulations still out give, then the error naming layout ``i``."""
-            saved = [keep(index, metrics) for index, metrics in runner.drain()]
-            what = "plan: the given layout" if i == 0 else f"plan: layout {order[i].label()}"
-            if log is None:
-                after = "without --out nothing is kept: rerun with --out DIR to make the plan resumable"
-            else:
-                after = (f"{len(done)} simulations are logged in {folder / LOG} ({len(saved)} of them finished after "
-                         "it); rerun the same command to resume: it reuses them and simulates the rest")
-            return WorkerDied(what, lost.cause, after)
-
-        def collect(upto: int) -> None:
-            while len(results) < upto:
-                i = len(results)
-                tid = task_id(i)
-                twin = i in twin_of
-                if tid in done:
-                    row = done[tid]
-                else:
-                    metrics = _twin_row(results[twin_of[i]], s, order[i]) if twin else runner.result(i)
-                    if isinstance(metrics, Lost):
-                        raise died(i, metrics)
-                    row = keep(i, metrics)
-                results.append(row)
-                if (i > 0 or given_is_candidate) and row.get("step_time_s") is not None:
-                    front.add(row["step_time_s"], peak_of[order[i]])
-                if not twin:
-                    best = f"best {front.steps[0]:.4g} s" if front.steps else "none ranked yet"
-                    bar.advance(f"{'given ' if i == 0 else ''}{order[i].label()}: {_outcome(row)}; {best}, "
-                                f"{len(pruned_bound):,} pruned by bound")
-
-        def submit(layout: Layout) -> None:
-            order.append(layout)
-            i = len(order) - 1
-            cutoff = None
-            if i > 0 or given_is_candidate:
-                twin = _zero_twin(layout)
-                if twin in submitted:
-                    twin_of[i] = submitted[twin]
-                    return
-                submitted[layout] = i
-                if i > 0:
-                    # the simulation may stop once its step provably cannot enter the result, for
-                    # this layout nor its ZeRO twin (which shares it, with its own memory)
-                    mems = [peak_of[layout]]
-                    if twin in by_layout and by_layout[twin][1]:
-                        mems.append(by_layout[twin][0])
-                    cutoff = front.cutoff(mems, prove, pareto)
-            tid = task_id(i)
-            if tid in done and done[tid].get("stopped_above_s") not in (None, cutoff):
-                del done[tid]  # logged by a plan that stopped it elsewhere: run it again
-            if tid not in done and not (i == 0 and given_early):
-                runner.submit(i, Task(raw, base_dir, name, () if i == 0 else layout.overrides(),
-                                      stop_above_s=cutoff))
-
-        submit(given)
-        # The candidates in ascending (exact bound, layout) order, exact bounds computed lazily: a
-        # heap holds those computed; the rest wait in ascending cheap-bound order and join the heap
-        # while their cheap bound is at most the heap's least exact bound (so the heap's top is the
-        # least of all), unless the cheap bound already prunes them. Pruning is monotone in the
-        # bound and in the simulated results (which only grow), so a layout the cheap bound prunes
-        # now, its exact bound would prune at its turn: the submissions are those of visiting
-        # every layout in exact-bound order.
-        waiting = sorted((c for c in fitting if not (given_is_candidate and c.layout == given)),
-                         key=lambda c: (c.cheap_s, layout_order(c.layout)))
-        heap: list = []
-        nxt = 0
-        refined: set[Layout] = set()  # layouts whose bound includes ``bound.schedule_walk_bound``
-        pushes = itertools.count()  # heap entries' last key (value and layout order already differ)
-        in_flight = workers + (QUEUED if workers > 1 else 0)
-        while True:
-            collect(decision_point(len(order), len(results), twin_of, in_flight))
-            while nxt < len(waiting) and (not heap or waiting[nxt].cheap_s <= heap[0][0]):
-                cand = waiting[nxt]
-                nxt += 1
-                if cand.bound_s is None and front.prunes(cand.cheap_s, cand.peak_gib, prove, pareto):
-                    pruned_bound.append(cand)
-                    continue
-                exact = cand.bound_s if cand.bound_s is not None else bounds.exact(cand.layout)
-                exact_of[cand.layout] = exact
-                heapq.heappush(heap, (exact, layout_order(cand.layout), next(pushes), cand))
-            if not heap:
-                break
-            exact, _, _, cand = heapq.heappop(heap)
-            if front.prunes(exact, cand.peak_gib, prove, pareto):
-                pruned_bound.append(replace(cand, bound_s=exact))
-                continue
-            if cand.layout not in refined:
-                # About to be simulated: the walk of its schedule and data-parallel stream, too
-                # costly for every layout, may lift it past others (back into the heap) or prune it.
-                refined.add(cand.layout)
-                full = bounds.refined(cand.layout, exact)
-                if full > exact:
-                    exact_of[cand.layout] = full
-                    heapq.heappush(heap, (full, layout_order(cand.layout), next(pushes), cand))
-                    continue
-            submit(cand.layout)
-        collect(len(order))
+        search.run(enum.valid, by_layout, bounds, workers + (QUEUED if workers > 1 else 0))
     finally:
         runner.close()
         if log is not None:
@@ -625,12 +674,12 @@ def plan(scenario: str | Path | Scenario | dict, *, sets: Sequence[str] = (), sp
         if lock is not None:
             lock.release()
 
-    result = _result(s, enum, screened, fitting, pruned_bound, order, results, given_is_candidate, top,
-                     objective, max_memory_fraction, pareto, bounds, exact_of)
+    result = _result(s, enum, search.screened, search.fitting, search.pruned_bound, search.order, search.results,
+                     search.given_is_candidate, top, objective, max_memory_fraction, pareto, bounds, search.exact_of)
     result["prove"] = prove
     result["tolerance"] = tolerance
     # of the simulated layouts, those whose ZeRO-1/2 twin's simulation was reused (``_zero_twin``)
-    result["candidates"]["shared_with_zero_twin"] = len(twin_of)
+    result["candidates"]["shared_with_zero_twin"] = len(search.twin_of)
     if folder is not None and result["pareto"]:
         plot_pareto(result, str(folder / PARETO_PLOT))
     return result
