@@ -242,8 +242,10 @@ def _memory(args) -> int:
 def _validate(args) -> int:
     from pathlib import Path
 
-    from simulator.studies.validate import format_table, load_cases, validate_file
-    from simulator.studies.validation_page import page
+    from simulator.studies.cases import load_cases
+
+    from simulator.studies.validate import format_table, validate_file
+    from simulator.studies.validation_page import load_constants, page
 
     if args.plot:
         check_output_path(args.plot, "--plot", FIGURE_SUFFIXES)
@@ -251,6 +253,11 @@ def _validate(args) -> int:
             raise ConfigError("--plot", args.plot, "draws one runs file: give one file, or drop --plot")
     if args.json and args.markdown:
         raise ConfigError("--markdown", True, "prints the validation page; it cannot be combined with --json")
+    if args.constants is not None:
+        if not args.markdown:
+            raise ConfigError("--constants", args.constants, "appends a table to the validation page: give --markdown "
+                                                             "with it")
+        load_constants(args.constants)  # a bad file is reported before any case is predicted
     _check_workers(args)
     for runs in args.runs:  # every file's cases are checked before the first is predicted
         load_cases(runs)
@@ -262,7 +269,7 @@ def _validate(args) -> int:
         from simulator.reports.plots import plot_validation
         plot_validation(results[0][1], args.plot, Path(args.runs[0]).name)
     if args.markdown:
-        print(page([(Path(runs).stem, runs, result) for runs, result in results]), end="")
+        print(page([(Path(runs).stem, runs, result) for runs, result in results], constants=args.constants), end="")
     elif len(results) == 1:
         print(json.dumps(results[0][1], indent=2) if args.json else format_table(results[0][1]))
     elif args.json:
@@ -596,6 +603,8 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--json", action="store_true", help="print the result as JSON (a mapping by file for several)")
     v.add_argument("--markdown", action="store_true",
                    help="print the validation page (docs/validation.md): summaries and signed errors per file")
+    v.add_argument("--constants", metavar="FILE",
+                   help="with --markdown: append the table of fitted constants and estimates from FILE")
     v.add_argument("--plot", metavar="FILE", help="draw predicted against measured step time (PNG/SVG/PDF)")
     v.add_argument("--workers", type=int, default=None, help=limits.workers_help())
     add_progress_flags(v)

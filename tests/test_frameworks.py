@@ -12,7 +12,7 @@ from simulator.parts.gpus import get_gpu
 from simulator.reports.report import step_report
 from simulator.scenario.load import load_scenario, scenario_from_dict, scenario_to_dict
 from simulator.engine.engine import simulate
-from simulator.studies.validate import case_to_scenario_dict
+from simulator.studies.cases import case_to_scenario_dict
 from simulator.workload.compute import layer_cost
 from simulator.workload.kernels import Gemm
 from simulator.workload.frameworks import resolve
@@ -219,7 +219,7 @@ def test_cuda_graph_scope_values_are_megatrons_and_bad_ones_are_one_line_errors(
 
 
 def test_validate_reads_a_partial_capture_as_the_scope():
-    from simulator.studies.validate import _framework_keys
+    from simulator.studies.cases import _framework_keys
 
     partial = _framework_keys({"framework_options": {"cuda_graphs": "transformer_engine (attn, moe_router, moe_preprocess)"}})
     assert partial["framework_options"] == {"cuda_graph_scope": ["attn", "moe_router", "moe_preprocess"]}

@@ -129,7 +129,7 @@ def test_validate_reads_the_op_fuser_and_a_stated_mtp_depth():
 
     import yaml
 
-    from simulator.studies.validate import case_to_scenario_dict
+    from simulator.studies.cases import case_to_scenario_dict
 
     cases = {c["id"]: c for c in yaml.safe_load((Path(__file__).parent / "data" / "blackwell-runs.yaml").read_text())["cases"]}
     fused = [c for c in cases.values() if (c.get("framework_options") or {}).get("cutedsl_fused_grouped_mlp")]

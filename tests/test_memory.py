@@ -637,7 +637,7 @@ def test_deepseek_v3s_report_layout_fits_its_h800s_with_the_modules_it_recompute
     import yaml
 
     from simulator.scenario.load import scenario_from_dict
-    from simulator.studies.validate import case_to_scenario_dict
+    from simulator.studies.cases import case_to_scenario_dict
 
     cases = yaml.safe_load((Path(__file__).parent / "data" / "moe-runs.yaml").read_text())["cases"]
     case = next(c for c in cases if c["id"] == "deepseek-v3-report-2048xh800")

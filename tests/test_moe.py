@@ -13,7 +13,7 @@ from simulator.common.errors import ConfigError
 from simulator.parts.gpus import get_gpu
 from simulator.scenario.load import scenario_from_dict
 from simulator.layout.rules import validate_plan
-from simulator.studies.validate import _uneven, case_to_scenario_dict
+from simulator.studies.cases import _uneven, case_to_scenario_dict
 from simulator.workload import moe
 from simulator.workload.compute import layer_cost, model_flops_per_token, param_counts
 from simulator.workload.mla import attention_params, kv_cache_elements_per_token, window_fraction
@@ -218,7 +218,7 @@ def test_validate_splits_61_layers_unevenly_and_ignores_vp_at_pp1():
 def test_validate_runs_a_stated_megatron_pipeline_layout():
     """A Megatron-core layout string sets the first and last stages' layers; one stepsim cannot
     run (unequal middle stages, wrong stage or layer count) is named and the default split used."""
-    from simulator.studies.validate import megatron_layout
+    from simulator.studies.cases import megatron_layout
 
     assert megatron_layout("Et*4|(t*4|)*14tmL", 16) == (4, 4, 1, 61)
     assert megatron_layout("Et|(tt|)*30mL", 32) == (1, 2, 0, 61)

@@ -9,7 +9,7 @@ import yaml
 from simulator.common.errors import ConfigError
 from simulator.scenario.load import scenario_from_dict
 from simulator.engine.inputs import gpu_of
-from simulator.studies.validate import case_to_scenario_dict
+from simulator.studies.cases import case_to_scenario_dict
 from simulator.workload import moe as M
 from simulator.workload.workload import build_workload
 

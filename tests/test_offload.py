@@ -10,7 +10,7 @@ from simulator.program import builder as P
 from simulator.engine.engine import simulate
 from simulator.engine.inputs import step_inputs
 from simulator.engine.records import SimOptions
-from simulator.studies.validate import case_to_scenario_dict
+from simulator.studies.cases import case_to_scenario_dict
 from simulator.workload.memory import layer_activation_bytes, memory_report, offload_bytes_per_layer
 from simulator.workload.offload import module_offload_bytes
 

@@ -11,7 +11,7 @@ from simulator.scenario.load import scenario_from_dict
 from simulator.layout.rules import validate_plan
 from simulator.engine.engine import simulate
 from simulator.program.builder import build_program, schedule_steps
-from simulator.studies.validate import case_to_scenario_dict
+from simulator.studies.cases import case_to_scenario_dict
 from simulator.workload.memory import memory_report
 
 MODEL = ModelConfig(hidden_size=1024, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=8,

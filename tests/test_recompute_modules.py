@@ -6,7 +6,7 @@ from simulator.scenario.config import MoEConfig, ParallelConfig, TrainingConfig
 from simulator.common.errors import ConfigError
 from simulator.parts.gpus import get_gpu
 from simulator.scenario.load import scenario_from_dict
-from simulator.studies.validate import case_to_scenario_dict
+from simulator.studies.cases import case_to_scenario_dict
 from simulator.workload.compute import layer_cost
 
 H100 = get_gpu("H100-SXM5-80GB")

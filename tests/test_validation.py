@@ -10,7 +10,8 @@ from simulator.network.collectives import bus_factor, time_collective
 from simulator.network.cluster import build_cluster
 from simulator.parts.topology import load_topology
 from ratchets import check, check_golden, check_page
-from simulator.studies.validate import case_to_scenario_dict, predict, validate_file
+from simulator.studies.cases import case_to_scenario_dict
+from simulator.studies.validate import predict, validate_file
 
 VALIDATION = Path(__file__).resolve().parents[2] / "shared" / "validation"
 
@@ -135,7 +136,7 @@ def _case(**par):
 
 
 def test_unknown_interleave_degree_is_1_unless_the_1f1b_bubble_would_exceed_15pct():
-    from simulator.studies.validate import default_vp
+    from simulator.studies.cases import default_vp
 
     assert default_vp(96, 8, 64) == 1  # bubble 7/71 = 9.9%
     assert default_vp(96, 1, 4) == 1
@@ -152,7 +153,7 @@ def test_missing_dp_is_the_gpus_left_by_tp_pp_cp():
 
 
 def test_measured_step_falls_back_to_tokens_then_tflops_then_mfu():
-    from simulator.studies.validate import measured_step
+    from simulator.studies.cases import measured_step
 
     case = _case()
     case.pop("derived", None)
@@ -270,7 +271,7 @@ def test_llm_foundry_attn_impl_picks_the_kernel_and_an_unpriced_one_is_said():
 
 def test_a_case_states_sequence_parallelism_beside_its_recompute_text():
     from simulator.common.errors import ConfigError
-    from simulator.studies.validate import case_to_scenario_dict
+    from simulator.studies.cases import case_to_scenario_dict
 
     case = {"id": "x", "precision": "bf16",
             "model": {"hf_id": "meta-llama/Llama-3.1-405B", "layers": 126, "hidden": 16384, "ffn_hidden": 53248,

@@ -1,7 +1,7 @@
 """Check the planner against published runs: is its best layout fitting and no slower than the one used?
 
 Every case of a public-runs file (``shared/validation/public-runs.yaml`` format) becomes a scenario
-as ``stepsim validate`` builds it (``validate.case_to_scenario_dict``), and is planned with its
+as ``stepsim validate`` builds it (``cases.case_to_scenario_dict``), and is planned with its
 published layout as the given one (the top 5 proven, ``prove`` 5, and the Pareto front of the simulated
 layouts: only the ranking matters here). A row
 reports whether the best fits, its predicted gain over the published layout (a negative gain would
@@ -17,7 +17,7 @@ from pathlib import Path
 from simulator.common.errors import ConfigError, WorkerDied
 from simulator.common.progress import as_progress
 from simulator.studies.planner import plan
-from simulator.studies.validate import case_to_scenario_dict, load_cases
+from simulator.studies.cases import case_to_scenario_dict, load_cases
 from simulator.scenario.load import scenario_from_dict
 import argparse
 import sys

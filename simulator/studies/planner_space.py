@@ -9,7 +9,7 @@ the layer count for pp, ...) plus the scenario's own values; ``--space key=v1,v2
 axis. The space is enumerated canonically, so no two layouts run the same thing: sequence
 parallelism only with tp > 1, the interleaved schedule only with vp > 1 (vp 1 is plain 1F1B),
 etp only on MoE models and only below tp (etp = tp is the default). When pp x vp does not divide
-the layers, the first and last virtual stages take fewer (``validate.pipeline_ends``: equal ends as BLOOM and
+the layers, the first and last virtual stages take fewer (``cases.pipeline_ends``: equal ends as BLOOM and
 Llama 3 405B balanced theirs, else Megatron-core's unequal first/last split as DeepSeek-V3 needs).
 A scenario that sets its own first and last stage layers (a published pipeline layout) adds that
 split as a second candidate at its own pp and vp, and its own dp_replicate (hybrid sharding, e.g.
@@ -40,7 +40,7 @@ from simulator.scenario.load import scenario_from_dict, scenario_to_dict
 from simulator.scenario.config import RECOMPUTE, ZERO_STAGES
 from simulator.layout.rules import validate_plan
 from simulator.layout.schedules import SCHEDULES
-from simulator.studies.validate import pipeline_ends
+from simulator.studies.cases import pipeline_ends
 
 AXES = ("tp", "pp", "dp", "cp", "ep", "etp", "vp", "micro_batch_size", "recompute", "zero_stage",
         "schedule", "sequence_parallel", "dp_replicate")
