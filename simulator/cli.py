@@ -243,7 +243,6 @@ def _validate(args) -> int:
     from pathlib import Path
 
     from simulator.studies.cases import load_cases
-
     from simulator.studies.validate import format_table, validate_file
     from simulator.studies.validation_page import load_constants, page
 
