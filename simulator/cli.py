@@ -55,6 +55,13 @@ def _collective(args) -> int:
         raise ConfigError("--gpus", args.gpus, "a collective needs at least 2 GPUs")
     if args.gpus > limits.NUM_GPUS.maximum:
         raise ConfigError("--gpus", args.gpus, f"must be {limits.NUM_GPUS.describe()}")
+    if args.op == "all_to_all" and args.gpus * (args.gpus - 1) > limits.ALL_TO_ALL_PAIRS.maximum:
+        most = math.isqrt(limits.ALL_TO_ALL_PAIRS.maximum) + 1
+        while most * (most - 1) > limits.ALL_TO_ALL_PAIRS.maximum:
+            most -= 1
+        raise ConfigError("--gpus", args.gpus, f"an all_to_all over {args.gpus:,} GPUs couples "
+                          f"{args.gpus * (args.gpus - 1):,} pairs; {limits.ALL_TO_ALL_PAIRS.describe()}: "
+                          f"use at most {most:,} GPUs")
     _check_cluster_flags(args)
     sizes = [units.parse_size(s, "--sizes") for s in args.sizes.split(",") if s.strip()]
     if not sizes:
@@ -163,8 +170,17 @@ def _run(args) -> int:
     if args.profile_diff:
         from simulator.calibrate.kineto import check_traces
         check_traces(args.profile_diff)
+    fold = not (args.no_fold or args.trace_all_ranks)
+    if not fold:
+        ranks, pp = c.scenario.cluster.num_gpus, c.scenario.parallelism.pp
+        flag = "--no-fold" if args.no_fold else "--trace-all-ranks"
+        if ranks > limits.UNFOLDED_RANKS.maximum:
+            raise ConfigError(flag, f"{ranks:,} ranks", f"{limits.UNFOLDED_RANKS.describe()}: drop it (the folded "
+                              "run is exact for symmetric layouts) or simulate a smaller data-parallel width")
+        if ranks > pp:
+            _warn(f"{flag}: all {ranks:,} ranks are simulated instead of one per pipeline stage ({pp}): up to "
+                  f"{ranks // pp:,}x the folded run's time and memory")
     with progress_from_args(args, "run") as bar:
-        fold = not (args.no_fold or args.trace_all_ranks)
         result = simulation.run(c, fold=fold, algorithm=args.algorithm, allow_oom=True,
                                 record_flows=bool(args.json) or args.trace_format == "kineto",
                                 progress=bar)

@@ -608,3 +608,40 @@ def test_a_window_is_checked_in_two_steps_and_never_against_an_unknown_step(tmp_
     step = simulator.run(simulator.load_scenario(TINY)).step_time_s
     assert status == 2 and err.splitlines()[-1].startswith("stepsim: error: --window: got '5:6'; starts at or past "
                                                            f"the end of the step, {step:.6g} s")
+
+
+@pytest.mark.parametrize("gpus", [2049, 4096, 131072])
+def test_an_all_to_all_whose_pairs_exceed_the_budget_is_refused_before_simulating(gpus, capsys):
+    """Its flows grow with the square of the GPUs: 131,072 GPUs never returned; 2,048 is 4.2M pairs."""
+    status, _, err = run_cli(["collective", "--cluster", "dgx-h100", "--gpus", str(gpus), "--op", "all_to_all"],
+                             capsys=capsys)
+    one_line_error(status, err, "--gpus")
+    assert "pairs" in err and "use at most 2,048 GPUs" in err
+
+
+def test_a_ring_over_as_many_gpus_is_not_refused(capsys):
+    status, out, _ = run_cli(["collective", "--cluster", "dgx-h100", "--gpus", "4096", "--op", "all_reduce",
+                              "--sizes", "1GiB"], capsys=capsys)
+    assert status == 0 and "1GiB" in out
+
+
+def test_an_expert_group_whose_all_to_all_exceeds_the_budget_is_refused():
+    from simulator.common import limits
+
+    assert 4096 * 4095 > limits.ALL_TO_ALL_PAIRS.maximum
+    from simulator import simulation
+
+    with pytest.raises(ConfigError) as err:
+        simulation.checked("qwen3-30b-a3b-16xh100", ["parallelism.ep=4096"])
+    assert err.value.field == "parallelism.ep" and "16,773,120 pairs" in str(err.value)
+
+
+def test_no_fold_states_its_cost_and_is_refused_past_the_rank_budget(capsys):
+    status, _, err = run_cli(["run", TINY, "--no-fold"], capsys=capsys)
+    assert status == 0 and "--no-fold: all 8 ranks are simulated instead of one per pipeline stage (2)" in err
+    status, _, err = run_cli(["run", "llama3-405b-16384xh100", "--no-fold"], capsys=capsys)
+    one_line_error(status, err, "--no-fold")
+    assert "16,384 ranks" in err and "at most 8,192" in err
+    status, _, err = run_cli(["run", "llama3-405b-16384xh100", "--trace-all-ranks", "--trace", "x.json"],
+                             capsys=capsys)
+    one_line_error(status, err, "--trace-all-ranks")

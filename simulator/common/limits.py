@@ -55,6 +55,17 @@ MICROBATCHES = Limit(2**14, "micro-batches per pipeline per step (global batch /
 # Collective sizes: 1 PiB is beyond the memory of any GPU node.
 MESSAGE_BYTES = Limit(2**50, "bytes, 1 PiB: beyond any node's memory")
 
+# Simulation cost. An all-to-all couples every ordered pair of its ranks in one transfer: its flows,
+# and the time and memory to simulate it, grow with the square of the ranks (2,048 GPUs: 4.2M pairs,
+# about 24 s and 1.5 GB; measured on one core, 2026-11). Refused above, before simulating.
+ALL_TO_ALL_PAIRS = Limit(2**22, "pairs of ranks in one all-to-all, about 2,048 ranks; its cost grows with "
+                                "the square of the ranks")
+
+# Unfolded runs (--no-fold) simulate every rank instead of one per pipeline stage: Llama 3 405B on
+# 1,024 GPUs takes about 260 s and 1.8 GB so (measured 2026-11, issue 48), and the cost grows with
+# the ranks. Above this many ranks an unfolded run would take hours: refused.
+UNFOLDED_RANKS = Limit(2**13, "ranks simulated one by one; 1,024 take minutes and the cost grows with the ranks")
+
 # Studies: a sweep runs one simulation per point of the cartesian product of its --vary values.
 SWEEP_POINTS = Limit(2**17, "points; a day of the fastest scenario's simulations on one core")
 

@@ -92,6 +92,9 @@ def _checked_plan(s: Scenario) -> list[str]:
     elif layers % (p.pp * p.vp):
         raise ConfigError("parallelism.vp", p.vp, f"pp x vp must divide num_hidden_layers ({layers}); "
                           f"valid vp with pp {p.pp}: {_listing(_divisors(layers // p.pp))}")
+    if p.ep * (p.ep - 1) > limits.ALL_TO_ALL_PAIRS.maximum:
+        raise ConfigError("parallelism.ep", p.ep, f"its token all-to-alls couple {p.ep * (p.ep - 1):,} pairs of ranks; "
+                          f"{limits.ALL_TO_ALL_PAIRS.describe()}")
     if p.ep > 1 and not m.is_moe:
         raise ConfigError("parallelism.ep", p.ep, "must be 1 for a dense model (model.num_experts is 0)")
     if m.is_moe and m.num_experts % p.ep:
