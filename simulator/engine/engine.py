@@ -13,9 +13,11 @@ unfolded runs on small clusters.
 
 from __future__ import annotations
 
+import gc
 from collections import defaultdict
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Generator
+from typing import Generator, Iterator
 
 import simpy
 
@@ -46,11 +48,49 @@ class Snapshot:
     streams: dict
 
 
+Compute, Launch, Wait, Send, Recv, Copy, Enqueue = P.Compute, P.Launch, P.Wait, P.Send, P.Recv, P.Copy, P.Enqueue
+StepBegin, StepEnd, HostStart, CloseStream, JoinStream = P.StepBegin, P.StepEnd, P.HostStart, P.CloseStream, P.JoinStream
+_row = tuple.__new__  # a Row from a tuple of all its fields, without the keyword handling of Row(...)
+_PASSES = ("F", "B", "W")  # compute kinds the trace keeps even when they take no time (``records.kept``)
+
+
+def _fired(event: simpy.Event) -> float:
+    return getattr(event, "fired", 0.0)
+
+
+class _KernelSMs(dict):
+    """(op, axis) -> SMs its communication kernel holds (``nccl.kernel_sms``), filled on first use."""
+
+    def __init__(self, token_dispatcher: str):
+        super().__init__()
+        self.token_dispatcher = token_dispatcher
+
+    def __missing__(self, key: tuple) -> int:
+        sms = self[key] = kernel_sms(key[0], key[1], self.token_dispatcher)
+        return sms
+
+
+@contextmanager
+def cyclic_gc_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off for the block. A simulation allocates millions of
+    small objects (events, rows, transfers) that die by reference counting or live to the end;
+    each generation-2 pass rescans all of them and frees nothing (the peak memory is the same
+    without it), which cost a third of an unfolded run's time and a fifth of a folded one's."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 class StepEngine:
     def __init__(self, inputs: StepInputs):
         self.s, self.opt, self.gpu = inputs.scenario, inputs.options, inputs.gpu
         self.cluster, self.plan, self.work = inputs.cluster, inputs.plan, inputs.workload
         self.programs = inputs.programs
+        self.stage_of = self.plan.stage_of
         self.env = simpy.Environment()
         self.net = Network(self.env, self.cluster.link_bw, record=self.opt.record_flows)
         self.coll = Collectives(self.env, self.net, self.cluster, self.opt.algorithm)
@@ -58,16 +98,17 @@ class StepEngine:
         self.var = StepVariability(self.s, self.plan, self.opt.fold)
         self.varies = self.var.active
         self.host_issue_s = self.work.software.host_issue_s
-        self._mail, self._rendezvous, self._groups = {}, {}, {}
+        self._mail, self._rendezvous, self._groups, self._group_of, self._pairs = {}, {}, {}, {}, {}
         self._seq: dict = defaultdict(int)
+        self._kernel_sms = _KernelSMs(self.s.moe.token_dispatcher)
         self.stage_end: dict[int, float] = {}
         self.comm_calls = CommCalls(spans=self.opt.record_flows)
-        # SMs held by communication kernels in flight, per rank, and the rank processes inside a
-        # GPU interval (``gpu_time``), which a change of the SMs left interrupts
+        # SMs held by communication kernels in flight, per rank, and the ranks whose compute runs
+        # on what they leave (``gpu_time``): rank -> [work left, rate, since, the event its
+        # process waits on, the whole work]
         self.held: dict[int, int] = defaultdict(int)
         self.procs: dict[int, simpy.Process] = {}
-        self.computing: set[int] = set()
-        self.interrupting: set[int] = set()  # one interrupt at a time re-rates for every change
+        self.computing: dict[int, list] = {}
         self.at: dict[int, tuple[int, float]] = {}  # rank -> (op index it waits in, when it began)
         self.streams: dict[int, list] = {}  # rank -> [its data-parallel stream busy, its queue]
         self.copy_free: dict[tuple[int, str], float] = {}  # (rank, d2h | h2d) -> when that copy stream is free
@@ -76,9 +117,29 @@ class StepEngine:
     # communication ---------------------------------------------------------------------------
 
     def _done(self) -> simpy.Event:
-        ev = self.env.event()
-        ev.succeed()
+        """An event already processed (a collective with nothing to move): a process that yields it
+        goes on at once, without an event in the queue."""
+        ev = simpy.Event(self.env)
+        ev._ok, ev._value, ev.callbacks = True, None, None
+        ev.fired = self.env.now
         return ev
+
+    def _stage_groups(self, stage: int, group: str) -> tuple:
+        key = (stage, group)
+        groups = self._groups.get(key)
+        if groups is None:
+            groups = self._groups[key] = self.plan.groups_on_stage(stage, group)
+        return groups
+
+    def _members(self, rank: int, group: str) -> tuple:
+        """(the members of ``rank``'s ``group``, a one-group tuple of them): the same objects for
+        every member at every call, which ``Collectives.prepare`` finds by identity."""
+        key = (rank, group)
+        hit = self._group_of.get(key)
+        if hit is None:
+            members = self.plan.group_of(rank, group)
+            hit = self._group_of[key] = self._group_of.setdefault(members, (members, (members,)))
+        return hit
 
     def launch(self, rank: int, group: str, op: str, size: float, axis: str, here: tuple | None = None) -> simpy.Event:
         """Start this rank's part of a collective; the event fires when its group is done. Its
@@ -86,86 +147,115 @@ class StepEngine:
         the critical path follows back."""
         if not self.opt.communication or size <= 0:
             return self._done()
+        now = self.env.now
         if self.opt.fold:
-            key = (self.plan.stage_of(rank), group)
-            if key not in self._groups:
-                self._groups[key] = self.plan.groups_on_stage(*key)
-            groups = self._groups[key]
+            groups = self._stage_groups(self.stage_of(rank), group)
             if len(groups[0]) < 2:
                 return self._done()
             proc = self.coll.start(op, groups, size, self.opt.merge, axis)
-            proc.origin = here or (rank, "compute", self.env.now)
-            self.comm_calls.count(self.env, rank, axis, op, size, proc)
-            self.hold(rank, op, axis, proc)
+            proc.origin = here or (rank, "compute", now)
+            self.called(rank, op, axis, size, proc)
             return proc
-        members = self.plan.group_of(rank, group)
+        members, groups = self._members(rank, group)
         if len(members) < 2:
             return self._done()
-        seq_key = (rank, group, members)
-        key = (group, members, self._seq[seq_key])
-        self._seq[seq_key] += 1
-        arrived, event = self._rendezvous.setdefault(key, (set(), self.env.event()))
-        arrived.add(rank)
-        if len(arrived) == len(members):
+        seq_key = (rank, group)
+        seq = self._seq[seq_key]
+        self._seq[seq_key] = seq + 1
+        key = (group, members, seq)
+        entry = self._rendezvous.get(key)
+        if entry is None:
+            entry = self._rendezvous[key] = [0, self.env.event()]
+        entry[0] += 1
+        event = entry[1]
+        if entry[0] == len(members):
             del self._rendezvous[key]
-            event.origin = here or (rank, "compute", self.env.now)
-            proc = self.coll.start(op, [members], size, False, axis)
-            proc.callbacks.append(lambda _e, ev=event: ev.succeed())
-        self.comm_calls.count(self.env, rank, axis, op, size, event)
-        self.hold(rank, op, axis, event)
+            event.origin = here or (rank, "compute", now)
+            self.coll.start(op, groups, size, False, axis, done=event)
+        self.called(rank, op, axis, size, event)
         return event
 
-    def hold(self, rank: int, op: str, axis: str, event: simpy.Event) -> None:
-        """The communication kernel of this call takes its SMs on ``rank`` from now until
-        ``event`` (``nccl.kernel_sms``); compute running meanwhile gets the rest
-        (``gpu_time``). Off with ``SimOptions.contention``."""
-        if not self.opt.contention or event.triggered:
-            return
-        sms = kernel_sms(op, axis, self.s.moe.token_dispatcher)
-        self._held(rank, sms)
-        event.callbacks.append(lambda _e: self._held(rank, -sms))
+    def called(self, rank: int, op: str, axis: str, size: float, event: simpy.Event) -> None:
+        """Count the call (``CommCalls``) and, with ``SimOptions.contention``, hold the SMs of its
+        communication kernel on ``rank`` from now until ``event`` (``nccl.kernel_sms``); compute
+        running meanwhile gets the rest (``gpu_time``). One callback does both."""
+        rec = self.comm_calls.record(rank, axis, op)
+        rec[0] += 1
+        rec[1] += size
+        now = self.env.now
+        sms = self._kernel_sms[(op, axis)] if self.opt.contention and not event.triggered else 0
+        if sms:
+            self._held(rank, sms)
+
+        spans = self.comm_calls.spans
+
+        def done(_e, env=self.env):
+            rec[2] += env.now - now
+            if spans is not None:
+                spans.append((rank, axis, op, size, now, env.now))
+            if sms:
+                self._held(rank, -sms)
+        event.callbacks.append(done)
 
     def _held(self, rank: int, delta: int) -> None:
         self.held[rank] += delta
-        if rank in self.computing and rank not in self.interrupting:
-            self.interrupting.add(rank)
-            self.procs[rank].interrupt()
+        state = self.computing.get(rank)
+        if state is not None:
+            self._rerate(rank, state)
 
-    def gpu_time(self, rank: int, work_s: float) -> Generator:
-        """Run ``work_s`` seconds of GPU work (its time on the whole GPU) on the SMs that the
+    def gpu_time(self, rank: int, work_s: float) -> simpy.Event:
+        """Start ``work_s`` seconds of GPU work (its time on the whole GPU) on the SMs that the
         rank's communication kernels leave: compute-bound kernels scale with their SMs, so the
         work advances at (SMs - held) / SMs of its full rate, re-rated whenever a kernel starts
-        or ends. Returns the time this added to ``work_s``."""
-        remaining, sms, start = work_s, self.gpu.num_sms, self.env.now
-        while True:
+        or ends (``_rerate``). The rank's process waits on the returned event, and the re-rating
+        moves that wait to a new event; ``gpu_done`` says what the SMs cost."""
+        sms = self.gpu.num_sms
+        rate = max(sms - self.held[rank], 1) / sms
+        event = self.env.timeout(work_s / rate)
+        self.computing[rank] = [work_s, rate, self.env.now, event, work_s]
+        return event
+
+    def gpu_done(self, rank: int, start: float, work_s: float) -> float:
+        """The work of ``gpu_time`` ended: the time the SMs held beside it added to ``work_s``."""
+        del self.computing[rank]
+        return self.env.now - start - work_s
+
+    def _rerate(self, rank: int, state: list) -> None:
+        """The SMs left to ``rank``'s compute changed: bring its remaining work up to now and move
+        its process's wait to when the work ends at the new rate. Several changes at one instant
+        re-rate with the last count (each later one subtracts nothing). Work left within rounding
+        of nothing ends at once, at the priority an interrupt would have had."""
+        env = self.env
+        now = env.now
+        remaining, rate, begun, event, work_s = state
+        remaining -= (now - begun) * rate
+        proc = self.procs[rank]
+        event.callbacks.remove(proc._resume)
+        if remaining <= work_s * 1e-12:
+            new = simpy.Event(env)
+            new._ok, new._value = True, None
+            env.schedule(new, simpy.events.URGENT)
+            state[0], state[2] = remaining, now
+        else:
+            sms = self.gpu.num_sms
             rate = max(sms - self.held[rank], 1) / sms
-            begun = self.env.now
-            self.computing.add(rank)
-            try:
-                yield self.env.timeout(remaining / rate)
-                return self.env.now - start - work_s
-            except simpy.Interrupt:
-                self.interrupting.discard(rank)
-                remaining -= (self.env.now - begun) * rate
-                if remaining <= work_s * 1e-12:
-                    return self.env.now - start - work_s
-            finally:
-                self.computing.discard(rank)
+            new = env.timeout(remaining / rate)
+            state[0], state[1], state[2] = remaining, rate, now
+        new.callbacks.append(proc._resume)
+        proc._target = new
+        state[3] = new
 
     def _stamp(self, event: simpy.Event) -> simpy.Event:
         """Remember when ``event`` fires, so a wait on several events knows which released it."""
-        event.callbacks.append(lambda e: setattr(e, "fired", self.env.now))
+        if event.callbacks is not None:
+            event.callbacks.append(lambda e: setattr(e, "fired", self.env.now))
         return event
 
-    def wait(self, rank: int, events: list, op: P.Wait) -> Generator:
-        start = self.env.now
-        yield events[0] if len(events) == 1 else self.env.all_of(events)
-        event = events[0] if len(events) == 1 else max(reversed(events), key=lambda e: getattr(e, "fired", 0.0))
-        self.trace.add(Row(rank, self.plan.stage_of(rank), "compute", "wait", op.axis, start, self.env.now,
-                           op.microbatch, op.chunk, op.layer, op.label, dep=getattr(event, "origin", None)))
-
     def _mailbox(self, key) -> list:  # [arrival event, time the transfer started or None]
-        return self._mail.setdefault(key, [self.env.event(), None])
+        box = self._mail.get(key)
+        if box is None:
+            box = self._mail[key] = [self.env.event(), None]
+        return box
 
     def send(self, rank: int, op: P.Send) -> None:
         """Post activations or gradients; folded, the representative also starts the transfers of
@@ -174,31 +264,15 @@ class StepEngine:
         box[1] = self.env.now
         box[0].origin = (rank, "compute", self.env.now)
         box[0].drift = self.var.drift_of(rank) if self.varies else None
-        pairs = self.plan.pp_pairs(rank, op.dst_stage, self.opt.fold)
+        pairs = self._pairs.get((rank, op.dst_stage))
+        if pairs is None:  # kept here: every rank sends to two stages, past the plan's cache unfolded
+            pairs = self._pairs[(rank, op.dst_stage)] = self.plan.pp_pairs(rank, op.dst_stage, self.opt.fold)
         if not self.opt.communication or all(a == b for a, b in pairs):
             box[0].succeed()
             return
         proc = self.coll.start("send_recv", pairs, self.work.pp_bytes, self.opt.merge, "pp")
-        self.comm_calls.count(self.env, rank, "pp", "send_recv", self.work.pp_bytes, proc)
-        self.hold(rank, "send_recv", "pp", proc)
+        self.called(rank, "send_recv", "pp", self.work.pp_bytes, proc)
         proc.callbacks.append(lambda _e, ev=box[0]: ev.succeed())
-
-    def recv(self, rank: int, op: P.Recv) -> Generator:
-        box = self._mailbox((rank, op.vstage, op.microbatch, op.kind))
-        start = self.env.now
-        yield box[0]
-        posted = box[1] if box[1] is not None else start
-        stage = self.plan.stage_of(rank)
-        split = min(max(posted, start), self.env.now)
-        origin = getattr(box[0], "origin", None)
-        if self.env.now > start and self.varies:
-            self.var.inherit(rank, box[0].drift)
-        label = f"recv {op.kind}"
-        self.trace.add(Row(rank, stage, "compute", "idle", "", start, split, op.microbatch, op.chunk, label=label,
-                           dep=origin))
-        self.trace.add(Row(rank, stage, "compute", "wait", "pp", split, self.env.now, op.microbatch, op.chunk,
-                           label=label, nbytes=self.work.pp_bytes, dep=origin))
-        return origin
 
     def dp_stream(self, rank: int, queue: simpy.Store) -> Generator:
         """Gradient and parameter collectives, one after another on their own stream."""
@@ -218,7 +292,7 @@ class StepEngine:
             here = free if free is not None and free[2] == start and done.queued[2] < start else done.queued
             ev = self.launch(rank, group, op, size, axis, here)
             yield ev
-            self.trace.add(Row(rank, self.plan.stage_of(rank), "dp", "comm", axis, start, self.env.now,
+            self.trace.add(Row(rank, self.stage_of(rank), "dp", "comm", axis, start, self.env.now,
                                label=op, nbytes=size, dep=getattr(ev, "origin", None)))
             free = (rank, "dp", self.env.now) if self.env.now > start else here
             done.origin = free
@@ -235,85 +309,123 @@ class StepEngine:
         self.copy_free[key] = ends[op.handle] = end
         event = self.env.timeout(end - self.env.now)
         event.origin = (rank, "compute", self.env.now)
-        self.trace.add(Row(rank, self.plan.stage_of(rank), op.direction, "comm", "offload", start, end, op.microbatch,
+        self.trace.add(Row(rank, self.stage_of(rank), op.direction, "comm", "offload", start, end, op.microbatch,
                            op.chunk, op.layer, op.direction, nbytes=op.nbytes))
         return event
-
-    # compute -----------------------------------------------------------------------------------
-
-    def compute(self, rank: int, host: list, op: P.Compute, index: int) -> Generator:
-        """Run a block on the rank's compute stream. The host issues its kernels one after another
-        (``host_issue_s`` each, from the framework profile) and runs ahead of the GPU until it is
-        the slower of the two (a queue: the block cannot end before its last kernel is issued);
-        the GPU time lost to it is a row labelled ``host_dispatch``. Stragglers and jitter change
-        the GPU time (``variability.StepVariability``)."""
-        block, stage = op.block, self.plan.stage_of(rank)
-        gpu_s = self.var.block_time(rank, op, index) if self.varies else block.time_s
-        if self.host_issue_s:
-            host[0] += (1 if op.graphed else block.kernels) * self.host_issue_s
-            stall = host[0] - (self.env.now + gpu_s)
-            if stall > 0:
-                start = self.env.now
-                yield self.env.timeout(stall)
-                self.trace.add(Row(rank, stage, "compute", op.kind, "", start, self.env.now, op.microbatch,
-                                   op.chunk, op.layer, "host_dispatch", host_s=self.env.now - start))
-        start, slowed = self.env.now, 0.0
-        if self.opt.contention:
-            slowed = yield from self.gpu_time(rank, gpu_s)
-        else:
-            yield self.env.timeout(gpu_s)
-        self.trace.add(Row(rank, stage, "compute", op.kind, "", start, self.env.now, op.microbatch, op.chunk,
-                           op.layer, op.label, flops=block.flops, contention_s=max(0.0, slowed),
-                           host_s=block.host_wait_s))
 
     # the rank ------------------------------------------------------------------------------------
 
     def rank_process(self, rank: int) -> Generator:
-        """Walk the rank's program."""
-        stage = self.plan.stage_of(rank)
-        queue = simpy.Store(self.env)
-        dp_proc = self.env.process(self.dp_stream(rank, queue))
+        """Walk the rank's program. Each op in the order of its frequency in a program, with what
+        the loop reads bound to local names: an unfolded step walks millions of ops.
+
+        Compute runs a block on the rank's compute stream. The host issues its kernels one after
+        another (``host_issue_s`` each, from the framework profile) and runs ahead of the GPU until
+        it is the slower of the two (a queue: the block cannot end before its last kernel is
+        issued); the GPU time lost to it is a row labelled ``host_dispatch``. Stragglers and jitter
+        change the GPU time (``variability.StepVariability``)."""
+        env, var, varies = self.env, self.var, self.varies
+        stage = self.stage_of(rank)
+        queue = simpy.Store(env)
+        dp_proc = env.process(self.dp_stream(rank, queue))
         events: dict[int, simpy.Event] = {}
-        host = [0.0]  # when the rank's CPU has issued every kernel so far
+        host_issue_s, contention = self.host_issue_s, self.opt.contention
+        host = 0.0  # when the rank's CPU has issued every kernel so far
         sender, begun = None, 0.0
-        at = self.at
+        at, rows, launch, stamp = self.at, self.trace.rows, self.launch, self._stamp
+        timeout, all_of = env.timeout, env.all_of
+        pp_bytes = self.work.pp_bytes
         copy_ends: dict[int, float] = {}  # handle -> when the copy ends
         for index, op in enumerate(self.programs[stage]):
-            if isinstance(op, P.Compute):
-                at[rank] = (index, self.env.now)
-                yield from self.compute(rank, host, op, index)
-            elif isinstance(op, P.Launch):
-                ev = self.launch(rank, op.group, op.op, op.nbytes, op.axis)
-                events[op.handle] = self._stamp(ev) if op.stamp else ev
-            elif isinstance(op, P.Wait):
-                at[rank] = (index, self.env.now)
-                yield from self.wait(rank, [events[h] for h in op.handles], op)
-            elif isinstance(op, P.Copy):
-                events[op.handle] = self.copy(rank, op, copy_ends)
-            elif isinstance(op, P.Enqueue):
-                done = self.env.event()
-                done.queued = (rank, "compute", self.env.now)
-                queue.put((op.group, op.op, op.nbytes, op.axis, done))
-                events[op.handle] = self._stamp(done)
-            elif isinstance(op, P.Recv):
-                at[rank] = (index, self.env.now)
-                sender = yield from self.recv(rank, op)
-            elif isinstance(op, P.StepBegin):
-                begun = self.env.now
-            elif isinstance(op, P.StepEnd):
-                self.trace.add(Row(rank, stage, "step", op.kind, "", begun, self.env.now, op.microbatch, op.chunk,
-                                   dep=sender))
-                sender = None
-            elif isinstance(op, P.Send):
+            kind = type(op)
+            if kind is Compute:
+                now = env.now
+                at[rank] = (index, now)
+                block = op.block
+                gpu_s = var.block_time(rank, op, index) if varies else block.time_s
+                if host_issue_s:
+                    host += (1 if op.graphed else block.kernels) * host_issue_s
+                    stall = host - (now + gpu_s)
+                    if stall > 0:
+                        yield timeout(stall)
+                        if env.now > now or op.kind in _PASSES:
+                            rows.append(_row(Row, (rank, stage, "compute", op.kind, "", now, env.now, op.microbatch,
+                                                   op.chunk, op.layer, "host_dispatch", 0.0, 0.0, None, 0.0,
+                                                   env.now - now)))
+                        now = env.now
+                if contention:
+                    yield self.gpu_time(rank, gpu_s)
+                    slowed = self.gpu_done(rank, now, gpu_s)
+                else:
+                    yield timeout(gpu_s)
+                    slowed = 0.0
+                if env.now > now or op.kind in _PASSES:
+                    rows.append(_row(Row, (rank, stage, "compute", op.kind, "", now, env.now, op.microbatch,
+                                           op.chunk, op.layer, op.label, 0.0, block.flops, None, max(0.0, slowed),
+                                           block.host_wait_s)))
+            elif kind is Launch:
+                ev = launch(rank, op.group, op.op, op.nbytes, op.axis)
+                events[op.handle] = stamp(ev) if op.stamp else ev
+            elif kind is Wait:
+                now = env.now
+                at[rank] = (index, now)
+                handles = op.handles
+                if len(handles) == 1:
+                    event = events[handles[0]]
+                    yield event
+                else:
+                    waited = [events[h] for h in handles]
+                    yield all_of(waited)
+                    event = max(reversed(waited), key=_fired)
+                if env.now > now:
+                    rows.append(_row(Row, (rank, stage, "compute", "wait", op.axis, now, env.now, op.microbatch,
+                                           op.chunk, op.layer, op.label, 0.0, 0.0, getattr(event, "origin", None),
+                                           0.0, 0.0)))
+            elif kind is Send:
                 self.send(rank, op)
-            elif isinstance(op, P.HostStart):
-                host[0] = op.time_s
-            elif isinstance(op, P.CloseStream):
+            elif kind is Recv:
+                now = env.now
+                at[rank] = (index, now)
+                key = (rank, op.vstage, op.microbatch, op.kind)
+                box = self._mailbox(key)
+                yield box[0]
+                del self._mail[key]
+                posted = box[1] if box[1] is not None else now
+                split = min(max(posted, now), env.now)
+                sender = getattr(box[0], "origin", None)
+                if env.now > now and varies:
+                    var.inherit(rank, box[0].drift)
+                label = f"recv {op.kind}"
+                if split > now:
+                    rows.append(_row(Row, (rank, stage, "compute", "idle", "", now, split, op.microbatch, op.chunk,
+                                           -1, label, 0.0, 0.0, sender, 0.0, 0.0)))
+                if env.now > split:
+                    rows.append(_row(Row, (rank, stage, "compute", "wait", "pp", split, env.now, op.microbatch,
+                                           op.chunk, -1, label, pp_bytes, 0.0, sender, 0.0, 0.0)))
+            elif kind is StepBegin:
+                begun = env.now
+            elif kind is StepEnd:
+                if env.now > begun or op.kind in _PASSES:
+                    rows.append(_row(Row, (rank, stage, "step", op.kind, "", begun, env.now, op.microbatch, op.chunk,
+                                           -1, "", 0.0, 0.0, sender, 0.0, 0.0)))
+                sender = None
+            elif kind is Copy:
+                events[op.handle] = self.copy(rank, op, copy_ends)
+            elif kind is Enqueue:
+                done = env.event()
+                done.queued = (rank, "compute", env.now)
+                queue.put((op.group, op.op, op.nbytes, op.axis, done))
+                events[op.handle] = stamp(done)
+            elif kind is HostStart:
+                host = op.time_s
+            elif kind is CloseStream:
                 queue.put(None)
-            elif isinstance(op, P.JoinStream):
-                at[rank] = (index, self.env.now)
+            elif kind is JoinStream:
+                at[rank] = (index, env.now)
                 yield dp_proc
-        self.stage_end[rank] = self.env.now
+            else:
+                raise TypeError(f"unknown op {op!r}")
+        self.stage_end[rank] = env.now
 
     def start(self) -> list[int]:
         """Start one process per simulated rank (one per stage folded, every rank unfolded); the ranks."""
@@ -327,9 +439,10 @@ class StepEngine:
     def run_until(self, t: float) -> int:
         """Run every event up to simulated time ``t``; the number run."""
         events = 0
-        while self.env.peek() <= t:
-            self.env.step()
-            events += 1
+        with cyclic_gc_paused():
+            while self.env.peek() <= t:
+                self.env.step()
+                events += 1
         return events
 
     def next_event_s(self) -> float:
@@ -351,12 +464,13 @@ class StepEngine:
     def finish(self, events: int = 0) -> SimResult:
         """Run to the end (after ``events`` already run) and return the result."""
         plan, ranks = self.plan, self.ranks
-        while True:
-            try:
-                self.env.step()
-            except simpy.core.EmptySchedule:
-                break
-            events += 1
+        with cyclic_gc_paused():
+            while True:
+                try:
+                    self.env.step()
+                except simpy.core.EmptySchedule:
+                    break
+                events += 1
         if len(self.stage_end) != len(ranks):
             stuck = sorted(set(ranks) - set(self.stage_end))
             raise RuntimeError(f"simulation deadlocked: ranks {stuck[:8]} did not finish")
@@ -376,4 +490,6 @@ class StepEngine:
 
 
 def simulate(s: Scenario, options: SimOptions = SimOptions(), cluster: Cluster | None = None) -> SimResult:
-    return StepEngine(step_inputs(s, options, cluster)).run()
+    with cyclic_gc_paused():
+        inputs = step_inputs(s, options, cluster)
+    return StepEngine(inputs).run()

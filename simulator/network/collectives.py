@@ -461,19 +461,29 @@ class Collectives:
             yield from self._run_merged(merged, per_group, label)
 
     def start(self, op: str, groups: Sequence[Sequence[int]], size: float, merge: bool = False,
-              label=None) -> simpy.Event:
+              label=None, done: simpy.Event | None = None) -> simpy.Event:
         """Start ``op`` over ``groups``; the event fires when every group is done. A one-phase op
-        returns the network's own event, with no process around it (most collectives of a step)."""
+        of one transfer returns the network's own event, with no process around it (most
+        collectives of a step). ``done``: the event to fire (the network fires it itself when it
+        can), for a caller that handed it out before the collective could start."""
         merged, per_group = self.prepare(op, groups, size, merge)
         if not per_group:
-            done = self.env.event()
+            done = done or self.env.event()
             done.succeed()
             return done
         if merged is not None and len(merged) == 1:
+            if len(merged[0]) == 1:
+                tpl, sz, lat, members = merged[0][0]
+                return self.net.transfer_template(tpl, sz, lat, label, members, done)
             events = [self.net.transfer_template(tpl, sz, lat, label, members)
                       for tpl, sz, lat, members in merged[0]]
-            return events[0] if len(events) == 1 else self.env.all_of(events)
-        return self.env.process(self._run_merged(merged, per_group, label))
+            ev = self.env.all_of(events)
+        else:
+            ev = self.env.process(self._run_merged(merged, per_group, label))
+        if done is None:
+            return ev
+        ev.callbacks.append(lambda _e: done.succeed())
+        return done
 
     def run(self, op: str, ranks: Sequence[int], size: float, label=None) -> Generator:
         yield from self.run_groups(op, [ranks], size, False, label)

@@ -83,10 +83,7 @@ class FlowRecord:
     end: float = float("nan")
 
 
-SMALL_TEMPLATE = 8  # link classes up to which a template's bookkeeping runs on Python lists
-
-
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Template:
     """The links of a transfer: ``links`` and ``mult`` (physical link ids, member flows on each),
     and the same as link classes, ``cls`` and ``cmult`` (kept up to date as classes split)."""
@@ -95,13 +92,12 @@ class Template:
     mult: np.ndarray
     cls: np.ndarray
     cmult: np.ndarray
+    clist: list  # ``cls`` and ``cmult`` as Python lists, for the per-class bookkeeping
+    mlist: list
     alone: float | None = None  # bytes/s per member with the links to itself (memo, cleared on a split)
-    # ``cls`` and ``cmult`` as Python lists when there are at most SMALL_TEMPLATE classes (memo,
-    # cleared when the classes change): scalar updates beat numpy's fancy indexing on a few entries
-    small: tuple[list, list] | None = None
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Transfer:
     """One coupled group of member flows in flight; ``links`` and ``mult`` are its link classes."""
 
@@ -129,7 +125,7 @@ class Transfer:
         return self.tpl.cmult
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Component:
     """Transfers connected through shared links; rates are recomputed per component."""
 
@@ -148,7 +144,7 @@ class LinkStats:
 
     @property
     def bytes_carried(self) -> np.ndarray:
-        return self._net._bytes[self._net._cls]
+        return np.asarray(self._net._bytes, dtype=float)[self._net._cls]
 
 
 _CLASSES: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
@@ -186,11 +182,13 @@ class Network:
         else:
             self._cap, self._cls = self.capacity.copy(), np.arange(len(self.capacity), dtype=np.int64)
         self._size = np.bincount(self._cls, minlength=len(self._cap))  # links per class
-        self._bytes = np.zeros(len(self._cap))  # bytes each link of the class carried
+        # per class, as Python lists: a transfer updates a few entries of each, which plain lists do
+        # faster than numpy's scalar indexing (the same floats: the same products and sums)
+        self._bytes = [0.0] * len(self._cap)  # bytes each link of the class carried
         self._holders: list[list[Template]] = [[] for _ in self._cap]  # templates crossing each class
         self._templates: dict = {}
-        self._owner = np.full(len(self._cap), -1, dtype=np.int64)  # component id per class
-        self._users = np.zeros(len(self._cap), dtype=np.int64)  # transfers in flight per class
+        self._owner = [-1] * len(self._cap)  # component id per class
+        self._users = [0] * len(self._cap)  # transfers in flight per class
         self._components: dict[int, Component] = {}
         self._next_id = 0
         self._dirty: list[Component] = []
@@ -209,24 +207,9 @@ class Network:
     def _assign(self, t: Transfer, comp: Component) -> None:
         comp.transfers[t] = None
         t.component = comp
-        small = self._small(t.tpl)
-        if small is None:
-            self._owner[t.links] = comp.id
-        else:
-            owner = self._owner
-            for c in small[0]:
-                owner[c] = comp.id
-
-    @staticmethod
-    def _small(tpl: Template) -> tuple[list, list] | None:
-        """(classes, multiplicities) of a template with at most ``SMALL_TEMPLATE`` classes as lists, else
-        None. Updating a few entries one by one gives the same floats as the array expressions
-        (the same products and sums, entry by entry; the classes are distinct) in less time."""
-        if tpl.small is None:
-            if len(tpl.cls) > SMALL_TEMPLATE:
-                return None
-            tpl.small = (tpl.cls.tolist(), tpl.cmult.tolist())
-        return tpl.small
+        owner, cid = self._owner, comp.id
+        for c in t.tpl.clist:
+            owner[c] = cid
 
     def template(self, links: np.ndarray, mult: np.ndarray) -> Template:
         """The registered template of distinct ``links`` with ``mult`` member flows on each."""
@@ -237,7 +220,7 @@ class Network:
         if tpl is None:
             self._refine(links, mult)
             cls, first = np.unique(self._cls[links], return_index=True)
-            tpl = Template(links, mult, cls, mult[first])
+            tpl = Template(links, mult, cls, mult[first], cls.tolist(), mult[first].tolist())
             for c in cls.tolist():
                 self._holders[c].append(tpl)
             self._templates[key] = tpl
@@ -268,9 +251,10 @@ class Network:
         self._cls[links[moved]] = ids[inverse][moved]
         src = parent[new]
         self._cap = np.concatenate([self._cap, self._cap[src]])
-        self._bytes = np.concatenate([self._bytes, self._bytes[src]])
-        self._owner = np.concatenate([self._owner, self._owner[src]])
-        self._users = np.concatenate([self._users, self._users[src]])
+        for p in src.tolist():
+            self._bytes.append(self._bytes[p])
+            self._owner.append(self._owner[p])
+            self._users.append(self._users[p])
         self._size = np.concatenate([self._size, counts[new]])
         np.subtract.at(self._size, src, counts[new])
         pending: dict[int, tuple[Template, list, list]] = {}
@@ -284,8 +268,8 @@ class Network:
         for tpl, cls, mults in pending.values():
             tpl.cls = np.concatenate([tpl.cls, np.array(cls, dtype=np.int64)])
             tpl.alone = None
-            tpl.small = None
             tpl.cmult = np.concatenate([tpl.cmult, np.array(mults)])
+            tpl.clist, tpl.mlist = tpl.cls.tolist(), tpl.cmult.tolist()
 
     def transfer(self, routes: Sequence[np.ndarray], size: float, latency: float = 0.0,
                  label: object = None) -> simpy.Event:
@@ -305,23 +289,19 @@ class Network:
         return self.transfer_template(self.template(links, mult), size, latency, label, members)
 
     def transfer_template(self, tpl: Template, size: float, latency: float = 0.0, label: object = None,
-                          members: int = 1) -> simpy.Event:
-        """As :meth:`transfer_links`, over a registered :class:`Template`."""
-        done = self.env.event()
+                          members: int = 1, done: simpy.Event | None = None) -> simpy.Event:
+        """As :meth:`transfer_links`, over a registered :class:`Template`; ``done``: the event to fire
+        (a new one by default)."""
+        if done is None:
+            done = self.env.event()
         if size <= 0 or len(tpl.links) == 0:
             self._after(latency, done)
             return done
-        links = tpl.cls
-        small = self._small(tpl)
-        if small is None:
-            self._bytes[links] += tpl.cmult * size
-            owners = self._owner[links]
-            taken = owners[owners >= 0].tolist()
-        else:
-            nbytes, owner = self._bytes, self._owner
-            for c, m in zip(*small):
-                nbytes[c] += m * size
-            taken = [int(o) for o in (owner[c] for c in small[0]) if o >= 0]
+        clist = tpl.clist
+        nbytes, owner = self._bytes, self._owner
+        for c, m in zip(clist, tpl.mlist):
+            nbytes[c] += m * size
+        taken = [o for o in (owner[c] for c in clist) if o >= 0]
         self.stats.transfers += 1
         now = self.env.now
         t = Transfer(tpl=tpl, size=float(size), latency=latency, done=done, label=label,
@@ -345,12 +325,9 @@ class Network:
                 del self._components[other.id]
         else:
             comp = self._new_component()
-        if small is None:
-            self._users[links] += 1
-        else:
-            users = self._users
-            for c in small[0]:
-                users[c] += 1
+        users = self._users
+        for c in clist:
+            users[c] += 1
         self._assign(t, comp)
         if comps:
             self._mark(comp)
@@ -370,11 +347,23 @@ class Network:
             ev.callbacks.append(self._flush)
 
     def _after(self, delay: float, event: simpy.Event) -> None:
+        """Trigger ``event`` ``delay`` seconds from now, through a timeout: until then it is not
+        ``triggered``, which callers that hold SMs while a transfer runs read."""
         if delay > 0:
             t = self.env.timeout(delay)
             t.callbacks.append(lambda _e: event.succeed())
         else:
             event.succeed()
+
+    def _arrive(self, t: Transfer) -> None:
+        """The last byte of ``t`` left: its event fires ``latency`` later, scheduled as itself (as a
+        ``Timeout`` is) rather than through a timeout that then triggers it: one event per transfer
+        instead of two. Nothing reads ``triggered`` of an event whose transfer is in flight."""
+        if t.latency > 0:
+            t.done._ok, t.done._value = True, None
+            self.env.schedule(t.done, simpy.events.NORMAL, t.latency)
+        else:
+            t.done.succeed()
 
     def _flush(self, _event) -> None:
         self._flush_pending = False
@@ -439,18 +428,12 @@ class Network:
         t.component = None
         if t.record is not None:
             t.record.end = self.env.now
-        small = self._small(t.tpl)
-        if small is None:
-            self._users[t.links] -= 1
-            freed = t.links[self._users[t.links] == 0]
-            self._owner[freed] = -1
-        else:
-            users, owner = self._users, self._owner
-            for c in small[0]:
-                users[c] -= 1
-                if users[c] == 0:
-                    owner[c] = -1
-        self._after(t.latency, t.done)
+        users, owner = self._users, self._owner
+        for c in t.tpl.clist:
+            users[c] -= 1
+            if users[c] == 0:
+                owner[c] = -1
+        self._arrive(t)
         if comp.transfers:
             self._split(comp)
         else:
