@@ -544,7 +544,7 @@ def _schema(args) -> int:
 def _bench(args) -> int:
     from simulator.studies.bench import run
 
-    run(quick=args.quick, only="plan" if args.plan else "scale" if args.scale else None)
+    run(quick=args.quick, only="plan" if args.plan else "scale" if args.scale else "unfold" if args.unfold else None)
     return 0
 
 
@@ -696,6 +696,9 @@ def build_parser() -> argparse.ArgumentParser:
     which.add_argument("--plan", action="store_true", help="only the planner cases (stepsim plan against one run)")
     which.add_argument("--scale", action="store_true",
                    help="only the GB200 NVL72 rack-scale cases, including 1,792 racks (129,024 GPUs)")
+    which.add_argument("--unfold", action="store_true",
+                       help="only steps folded against unfolded (--no-fold): GPT-3 175B on 512 A100, Llama 3 405B "
+                            "on 1,024 H100 (minutes)")
     b.set_defaults(func=_bench)
 
     for name, func, text in (("sweep", _sweep, "simulate the cartesian product of varied scenario keys, in parallel"),

@@ -30,12 +30,13 @@ import json, resource, sys, time
 t0 = time.perf_counter()
 from simulator.scenario.load import load_scenario
 from simulator.layout.rules import validate_plan
-from simulator.engine.engine import simulate
+from simulator.engine.engine import SimOptions, simulate
 from simulator.reports.report import step_report
-s = load_scenario(sys.argv[1], sys.argv[2:])
+fold = "--no-fold" not in sys.argv
+s = load_scenario(sys.argv[1], [a for a in sys.argv[2:] if a != "--no-fold"])
 validate_plan(s)
 t1 = time.perf_counter()
-r = step_report(simulate(s))
+r = step_report(simulate(s, SimOptions(fold=fold)))
 t2 = time.perf_counter()
 ru = resource.getrusage(resource.RUSAGE_SELF)
 print(json.dumps({"wall_s": t2 - t0, "simulate_s": t2 - t1, "events": r["events"], "gpus": r["num_gpus"],
@@ -140,6 +141,19 @@ def plan_ratio(plan_wall_s: float, reference_walls_s: list[float], limit: float)
 SCALE_RACKS = (16, 224, 1792)
 
 
+def unfold_cases() -> list[tuple[str, str, list[str]]]:
+    """Case (u): steps folded (one rank per pipeline stage) and unfolded (every rank, ``--no-fold``,
+    which stragglers outside one replica, per-rank jitter and the all-ranks trace need): GPT-3 175B
+    on 512 A100 (TP8 PP8 DP8) and Llama 3 405B on 1,024 H100 (TP8 PP16 DP8)."""
+    gpt3 = [example("gpt3-175b-1024xa100"), "cluster.num_nodes=64", "parallelism.dp=8",
+            "training.global_batch_size=768"]
+    llama = [example("llama3-405b-16384xh100"), "cluster.num_nodes=128", "parallelism.dp=8",
+             "training.global_batch_size=128"]
+    return [("u: gpt3-175b 512xA100 folded", _STEP, gpt3), ("u: gpt3-175b 512xA100 --no-fold", _STEP, gpt3 + ["--no-fold"]),
+            ("u: llama3-405b 1024xH100 folded", _STEP, llama),
+            ("u: llama3-405b 1024xH100 --no-fold", _STEP, llama + ["--no-fold"])]
+
+
 def scale_cases() -> list[tuple[str, str, list[str]]]:
     return [c for c in cases() if c[0].startswith("e:")] + [c for c in _nvl72_huge()]
 
@@ -167,7 +181,7 @@ def run(quick: bool = False, out=sys.stdout, only: str | None = None) -> list[di
     rows = []
     references: dict[str, list[float]] = {}
     limits = {label: limit for label, _, limit in PLAN_CASES}
-    chosen = plan_cases() if only == "plan" else scale_cases() if only == "scale" else cases(quick)
+    chosen = {"plan": plan_cases, "scale": scale_cases, "unfold": unfold_cases}.get(only, lambda: cases(quick))()
     if only == "plan":
         print("plans: the planner's default workers, no tolerance (the best proven, or the ranks --prove names); "
               "events = layouts simulated, CPU s with the workers'", file=out)
