@@ -273,6 +273,12 @@ def _validate(args) -> int:
             raise ConfigError("--constants", args.constants, "appends a table to the validation page: give --markdown "
                                                              "with it")
         load_constants(args.constants)  # a bad file is reported before any case is predicted
+    if args.collectives is not None:
+        from simulator.studies.nccl_check import load_nccl_cases
+        if not args.markdown:
+            raise ConfigError("--collectives", args.collectives, "adds a section to the validation page: give "
+                                                                 "--markdown with it")
+        load_nccl_cases(args.collectives, "--collectives")
     _check_workers(args)
     for runs in args.runs:  # every file's cases are checked before the first is predicted
         load_cases(runs)
@@ -284,7 +290,12 @@ def _validate(args) -> int:
         from simulator.reports.plots import plot_validation
         plot_validation(results[0][1], args.plot, Path(args.runs[0]).name)
     if args.markdown:
-        print(page([(Path(runs).stem, runs, result) for runs, result in results], constants=args.constants), end="")
+        collectives = None
+        if args.collectives is not None:
+            from simulator.studies.nccl_check import score_nccl_file
+            collectives = (args.collectives, score_nccl_file(args.collectives))
+        print(page([(Path(runs).stem, runs, result) for runs, result in results], constants=args.constants,
+                   collectives=collectives), end="")
     elif len(results) == 1:
         print(json.dumps(results[0][1], indent=2) if args.json else format_table(results[0][1]))
     elif args.json:
@@ -618,6 +629,9 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--json", action="store_true", help="print the result as JSON (a mapping by file for several)")
     v.add_argument("--markdown", action="store_true",
                    help="print the validation page (docs/validation.md): summaries and signed errors per file")
+    v.add_argument("--collectives", metavar="FILE",
+                   help="with --markdown: add the section of published collective bandwidths (nccl-tests) from FILE, "
+                        "e.g. tests/data/nccl-scale.yaml")
     v.add_argument("--constants", metavar="FILE",
                    help="with --markdown: append the table of fitted constants and estimates from FILE")
     v.add_argument("--plot", metavar="FILE", help="draw predicted against measured step time (PNG/SVG/PDF)")

@@ -70,3 +70,10 @@ def test_the_section_has_a_row_per_scored_point(result):
     text = nccl_section(result, "tests/data/nccl-scale.yaml")
     table = [line for line in text.splitlines() if line.startswith("| ") and not line.startswith(("| case", "| ---"))]
     assert len(table) == result["summary"]["scored"]
+
+
+def test_the_validation_page_shows_this_section(result):
+    """docs/validation.md carries the section as the code gives it today (regenerate the page with the
+    command in its header: validate --markdown --collectives tests/data/nccl-scale.yaml)."""
+    page = (Path(__file__).resolve().parents[1] / "docs" / "validation.md").read_text()
+    assert nccl_section(result, "tests/data/nccl-scale.yaml") in page

@@ -48,16 +48,16 @@ BANDWIDTH_REGIME_BYTES = 64 * 2**20
 REGIMES = ("bandwidth", "latency")
 
 
-def load_nccl_cases(path: str | Path) -> list[dict]:
+def load_nccl_cases(path: str | Path, field: str = "nccl") -> list[dict]:
     """The cases of an nccl-scale file (a mapping with a ``cases`` list of mappings with an ``id`` and
     ``points``); a bad file is a ConfigError."""
-    data = load_yaml_file(Path(path), "nccl")
+    data = load_yaml_file(Path(path), field)
     cases = data.get("cases") if isinstance(data, dict) else None
     if not isinstance(cases, list) or not all(isinstance(c, dict) and c.get("id") for c in cases):
-        raise ConfigError("nccl", str(path), "give a file with a 'cases' list, each case a mapping with an 'id'")
+        raise ConfigError(field, str(path), "give a file with a 'cases' list, each case a mapping with an 'id'")
     for c in cases:
         if not isinstance(c.get("points"), list):
-            raise ConfigError("nccl", str(path), f"case {c['id']}: 'points' must be a list")
+            raise ConfigError(field, str(path), f"case {c['id']}: 'points' must be a list")
     return cases
 
 
