@@ -14,6 +14,11 @@ such draws. The maximum is drawn exactly from one uniform u: P(max Z_i <= z) = P
 max Z_i = Phi^{-1}(u^(1/n)) (the inverse-CDF method on the n-th order statistic), computed as
 -Phi^{-1}(1 - u^(1/n)) with ``expm1`` so large n keeps its precision.
 
+GPU speed spread (``faults.gpu_speed_cv``): each GPU keeps one speed for the whole step, its
+compute times multiplied by 1 + c Z (Z standard normal, drawn once per GPU; ``gpu_speed_factor``),
+as identical GPUs under one power cap run at different clocks (Sinha et al., SC'22). Stragglers
+and the spread compound.
+
 Determinism: a draw is a function of (seed, key) only, hashed with BLAKE2b (Python's ``hash``
 is salted per process), so the order in which the engine asks for draws, or which ranks a
 folded run simulates, changes nothing. Keys are tuples of ints and strings, for example
@@ -43,6 +48,15 @@ def rank_slowdowns(s: Scenario) -> dict[int, float]:
         for r in ranks:
             out[r] = max(out.get(r, 1.0), x.compute_slowdown)
     return {r: f for r, f in sorted(out.items()) if f > 1.0}
+
+
+def gpu_speed_factor(cv: float, z: float) -> float:
+    """The compute-time multiplier of a GPU ``z`` standard deviations slower than the median one,
+    for a persistent speed spread of coefficient of variation ``cv`` (Sinha et al., SC'22, arXiv
+    2208.11035: identical GPUs of one cluster differ by 8% on average, max to min, because power
+    management runs each chip at its own clock under the same power cap). Floored at half the time:
+    no GPU is twice as fast as its SKU's median."""
+    return max(0.5, 1.0 + cv * z)
 
 
 def uniform(seed: int, key: tuple) -> float:
@@ -129,6 +143,24 @@ class StepVariability:
             for rank, factor in slow.items():
                 stage = plan.stage_of(rank)
                 self.slow[stage] = max(factor, self.slow.get(stage, 1.0))
+        cv, seed = s.faults.gpu_speed_cv, s.faults.seed
+        if cv > 0:
+            # A persistent spread: each GPU keeps its speed. Unfolded, every rank draws its own;
+            # folded, the stage's representative runs at the slowest of the stage's ranks, drawn
+            # exactly as the largest of that many normals. Every rank of a replica waits for its
+            # slowest member at each layer, and the slowest replica holds the others at the
+            # data-parallel collectives for the whole step, so that GPU sets the stage's pace: an
+            # upper bound when pipeline stages share the step (the slowest GPUs of two stages need
+            # not be in one replica), exact with one stage.
+            if fold:
+                n = plan.world // plan.pp
+                for stage in range(plan.pp):
+                    z = max_normal(uniform(seed, ("gpu-speed", stage)), n)
+                    self.slow[stage] = self.slow.get(stage, 1.0) * gpu_speed_factor(cv, z)
+            else:
+                for rank in range(plan.world):
+                    z = max_normal(uniform(seed, ("gpu-speed", rank)), 1)
+                    self.slow[rank] = self.slow.get(rank, 1.0) * gpu_speed_factor(cv, z)
         par = s.parallelism
         stage_ranks = plan.world // plan.pp
         replica = stage_ranks if par.zero_stage == 3 else par.tp * par.cp * (par.ep if s.model.is_moe else 1)

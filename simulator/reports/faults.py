@@ -90,6 +90,7 @@ def fault_report(s: Scenario, plan: Plan, cluster: Cluster) -> dict:
         "links": links,
         "groups": groups,
         "compute_jitter_cv": f.compute_jitter_cv,
+        "gpu_speed_cv": f.gpu_speed_cv,
         "seed": f.seed,
     }
 

@@ -52,6 +52,10 @@ OPTIMIZER_STATE_DTYPES = ("fp32", "bf16")  # training.optimizer_state_dtype: Ada
 LINK_CLASSES = ("nvlink", "pcie", "nic", "leaf-spine", "spine-core")
 MAX_SLOWDOWN = 100.0  # a GPU 100x slower than its peers is down, not straggling
 MAX_JITTER_CV = 1.0  # measured kernel-time noise is a few percent; cv 1 is already a wild spread
+# A persistent per-GPU speed spread: Sinha et al., "Not All GPUs Are Created Equal" (SC'22, arXiv
+# 2208.11035) measured 8% average (22% at most) performance variation across the identical GPUs of
+# five clusters, outliers 1.5x slower than the median GPU; a cv of 0.3 is far beyond that.
+MAX_GPU_SPEED_CV = 0.3
 
 
 def optimizer_state_bytes(dtype: str) -> int:
@@ -438,12 +442,18 @@ class Faults:
     links: tuple[LinkFault, ...] = key((), help="degraded or failed links: {node: N, link_class: C, bandwidth_fraction: f}, optional index")
     compute_jitter_cv: float = key(0.0, Between(0.0, MAX_JITTER_CV, f"must be a coefficient of variation from 0 to {MAX_JITTER_CV:g} (kernel-time noise is a few percent)"),
                                    help="per-kernel time noise, coefficient of variation")
-    seed: int = key(0, Whole(0), help="seed of the jitter draws")
+    gpu_speed_cv: float = key(0.0, Between(0.0, MAX_GPU_SPEED_CV, f"must be a coefficient of variation from 0 to "
+                                                                  f"{MAX_GPU_SPEED_CV:g} (measured spreads are a few "
+                                                                  "percent)"),
+                              help="persistent per-GPU compute speed spread, coefficient of variation: each GPU keeps "
+                                   "its speed for the whole step (Sinha et al. SC'22: 8% max-to-min across a cluster's "
+                                   "identical GPUs, about 0.012)")
+    seed: int = key(0, Whole(0), help="seed of the jitter and speed-spread draws")
 
     @property
     def active(self) -> bool:
         """Whether anything is faulted (a seed alone changes nothing)."""
-        return bool(self.stragglers or self.links or self.compute_jitter_cv > 0)
+        return bool(self.stragglers or self.links or self.compute_jitter_cv > 0 or self.gpu_speed_cv > 0)
 
 
 @dataclass(frozen=True)

@@ -89,7 +89,9 @@ def faults_section(raw: object, cluster: ClusterConfig) -> Faults:
     seed = whole("faults.seed", raw.get("seed", 0), 0)
     if seed >= 2**64:
         raise ConfigError("faults.seed", seed, "must be a whole number from 0 to 2**64 - 1")
-    return Faults(stragglers=tuple(stragglers), links=tuple(links), compute_jitter_cv=cv, seed=seed)
+    spread = _kind(Faults, "gpu_speed_cv").check("faults.gpu_speed_cv", raw.get("gpu_speed_cv", 0.0))
+    return Faults(stragglers=tuple(stragglers), links=tuple(links), compute_jitter_cv=cv, gpu_speed_cv=spread,
+                  seed=seed)
 
 
 def _kind(cls: type, name: str):
@@ -106,5 +108,6 @@ def faults_to_dict(f: Faults) -> dict:
         "stragglers": [{k: v for k, v in asdict(x).items() if v is not None} for x in f.stragglers],
         "links": [{k: v for k, v in asdict(x).items() if v is not None} for x in f.links],
         "compute_jitter_cv": f.compute_jitter_cv,
+        **({"gpu_speed_cv": f.gpu_speed_cv} if f.gpu_speed_cv else {}),  # older files stay as they were
         "seed": f.seed,
     }
