@@ -155,7 +155,21 @@ def unfold_cases() -> list[tuple[str, str, list[str]]]:
 
 
 def scale_cases() -> list[tuple[str, str, list[str]]]:
-    return [c for c in cases() if c[0].startswith("e:")] + [c for c in _nvl72_huge()]
+    return [c for c in cases() if c[0].startswith("e:")] + [c for c in _nvl72_huge()] + _replica_in_rack()
+
+
+def _replica_in_rack() -> list[tuple[str, str, list[str]]]:
+    """The same model with each replica inside one rack (TP4 CP2 PP9 VP2 = 72 GPUs, 18 micro-batches
+    per pipeline) and data parallelism over the racks: the data-parallel collectives span every rack
+    while the model's stay inside one, the layout case (e)'s does not exercise."""
+    out = []
+    for racks in (SCALE_RACKS[0], SCALE_RACKS[-1]):
+        out.append((f"e: llama3-405b {racks}xGB200-NVL72 replica per rack", _STEP,
+                    [example("llama3-405b-gb200-nvl72"), f"cluster.num_nodes={racks}", "parallelism.tp=4",
+                     "parallelism.cp=2", "parallelism.pp=9", "parallelism.vp=2", f"parallelism.dp={racks}",
+                     "parallelism.first_pipeline_num_layers=null", "parallelism.last_pipeline_num_layers=null",
+                     f"training.global_batch_size={18 * racks}"]))
+    return out
 
 
 def _nvl72_huge() -> list[tuple[str, str, list[str]]]:
