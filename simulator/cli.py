@@ -177,6 +177,11 @@ def _run(args) -> int:
         if ranks > limits.UNFOLDED_RANKS.maximum:
             raise ConfigError(flag, f"{ranks:,} ranks", f"{limits.UNFOLDED_RANKS.describe()}: drop it (the folded "
                               "run is exact for symmetric layouts) or simulate a smaller data-parallel width")
+        work = c.scenario.num_microbatches * c.scenario.model.num_hidden_layers * (ranks // pp)
+        if work > limits.STEP_WORK.maximum:
+            raise ConfigError(flag, f"{ranks:,} ranks", f"{work:,} micro-batch x layer passes to simulate over every "
+                              f"rank; {limits.STEP_WORK.describe()}: drop it (the folded run is exact for symmetric "
+                              "layouts) or simulate a smaller data-parallel width")
         if ranks > pp:
             _warn(f"{flag}: all {ranks:,} ranks are simulated instead of one per pipeline stage ({pp}): up to "
                   f"{ranks // pp:,}x the folded run's time and memory")

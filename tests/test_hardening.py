@@ -645,3 +645,20 @@ def test_no_fold_states_its_cost_and_is_refused_past_the_rank_budget(capsys):
     status, _, err = run_cli(["run", "llama3-405b-16384xh100", "--trace-all-ranks", "--trace", "x.json"],
                              capsys=capsys)
     one_line_error(status, err, "--trace-all-ranks")
+
+
+def test_a_step_whose_work_exceeds_the_budget_is_refused_before_simulating(capsys):
+    """16,384 micro-batches through 4,096 layers were accepted and ran for hours (each bound alone is
+    inside its limit); the product is the work the engine walks."""
+    status, _, err = run_cli(["run", TINY, "--set", "model.num_hidden_layers=4096", "--set",
+                              "training.global_batch_size=32768", "--allow-oom"], capsys=capsys)
+    one_line_error(status, err, "training.global_batch_size")
+    assert "67,108,864 passes" in err and "at most 4,194,304" in err
+
+
+def test_an_unfolded_step_whose_work_exceeds_the_budget_is_refused(capsys):
+    status, _, err = run_cli(["run", TINY, "--no-fold", "--set", "model.num_hidden_layers=512", "--set",
+                              "cluster.num_nodes=512", "--set", "parallelism.dp=1024", "--set",
+                              "training.global_batch_size=8192", "--allow-oom"], capsys=capsys)
+    one_line_error(status, err, "--no-fold")
+    assert "passes to simulate over every rank" in err

@@ -61,6 +61,12 @@ MESSAGE_BYTES = Limit(2**50, "bytes, 1 PiB: beyond any node's memory")
 ALL_TO_ALL_PAIRS = Limit(2**22, "pairs of ranks in one all-to-all, about 2,048 ranks; its cost grows with "
                                 "the square of the ranks")
 
+# The work of one simulated step: each micro-batch passes every layer forward and backward on
+# the ranks simulated (one per pipeline stage, folded), about 40 engine events per micro-batch and
+# layer (GPT-3 175B: 341K events for 96 x 96; Llama 3 405B: 88K for 16 x 126) at about 180K events
+# a second on one core (stepsim bench, 2026-11-28). 2**22 such passes are about 15 minutes.
+STEP_WORK = Limit(2**22, "micro-batch x layer passes simulated, about 15 minutes of simulation")
+
 # Unfolded runs (--no-fold) simulate every rank instead of one per pipeline stage: Llama 3 405B on
 # 1,024 GPUs takes about 260 s and 1.8 GB so (measured 2026-11, issue 48), and the cost grows with
 # the ranks. Above this many ranks an unfolded run would take hours: refused.

@@ -167,6 +167,12 @@ def _checked_plan(s: Scenario) -> list[str]:
         raise ConfigError("training.global_batch_size", t.global_batch_size,
                           f"gives {s.num_microbatches:,} micro-batches per pipeline; {limits.MICROBATCHES.describe()}: "
                           "raise micro_batch_size or dp")
+    work = s.num_microbatches * m.num_hidden_layers
+    if work > limits.STEP_WORK.maximum:
+        raise ConfigError("training.global_batch_size", t.global_batch_size,
+                          f"gives {s.num_microbatches:,} micro-batches per pipeline through {m.num_hidden_layers:,} "
+                          f"layers, {work:,} passes to simulate; {limits.STEP_WORK.describe()}: raise "
+                          "micro_batch_size or dp, or lower global_batch_size")
     if s.num_microbatches % t.pipeline_passes:
         raise ConfigError("training.pipeline_passes", t.pipeline_passes,
                           f"must divide the {s.num_microbatches} micro-batches per pipeline (each pass runs "
