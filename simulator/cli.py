@@ -56,9 +56,7 @@ def _collective(args) -> int:
     if args.gpus > limits.NUM_GPUS.maximum:
         raise ConfigError("--gpus", args.gpus, f"must be {limits.NUM_GPUS.describe()}")
     if args.op == "all_to_all" and args.gpus * (args.gpus - 1) > limits.ALL_TO_ALL_PAIRS.maximum:
-        most = math.isqrt(limits.ALL_TO_ALL_PAIRS.maximum) + 1
-        while most * (most - 1) > limits.ALL_TO_ALL_PAIRS.maximum:
-            most -= 1
+        most = (1 + math.isqrt(1 + 4 * limits.ALL_TO_ALL_PAIRS.maximum)) // 2  # the largest n with n (n - 1) <= it
         raise ConfigError("--gpus", args.gpus, f"an all_to_all over {args.gpus:,} GPUs couples "
                           f"{args.gpus * (args.gpus - 1):,} pairs; {limits.ALL_TO_ALL_PAIRS.describe()}: "
                           f"use at most {most:,} GPUs")
@@ -172,19 +170,11 @@ def _run(args) -> int:
         check_traces(args.profile_diff)
     fold = not (args.no_fold or args.trace_all_ranks)
     if not fold:
-        ranks, pp = c.scenario.cluster.num_gpus, c.scenario.parallelism.pp
         flag = "--no-fold" if args.no_fold else "--trace-all-ranks"
-        if ranks > limits.UNFOLDED_RANKS.maximum:
-            raise ConfigError(flag, f"{ranks:,} ranks", f"{limits.UNFOLDED_RANKS.describe()}: drop it (the folded "
-                              "run is exact for symmetric layouts) or simulate a smaller data-parallel width")
-        work = c.scenario.num_microbatches * c.scenario.model.num_hidden_layers * (ranks // pp)
-        if work > limits.STEP_WORK.maximum:
-            raise ConfigError(flag, f"{ranks:,} ranks", f"{work:,} micro-batch x layer passes to simulate over every "
-                              f"rank; {limits.STEP_WORK.describe()}: drop it (the folded run is exact for symmetric "
-                              "layouts) or simulate a smaller data-parallel width")
-        if ranks > pp:
-            _warn(f"{flag}: all {ranks:,} ranks are simulated instead of one per pipeline stage ({pp}): up to "
-                  f"{ranks // pp:,}x the folded run's time and memory")
+        factor = simulation.check_unfolded(c.scenario, flag)
+        if factor > 1:
+            _warn(f"{flag}: all {c.scenario.cluster.num_gpus:,} ranks are simulated instead of one per pipeline stage "
+                  f"({c.scenario.parallelism.pp}): up to {factor:,}x the folded run's time and memory")
     with progress_from_args(args, "run") as bar:
         result = simulation.run(c, fold=fold, algorithm=args.algorithm, allow_oom=True,
                                 record_flows=bool(args.json) or args.trace_format == "kineto",
@@ -714,7 +704,7 @@ def build_parser() -> argparse.ArgumentParser:
     which.add_argument("--quick", action="store_true", help="only the small cases")
     which.add_argument("--plan", action="store_true", help="only the planner cases (stepsim plan against one run)")
     which.add_argument("--scale", action="store_true",
-                   help="only the GB200 NVL72 rack-scale cases, including 1,792 racks (129,024 GPUs)")
+                       help="only the GB200 NVL72 rack-scale cases, including 1,792 racks (129,024 GPUs)")
     which.add_argument("--unfold", action="store_true",
                        help="only steps folded against unfolded (--no-fold): GPT-3 175B on 512 A100, Llama 3 405B "
                             "on 1,024 H100 (minutes)")

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from simulator.common import limits
 from simulator.common.errors import ConfigError
 from simulator.engine.engine import simulate
 from simulator.engine.records import SimOptions, SimResult
@@ -186,6 +187,22 @@ def checked(scenario: ScenarioLike | Checked, overrides: Overrides = (), on_warn
     return Checked(s, warnings, memory_record(s))
 
 
+def check_unfolded(s: Scenario, field: str = "fold") -> int:
+    """The factor by which simulating every rank multiplies the folded run's work (ranks per pipeline
+    stage), or a one-line ConfigError on ``field`` when the unfolded run would take hours
+    (``limits.UNFOLDED_RANKS``, ``limits.STEP_WORK``)."""
+    ranks, pp = s.cluster.num_gpus, s.parallelism.pp
+    if ranks > limits.UNFOLDED_RANKS.maximum:
+        raise ConfigError(field, f"{ranks:,} ranks", f"{limits.UNFOLDED_RANKS.describe()}: drop it (the folded "
+                          "run is exact for symmetric layouts) or simulate a smaller data-parallel width")
+    work = s.num_microbatches * s.model.num_hidden_layers * (ranks // pp)
+    if work > limits.STEP_WORK.maximum:
+        raise ConfigError(field, f"{ranks:,} ranks", f"{work:,} micro-batch x layer passes to simulate over every "
+                          f"rank; {limits.STEP_WORK.describe()}: drop it (the folded run is exact for symmetric "
+                          "layouts) or simulate a smaller data-parallel width")
+    return ranks // pp
+
+
 def run(scenario: ScenarioLike | Checked, overrides: Overrides = (), *, fold: bool = True, algorithm: str = "auto",
         allow_oom: bool = False, record_flows: bool = True, options: SimOptions | None = None,
         cluster: Cluster | None = None, engine: Simulate = simulate, progress=None,
@@ -210,9 +227,11 @@ def run(scenario: ScenarioLike | Checked, overrides: Overrides = (), *, fold: bo
     s, warnings, mem = c.scenario, c.warnings, c.memory
     if not allow_oom:
         check_fits(s, mem)
-    phase("simulating the step")
     if options is None:
         options = SimOptions(fold=fold, algorithm=algorithm, record_flows=record_flows)
+    if not options.fold:
+        check_unfolded(s)
+    phase("simulating the step")
     t0 = time.perf_counter()
     result = engine(s, options, cluster=cluster)
     report = step_record(result, time.perf_counter() - t0)

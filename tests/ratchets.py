@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from simulator.studies.validate import validate_file
 from simulator.studies.validation_page import section, summary_row
 
@@ -61,3 +63,24 @@ def check_golden(name: str, result: dict) -> None:
     got = {r["id"]: (r["predicted"]["step_time_s"] if isinstance(r.get("predicted"), dict) else None)
            for r in result["rows"]}
     assert got == GOLDEN["validation"][name]
+
+
+class RatchetTests:
+    """The checks every runs file has: a module ``tests/test_ratchet_<file>.py`` subclasses this with
+    ``NAME`` set (and adds the file's own tests as methods that take ``result``). One module per file
+    keeps each file's validation on its own xdist worker (``--dist loadfile``)."""
+
+    NAME = ""
+
+    @pytest.fixture(scope="class")
+    def result(self) -> dict:
+        return validate(self.NAME)
+
+    def test_mape_and_signed_mean_do_not_regress(self, result):
+        check(self.NAME, result)
+
+    def test_every_prediction_equals_the_golden_figure(self, result):
+        check_golden(self.NAME, result)
+
+    def test_the_validation_page_shows_these_figures(self, result):
+        check_page(self.NAME, result)

@@ -662,3 +662,12 @@ def test_an_unfolded_step_whose_work_exceeds_the_budget_is_refused(capsys):
                               "training.global_batch_size=8192", "--allow-oom"], capsys=capsys)
     one_line_error(status, err, "--no-fold")
     assert "passes to simulate over every rank" in err
+
+
+def test_the_python_api_refuses_the_same_unfolded_work_naming_fold():
+    """The guard sits in simulation.run, which every command and notebook calls, not only in the CLI."""
+    import simulator
+
+    with pytest.raises(ConfigError) as err:
+        simulator.run("llama3-405b-16384xh100", fold=False)
+    assert err.value.field == "fold" and "16,384 ranks" in str(err.value)
