@@ -73,8 +73,9 @@ class RatchetTests:
     NAME = ""
 
     @pytest.fixture(scope="class")
-    def result(self) -> dict:
-        return validate(self.NAME)
+    @classmethod
+    def result(cls) -> dict:
+        return validate(cls.NAME)
 
     def test_mape_and_signed_mean_do_not_regress(self, result):
         check(self.NAME, result)
