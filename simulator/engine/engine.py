@@ -29,7 +29,7 @@ from simulator.network.cluster import Cluster
 from simulator.program import builder as P
 from simulator.engine.inputs import StepInputs, scaled_gpu, scenario_cluster, step_inputs
 from simulator.engine.records import CommCalls, Row, SimOptions, SimResult, Trace
-from simulator.engine.variability import StepVariability
+from simulator.engine.variability import StepVariability, straggler_lanes
 
 __all__ = ["SimOptions", "SimResult", "Row", "Trace", "Snapshot", "StepEngine", "simulate", "scenario_cluster",
            "scaled_gpu"]
@@ -95,7 +95,16 @@ class StepEngine:
         self.net = Network(self.env, self.cluster.link_bw, record=self.opt.record_flows)
         self.coll = Collectives(self.env, self.net, self.cluster, self.opt.algorithm)
         self.trace = Trace()
-        self.var = StepVariability(self.s, self.plan, self.opt.fold)
+        # stragglers without noise: one simulated rank per lane of ranks that stay alike (exact)
+        self.lanes = straggler_lanes(self.s, self.plan) if self.opt.fold else None
+        self.rep_of: dict[int, int] = {}
+        self._lane_of: dict[int, tuple] = {}
+        if self.lanes is not None:
+            for lane in self.lanes:
+                self._lane_of[lane[0]] = lane
+                for r in lane:
+                    self.rep_of[r] = lane[0]
+        self.var = StepVariability(self.s, self.plan, self.opt.fold and self.lanes is None)
         self.varies = self.var.active
         self.host_issue_s = self.work.software.host_issue_s
         self._mail, self._rendezvous, self._groups, self._group_of, self._pairs = {}, {}, {}, {}, {}
@@ -148,6 +157,8 @@ class StepEngine:
         if not self.opt.communication or size <= 0:
             return self._done()
         now = self.env.now
+        if self.lanes is not None:
+            return self._lane_launch(rank, group, op, size, axis, here)
         if self.opt.fold:
             groups = self._stage_groups(self.stage_of(rank), group)
             if len(groups[0]) < 2:
@@ -172,6 +183,44 @@ class StepEngine:
             del self._rendezvous[key]
             event.origin = here or (rank, "compute", now)
             self.coll.start(op, groups, size, False, axis, done=event)
+        self.called(rank, op, axis, size, event)
+        return event
+
+    def _lane_class(self, rank: int, group: str) -> tuple:
+        """(the groups of ``group``'s kind that the lanes meeting ``rank``'s lane at it touch, how
+        many lanes meet there, a key naming them): at the lanes' fixed point (``layout.lanes``)
+        every such group holds the same lanes, so they all start together."""
+        key = (rank, group)
+        hit = self._group_of.get(key)
+        if hit is None:
+            groups = self._stage_groups(self.stage_of(rank), group)
+            rep_of = self.rep_of
+            mine = set(self._lane_of[rank])
+            met = {rep_of[m] for g in groups if mine.intersection(g) for m in g}
+            touched = tuple(g for g in groups if any(rep_of[m] in met for m in g))
+            hit = self._group_of[key] = (touched, len(met), (group, min(met)), len(groups[0]) if groups else 0)
+        return hit
+
+    def _lane_launch(self, rank: int, group: str, op: str, size: float, axis: str, here: tuple | None) -> simpy.Event:
+        """``launch`` for the representative of a lane: the collective starts, over every group its
+        lanes touch, when the last of those lanes arrives (as an unfolded group starts when its last
+        rank does)."""
+        groups, lanes, name, width = self._lane_class(rank, group)
+        if width < 2:
+            return self._done()
+        seq_key = (rank, group)
+        seq = self._seq[seq_key]
+        self._seq[seq_key] = seq + 1
+        key = (name, seq)
+        entry = self._rendezvous.get(key)
+        if entry is None:
+            entry = self._rendezvous[key] = [0, self.env.event()]
+        entry[0] += 1
+        event = entry[1]
+        if entry[0] == lanes:
+            del self._rendezvous[key]
+            event.origin = here or (rank, "compute", self.env.now)
+            self.coll.start(op, groups, size, self.opt.merge, axis, done=event)
         self.called(rank, op, axis, size, event)
         return event
 
@@ -260,13 +309,16 @@ class StepEngine:
     def send(self, rank: int, op: P.Send) -> None:
         """Post activations or gradients; folded, the representative also starts the transfers of
         every other rank of its stage."""
-        box = self._mailbox((self.plan.pp_peer(rank, op.dst_stage), op.vstage, op.microbatch, op.kind))
+        peer = self.plan.pp_peer(rank, op.dst_stage)
+        box = self._mailbox((self.rep_of[peer] if self.lanes is not None else peer, op.vstage, op.microbatch, op.kind))
         box[1] = self.env.now
         box[0].origin = (rank, "compute", self.env.now)
         box[0].drift = self.var.drift_of(rank) if self.varies else None
         pairs = self._pairs.get((rank, op.dst_stage))
         if pairs is None:  # kept here: every rank sends to two stages, past the plan's cache unfolded
-            pairs = self._pairs[(rank, op.dst_stage)] = self.plan.pp_pairs(rank, op.dst_stage, self.opt.fold)
+            pairs = self._pairs[(rank, op.dst_stage)] = (
+                tuple((r, self.plan.pp_peer(r, op.dst_stage)) for r in self._lane_of[rank]) if self.lanes is not None
+                else self.plan.pp_pairs(rank, op.dst_stage, self.opt.fold))
         if not self.opt.communication or all(a == b for a, b in pairs):
             box[0].succeed()
             return
@@ -430,7 +482,10 @@ class StepEngine:
     def start(self) -> list[int]:
         """Start one process per simulated rank (one per stage folded, every rank unfolded); the ranks."""
         plan = self.plan
-        ranks = [int(plan.grid[st, 0, 0, 0]) for st in range(plan.pp)] if self.opt.fold else list(range(plan.world))
+        if self.lanes is not None:
+            ranks = [lane[0] for lane in self.lanes]
+        else:
+            ranks = [int(plan.grid[st, 0, 0, 0]) for st in range(plan.pp)] if self.opt.fold else list(range(plan.world))
         for r in ranks:
             self.procs[r] = self.env.process(self.rank_process(r))
         self.ranks = ranks

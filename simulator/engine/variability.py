@@ -34,6 +34,7 @@ from statistics import NormalDist
 
 import numpy as np
 
+from simulator.layout.lanes import lanes
 from simulator.scenario.config import Scenario
 
 _NORMAL = NormalDist()
@@ -111,6 +112,21 @@ def _moments(n: int) -> tuple[float, float]:
     density = pdf if cdf is None else n * pdf * cdf ** (n - 1)
     mean = float(np.trapezoid(z * density, z))
     return mean, float(np.trapezoid((z - mean) ** 2 * density, z))
+
+
+def straggler_lanes(s: Scenario, plan) -> list[tuple[int, ...]] | None:
+    """With stragglers and no random variation, the lanes (``layout.lanes``) a folded run simulates
+    one rank of, the initial colour of a rank being its slowdown: exact, at the cost of the lanes
+    the stragglers split off. ``None`` (fold by stage) without stragglers, or with jitter or a GPU
+    speed spread, whose every rank draws its own times (there the folded run takes order statistics)."""
+    slow = rank_slowdowns(s)
+    if not slow or s.faults.compute_jitter_cv > 0 or s.faults.gpu_speed_cv > 0:
+        return None
+    factors = sorted(set(slow.values()))
+    colour = np.zeros(plan.world, dtype=np.int64)
+    for rank, factor in slow.items():
+        colour[rank] = 1 + factors.index(factor)
+    return lanes(plan, colour)
 
 
 class StepVariability:

@@ -84,8 +84,9 @@ def fault_report(s: Scenario, plan: Plan, cluster: Cluster) -> dict:
                         "examples_rerouted": rerouted[:EXAMPLES]}
     return {
         "stragglers": [{"rank": r, "node": cluster.node_of(r), "compute_slowdown": x} for r, x in slow.items()],
-        # data-parallel replicas (dp, cp coordinates) holding a straggler: a folded run is exact
-        # for one; with more it runs every stage's slowest rank in one replica, an upper bound
+        # data-parallel replicas (dp, cp coordinates) holding a straggler. A folded run simulates
+        # one rank per lane of ranks that stay alike (``layout.lanes``), exact; with jitter or a
+        # GPU speed spread it runs every stage's slowest rank in one replica, an upper bound
         "straggler_replicas": len({plan.coords(r)[1:3] for r in slow}),
         "links": links,
         "groups": groups,
@@ -108,9 +109,10 @@ def format_faults(report: dict) -> list[str]:
         by = sorted({x["compute_slowdown"] for x in slow})
         lines.append(f"    stragglers       {len(slow)} rank{'s' if len(slow) != 1 else ''} ({_ranks([x['rank'] for x in slow])}) at "
                      + ", ".join(f"{b:g}x" for b in by) + " compute time")
-        if report.get("straggler_replicas", 1) > 1:
+        noisy = report["compute_jitter_cv"] > 0 or report.get("gpu_speed_cv", 0) > 0
+        if report.get("straggler_replicas", 1) > 1 and noisy:
             lines.append(f"    note             stragglers in {report['straggler_replicas']} replicas: a folded run "
-                         "puts each stage's slowest rank in one replica (an upper bound; --no-fold is exact)")
+                         "with jitter puts each stage's slowest rank in one replica (an upper bound; --no-fold is exact)")
     for x in report["links"]:
         which = "all" if x["index"] is None else f"index {x['index']}"
         lines.append(f"    {x['fault']:<16} node {x['node']} {x['link_class']} ({which}, {len(x['links'])} link{'s' if len(x['links']) != 1 else ''}) "

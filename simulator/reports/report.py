@@ -296,5 +296,6 @@ def format_summary(report: dict) -> str:
                      + ("; collectives across nodes (the communication factor scales NVLink only)"
                         if cal.get("communication") else ""))
     if "sim_wall_s" in report:
-        lines.append(f"  simulated in       {report['sim_wall_s']:.2f} s wall, {report['events']:,} events")
+        lines.append(f"  simulated in       {report['sim_wall_s']:.2f} s wall, {report['events']:,} events, "
+                     f"{report['simulated_ranks']:,} of {report['num_gpus']:,} ranks")
     return "\n".join(lines)

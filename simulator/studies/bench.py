@@ -143,15 +143,23 @@ SCALE_RACKS = (16, 224, 1792)
 
 def unfold_cases() -> list[tuple[str, str, list[str]]]:
     """Case (u): steps folded (one rank per pipeline stage) and unfolded (every rank, ``--no-fold``,
-    which stragglers outside one replica, per-rank jitter and the all-ranks trace need): GPT-3 175B
-    on 512 A100 (TP8 PP8 DP8) and Llama 3 405B on 1,024 H100 (TP8 PP16 DP8)."""
+    which per-rank jitter and the all-ranks trace need): GPT-3 175B on 512 A100 (TP8 PP8 DP8) and
+    Llama 3 405B on 1,024 H100 (TP8 PP16 DP8); and stragglers in two replicas, which the folded run
+    simulates exactly one rank per lane (``layout.lanes``), on GPT-3 175B / 1,024 A100 and the same
+    Llama 3 405B."""
     gpt3 = [example("gpt3-175b-1024xa100"), "cluster.num_nodes=64", "parallelism.dp=8",
             "training.global_batch_size=768"]
     llama = [example("llama3-405b-16384xh100"), "cluster.num_nodes=128", "parallelism.dp=8",
              "training.global_batch_size=128"]
+    # a slow rank in one replica and a slow node in another: exact folded, one rank per lane
+    slow = "faults.stragglers=[{rank: 3, compute_slowdown: 1.2}, {node: 70, compute_slowdown: 1.15}]"
+    full = [example("gpt3-175b-1024xa100")]
     return [("u: gpt3-175b 512xA100 folded", _STEP, gpt3), ("u: gpt3-175b 512xA100 --no-fold", _STEP, gpt3 + ["--no-fold"]),
             ("u: llama3-405b 1024xH100 folded", _STEP, llama),
-            ("u: llama3-405b 1024xH100 --no-fold", _STEP, llama + ["--no-fold"])]
+            ("u: llama3-405b 1024xH100 --no-fold", _STEP, llama + ["--no-fold"]),
+            ("u: gpt3-175b 1024xA100 folded", _STEP, full),
+            ("u: gpt3-175b 1024xA100 2 straggler replicas", _STEP, full + [slow]),
+            ("u: llama3-405b 1024xH100 2 straggler replicas", _STEP, llama + [slow])]
 
 
 def scale_cases() -> list[tuple[str, str, list[str]]]:
