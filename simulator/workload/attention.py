@@ -96,7 +96,6 @@ from dataclasses import dataclass
 from simulator.parts.gpus import power_factor
 
 H100_PEAK_TFLOPS = 989.0
-A100_PEAK_TFLOPS = 312.0
 SEQ_POINTS = (512, 1024, 2048, 4096, 8192, 16384)
 
 # llm-foundry's Triton FlashAttention over FlashAttention-2, by direction (module docstring,

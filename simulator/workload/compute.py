@@ -39,10 +39,6 @@ from simulator.workload.moe import moe_steps, price_host_sync, recompute_glu_syn
 TILE_M, TILE_N = 128, 256
 K_HALF = 64
 FA_BWD_FLOP_RATIO = 2.5
-# Flash-attention backward runs at a lower fraction of peak than its forward: FlashAttention-2
-# (Dao 2023, Sec. 4.1) reaches up to 73% of A100 peak forward and 63% backward; FlashAttention-3
-# shows the same gap on H100. The backward kernel's efficiency is the forward's x 63/73.
-FA_BWD_EFFICIENCY = 63 / 73
 
 
 def _occupancy(ctas: float, num_sms: int) -> float:
@@ -241,7 +237,6 @@ CP_MERGE_BYTES = 10.0
 
 
 UNFUSED_ATTENTION_OPS = ("attn_scores", "attn_softmax", "attn_dropout", "attn_values")
-ATTENTION_DROPOUT = 0.1  # the unfused path is the GPT-3-era recipe, which trained with dropout 0.1
 
 
 def _attn_core_unfused(
@@ -631,24 +626,6 @@ def head_cost(
         BlockCost(fwd.ops + (mem_chain("cross_entropy", fwd_bytes * logits, fwd_kernels, gpu),)),
         BlockCost((mem_chain("cross_entropy_bwd", bwd_bytes * logits, bwd_kernels, gpu),) + bwd.ops),
     )
-
-
-def optimizer_cost(num_params_local: float, gpu: GPUSpec, training: TrainingConfig,
-                   num_params_buffer: float | None = None) -> BlockCost:
-    """The optimizer step as memory-bound passes (Megatron-LM with bf16: fp32 main gradients).
-
-    Adam over this GPU's shard (Rajbhandari et al. 2020 layout): read the fp32 gradient (4),
-    master weight, m and v (12), write master, m, v (12) and the 16-bit weight (2): 30 bytes per
-    parameter. Gradient-norm clipping reads the shard's fp32 gradients once more (4 bytes), and
-    the gradient buffer of every parameter on the GPU is zeroed for the next step (4 bytes over
-    ``num_params_buffer``, default the shard). ``training`` is accepted for future precisions.
-    """
-    buffer = num_params_local if num_params_buffer is None else num_params_buffer
-    return BlockCost((
-        mem_op("grad_norm", 4.0 * num_params_local, gpu),
-        mem_op("adam", 30.0 * num_params_local, gpu),
-        mem_op("zero_grad", 4.0 * buffer, gpu),
-    ))
 
 
 def param_counts(model: ModelConfig) -> dict:
