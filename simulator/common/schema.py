@@ -269,6 +269,37 @@ class PerLayer(Kind):
 
 
 @dataclass(frozen=True)
+class Counts(Kind):
+    """A list of whole numbers >= ``minimum``, each within ``limit``, at most ``length`` of them
+    (their count is checked against the layout later), or null."""
+
+    minimum: int = 0
+    limit: Limit | None = None
+    length: Limit | None = None
+
+    def check(self, name: str, value: object) -> tuple[int, ...] | None:
+        if value is None:
+            return None
+        if not isinstance(value, (list, tuple)) or not value:
+            raise ConfigError(name, value, f"must be a list of whole numbers >= {self.minimum}, or null")
+        if self.length is not None and len(value) > self.length.maximum:
+            raise ConfigError(name, f"{len(value):,} entries", f"at most {self.length.maximum:,} entries")
+        return tuple(whole(f"{name}[{i}]", v, self.minimum, self.limit) for i, v in enumerate(value))
+
+    def json(self) -> dict:
+        item: dict = {"type": "integer", "minimum": self.minimum}
+        if self.limit is not None:
+            item["maximum"] = self.limit.maximum
+        out: dict = {"type": ["array", "null"], "items": item, "minItems": 1}
+        if self.length is not None:
+            out["maxItems"] = self.length.maximum
+        return out
+
+    def describe(self) -> str:
+        return f"list of whole numbers >= {self.minimum}, or null"
+
+
+@dataclass(frozen=True)
 class PerName(Kind):
     """A mapping from names of ``valid`` to numbers above ``minimum`` (``peak_tflops: {bf16: 989}``),
     stored as a sorted tuple of pairs so the record hashes; ``required`` names must be present."""

@@ -143,16 +143,27 @@ class Plan:
 
 @functools.lru_cache(maxsize=1024)
 def vstage_layers(num_layers: int, pp: int, vp: int = 1, first: int | None = None,
-                  last: int | None = None) -> tuple[range, ...]:
+                  last: int | None = None, counts: tuple[int, ...] | None = None) -> tuple[range, ...]:
     """Layers of each virtual stage (chunk c of stage s is virtual stage c * pp + s, Megatron-LM).
 
     Even split by default. Like Megatron-core's ``decoder_first_pipeline_num_layers`` and
     ``decoder_last_pipeline_num_layers``, ``first`` / ``last`` fix the layer count of the first and
     last virtual stage (for example fewer layers where the embedding and the LM head sit, as BLOOM
-    and Llama 3 did); the other virtual stages share the rest evenly. Cached: the memory model
-    asks for the same split once per stage, and the planner for thousands of layouts.
+    and Llama 3 did); the other virtual stages share the rest evenly. ``counts``
+    (``parallelism.pipeline_layers``) gives every virtual stage's count instead, for any split a
+    framework makes. Cached: the memory model asks for the same split once per stage, and the
+    planner for thousands of layouts.
     """
     n = pp * vp
+    if counts is not None:
+        if len(counts) != n or sum(counts) != num_layers:
+            raise ConfigError("parallelism.pipeline_layers", list(counts),
+                              f"give pp x vp = {n} counts adding up to num_hidden_layers ({num_layers}); "
+                              f"got {len(counts)} adding up to {sum(counts)}")
+        starts = [0]
+        for k in counts:
+            starts.append(starts[-1] + k)
+        return tuple(range(a, b) for a, b in zip(starts, starts[1:]))
     fixed = {i: k for i, k in ((0, first), (n - 1, last)) if k is not None}
     if n == 1:
         fixed = {}
@@ -165,7 +176,8 @@ def vstage_layers(num_layers: int, pp: int, vp: int = 1, first: int | None = Non
         if fixed:
             need = f"the layers left after first/last ({rest}) must split evenly over the other {free} virtual stages"
         else:
-            need = f"pp x vp ({n}) must divide num_hidden_layers ({num_layers}), or set first/last_pipeline_num_layers"
+            need = (f"pp x vp ({n}) must divide num_hidden_layers ({num_layers}), or set first/last_pipeline_num_layers "
+                    "or pipeline_layers")
         raise ConfigError(field, value, need)
     each = rest // free if free else 0
     out, start = [], 0
@@ -174,3 +186,10 @@ def vstage_layers(num_layers: int, pp: int, vp: int = 1, first: int | None = Non
         out.append(range(start, start + k))
         start += k
     return tuple(out)
+
+
+def layer_split(par, num_layers: int) -> tuple[range, ...]:
+    """The layers of each virtual stage of a ``ParallelConfig`` (``vstage_layers``): even,
+    first/last, or ``pipeline_layers``."""
+    return vstage_layers(num_layers, par.pp, par.vp, par.first_pipeline_num_layers,
+                         par.last_pipeline_num_layers, par.pipeline_layers)

@@ -21,7 +21,7 @@ from simulator.parts.frameworks import (CROSS_ENTROPY_IMPLS, CUDA_GRAPH_SCOPES, 
                                         framework_names, load_profile)
 from simulator.parts.calibration import Calibration, calibration_schema, read_calibration
 from simulator.parts.gpus import GPUFile, read_gpu_file
-from simulator.common.schema import (Between, Choice, Flag, Kind, Names, Number, PerLayer, Text, Whole, key,
+from simulator.common.schema import (Between, Choice, Counts, Flag, Kind, Names, Number, PerLayer, Text, Whole, key,
                                      section_schema)
 
 # --- the vocabulary of the format: the values a key may take ---------------------------------
@@ -322,6 +322,11 @@ class ParallelConfig:
                                                 help="layers of the first stage (Megatron-core decoder_first_pipeline_num_layers); null: even split")
     last_pipeline_num_layers: int | None = key(None, Whole(0, limits.NUM_LAYERS, optional=True),
                                                help="layers of the last stage (decoder_last_pipeline_num_layers); null: even split")
+    pipeline_layers: tuple[int, ...] | None = key(None, Counts(0, limits.NUM_LAYERS, limits.NUM_LAYERS),
+                                                  help="decoder layers of each virtual stage, pp x vp entries (chunk c of stage s "
+                                                       "is entry c x pp + s), for any split a framework makes (nanotron's "
+                                                       "cost-balanced one, Megatron-core's pipeline layout); null: even split "
+                                                       "or first/last_pipeline_num_layers")
     etp: int | None = key(None, Whole(1, limits.NUM_GPUS, optional=True), help="expert tensor-parallel size (Megatron-core); null: tp")
     cp_comm_type: str | None = key(None, Choice(CP_COMM_TYPES, optional=True),
                                    help="p2p (K/V ring under the attention core) or all_gather (gathered first); null: the framework's")

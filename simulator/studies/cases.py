@@ -56,6 +56,9 @@ only, so predictions are the same with them removed. Documented defaults for unk
   sets the first and last stages' layers instead when its middle stages are equal and its stage
   and layer counts match (``megatron_layout``); any other layout string is named in a note and
   the rule above applies. Descriptions (DualPipe, AutoModel's layers_per_stage) are not layouts.
+  A nanotron run with pp > 1 takes nanotron's own cost-balanced split (``nanotron_split``, as
+  ``parallelism.pipeline_layers``) whether or not pp divides the layers, and no interleaving
+  (nanotron's 1f1b and afab engines have none).
 - framework: the case's ``framework:`` when a profile of that name ships (``simulator/data/frameworks/``);
   ``megatron-core`` when the case has no such key (the stack of the calibration runs); the generic
   profile, in a note, when it is null or names a stack without a profile (``framework_of``).
@@ -258,6 +261,30 @@ def pipeline_ends(layers: int, n: int) -> tuple[int | None, int | None]:
     if ends is not None:
         return ends, ends
     return _uneven(layers, n) or (None, None)
+
+
+def nanotron_split(model: dict, pp: int) -> tuple[int, ...]:
+    """Decoder layers per pipeline stage as nanotron places them (huggingface/nanotron
+    src/nanotron/models/base.py ``build_model``): its pipeline blocks in forward order (embedding,
+    the decoder layers, final norm, LM head, cast, loss) weighted by ``get_block_compute_costs``
+    (models/llama.py, qwen.py: a decoder layer 4 x heads x head_dim x hidden + 3 x ffn x hidden, the
+    LM head vocab x hidden, the others nothing; 2 x ffn for the non-gated MLPs of falcon.py,
+    starcoder2.py), and block after block given to the current rank, which moves on once the
+    cumulative cost passes its share total x (rank + 1) / pp. The LM head's weight leaves the last
+    stages fewer layers; a stage may get none."""
+    hidden = model["hidden"]
+    matrices = 3 if _hidden_act(model) == "silu" else 2
+    layer = 4 * hidden * hidden + matrices * model["ffn_hidden"] * hidden
+    costs = [0] + [layer] * model["layers"] + [0, model["vocab"] * hidden, 0, 0]
+    total = sum(costs)
+    counts, rank, cumulative = [0] * pp, 0, 0
+    for i, cost in enumerate(costs):
+        cumulative += cost
+        if 1 <= i <= model["layers"]:
+            counts[rank] += 1
+        if cumulative > total * (rank + 1) / pp:
+            rank += 1
+    return tuple(counts)
 
 
 def _splits(layers: int, n: int) -> bool:
@@ -519,9 +546,17 @@ def case_to_scenario_dict(case: dict, notes: list[str] | None = None) -> dict:
     if vp > 1 and pp == 1:
         notes.append(f"vp {vp} ignored at pp 1")
         vp = 1
-    first, last = pipeline_ends(m["layers"], pp * vp)
-    stated = _stated_layout(par.get("pipeline_layout"), m["layers"], pp * vp, notes)
-    if stated is not None:
+    split = None
+    if pp > 1 and framework_of(case, []) == "nanotron":
+        if vp > 1:
+            notes.append(f"vp {vp} ignored: nanotron's pipeline engines (1f1b, afab) do not interleave")
+            vp = 1
+        split = nanotron_split(m, pp)
+    first, last = pipeline_ends(m["layers"], pp * vp) if split is None else (None, None)
+    stated = _stated_layout(par.get("pipeline_layout"), m["layers"], pp * vp, notes) if split is None else None
+    if split is not None:
+        notes.append(f"nanotron's cost-balanced split of {m['layers']} layers: {', '.join(map(str, split))}")
+    elif stated is not None:
         first, last = stated
     elif first != last:  # the unequal split (equal ends need no note)
         notes.append(f"{m['layers']} layers on {pp * vp} virtual stages: first {first}, last {last}, "
@@ -540,6 +575,8 @@ def case_to_scenario_dict(case: dict, notes: list[str] | None = None) -> dict:
         parallelism["dp_replicate"] = par["dp_replicate"]
     if first is not None:
         parallelism.update(first_pipeline_num_layers=first, last_pipeline_num_layers=last)
+    if split is not None:
+        parallelism["pipeline_layers"] = list(split)
     rotate = str((case.get("framework_options") or {}).get("context_parallel_rotate") or "").lower()
     if cp > 1 and rotate.replace("-", "_") in ("allgather", "all_gather"):
         parallelism["cp_comm_type"] = "all_gather"

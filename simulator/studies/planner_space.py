@@ -79,6 +79,7 @@ class Layout:
                                               "zero_stage", "first_pipeline_num_layers", "last_pipeline_num_layers",
                                               "dp_replicate")}
         out = [f"parallelism.{k}={_yaml(v)}" for k, v in par.items()]
+        out.append("parallelism.pipeline_layers=null")  # a base scenario's own split fits its own pp x vp only
         out += [f"training.micro_batch_size={self.micro_batch_size}", f"training.recompute={self.recompute}",
                 f"schedule={self.schedule}"]
         if self.recompute != "selective":

@@ -39,7 +39,7 @@ from dataclasses import dataclass, replace
 from simulator.scenario.config import RECOMPUTE, ZERO_STAGES, ModelConfig, Scenario, optimizer_state_bytes
 from simulator.common.errors import ConfigError
 from simulator.common.records import Record, doc
-from simulator.layout.grid import vstage_layers
+from simulator.layout.grid import layer_split, vstage_layers
 from simulator.layout.schedules import check_schedule_args, placement, schedule_peak_in_flight
 from simulator.common.units import GiB
 from simulator.workload.frameworks import fsdp_gathered_once, resolve
@@ -56,9 +56,17 @@ MASK_BYTES = 1
 SAVED_INPUT_PRECISIONS = ("fp8", "mxfp8")
 ROUTER_PROB_BYTES = 4  # Megatron-core computes router logits and probabilities in fp32
 
-# Megatron-core DistributedDataParallelConfig.bucket_size default: max(40e6, 1e6 * dp) params.
+# Megatron-core DistributedDataParallelConfig.bucket_size default: max(40e6, 1e6 x the DP x CP
+# group's size) params (megatron/training/training.py get_model: bucket_size = max(40000000,
+# 1000000 * mpu.get_data_parallel_world_size(with_context_parallel=True))).
 DDP_BUCKET_MIN_PARAMS = 40_000_000
 DDP_BUCKET_PARAMS_PER_RANK = 1_000_000
+
+
+def ddp_bucket_params(dp_cp: int) -> float:
+    """Parameters per DDP gradient bucket for a DP x CP group of ``dp_cp`` ranks (Megatron-core's
+    default): the workload's buckets and the memory model's one bucket buffer both use it."""
+    return float(max(DDP_BUCKET_MIN_PARAMS, DDP_BUCKET_PARAMS_PER_RANK * dp_cp))
 # Framework margin, an estimate, the same for every scenario: CUDA context with the loaded
 # cuBLAS / cuDNN / Transformer Engine kernels and workspaces (~1 GiB per process on A100/H100),
 # NCCL buffers for the TP, PP, DP, CP and EP communicators (NCCL_BUFFSIZE = 4 MiB per channel
@@ -381,11 +389,12 @@ def _layer_params(model: ModelConfig, layer: int, tp: int, ep: int, etp: int | N
 
 
 def stage_layers(model: ModelConfig, stage: int, pp: int, vp: int = 1, first: int | None = None,
-                 last: int | None = None, schedule: str = "interleaved") -> list[int]:
+                 last: int | None = None, schedule: str = "interleaved",
+                 counts: tuple[int, ...] | None = None) -> list[int]:
     """Layer indices on ``stage``, every chunk the schedule places there (``schedules.Placement``):
     chunk c holds virtual stage c * pp + stage (Megatron-LM), stage s and 2 pp - 1 - s for the
     V-shaped schedules, and stage s of one model copy and pp - 1 - s of the other for DualPipe."""
-    vstages = vstage_layers(model.num_hidden_layers, pp, vp, first, last)
+    vstages = vstage_layers(model.num_hidden_layers, pp, vp, first, last, counts)
     place = placement(schedule, pp, vp)
     return [layer for c in range(place.chunks) for layer in vstages[place.vstage(stage, c)]]
 
@@ -455,7 +464,7 @@ def _check(s: Scenario) -> None:
     for name in ("seq_length", "micro_batch_size"):
         if getattr(tr, name) < 1:
             raise ConfigError(f"training.{name}", getattr(tr, name), "must be a positive integer")
-    vstage_layers(m.num_hidden_layers, par.pp, par.vp, par.first_pipeline_num_layers, par.last_pipeline_num_layers)
+    layer_split(par, m.num_hidden_layers)
     if m.is_moe:
         if m.num_experts % par.ep:
             raise ConfigError("parallelism.ep", par.ep, f"must divide num_experts = {m.num_experts}")
@@ -490,7 +499,7 @@ def _stage_layout_part(s: Scenario, stage: int, layer_kinds: tuple, policy: str,
     par, tr, m = s.parallelism, s.training, s.model
     tp, pp, vp = par.tp, par.pp, par.vp
     layers = stage_layers(m, stage, pp, vp, par.first_pipeline_num_layers, par.last_pipeline_num_layers,
-                          s.pipeline_schedule)
+                          s.pipeline_schedule, par.pipeline_layers)
     params = _stage_params(s, stage, layers, layer_kinds, params_by_kind)
     # DualPipe keeps a second model copy: every rank also holds the mirrored stage, whose layers
     # ``stage_layers`` already counts (2x states in total).
@@ -644,8 +653,7 @@ def _stage_memory(s: Scenario, part: tuple[_Params, float, int], stage: int, wei
     elif zero >= 3:
         buffers = params.largest_unit * (2 * weight_bytes + grad_bytes)
     else:
-        bucket = max(DDP_BUCKET_MIN_PARAMS, DDP_BUCKET_PARAMS_PER_RANK * dense_group)
-        buffers = min(bucket, stage_params) * grad_bytes
+        buffers = min(ddp_bucket_params(s.dp * par.cp), stage_params) * grad_bytes
     tensors = weights + grads + optim + activations + buffers
     other = buffers + CUDA_CONTEXT_BYTES + NCCL_BUFFER_BYTES + ALLOCATOR_FRAGMENTATION * tensors
     return StageMemory(stage, weights, grads, optim, activations, other, in_flight)

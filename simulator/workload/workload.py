@@ -17,7 +17,7 @@ Built once per scenario from the compute model; the engine only walks it. Messag
 - MTP (DeepSeek-V3): each of the num_nextn_predict_layers modules runs on the last stage after
   the LM head: two norms, the 2h -> h projection, one transformer layer (its EP all-to-alls are
   not simulated), and its own LM head and cross-entropy.
-- DP: gradients in buckets of max(40e6, 1e6*dp) parameters (Megatron DDP default), 4 bytes per
+- DP: gradients in buckets of max(40e6, 1e6 x dp x cp) parameters (Megatron DDP default, ``memory.ddp_bucket_params``), 4 bytes per
   gradient (Megatron-LM sets accumulate_allreduce_grads_in_fp32 for bf16); all-reduce over DP x CP (ZeRO 0), reduce-scatter (ZeRO 1/2, distributed optimizer),
   parameter all-gather at the start of the step overlapped with the forward (steady state of
   Megatron's overlap_param_gather). ZeRO 3 (FSDP): per-layer all-gather of the weights before
@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 from simulator.workload import moe as moe_model
 from simulator.scenario.config import Scenario, TrainingConfig
 from simulator.parts.gpus import GPUSpec
-from simulator.layout.grid import vstage_layers
+from simulator.layout.grid import layer_split
 from simulator.layout.schedules import placement
 from simulator.workload.frameworks import Software, moe_fusions, resolve
 from simulator.workload.software import CROSS_ENTROPY, head_with_software, layer_with_software, optimizer_block
@@ -40,7 +40,7 @@ from simulator.workload.compute import (gemm_op, gemm_bwd_ops, mem_op, embedding
 from simulator.workload.kernels import ACT_BYTES, BlockCost, LayerCost, Op
 from simulator.workload.classes import calibrated_block, calibrated_layer
 from simulator.parts.calibration import Calibration
-from simulator.workload.memory import offload_bytes_per_layer
+from simulator.workload.memory import ddp_bucket_params, offload_bytes_per_layer
 from simulator.workload.offload import host_link_Bps
 
 GRAD_BYTES = 4  # Megatron-LM keeps and reduces fp32 main gradients in bf16 training
@@ -92,7 +92,7 @@ def build_workload(s: Scenario, gpu: GPUSpec) -> Workload:
     if t.attention == "flash":  # the framework's fused kernel (simulator/data/frameworks/*.yaml attention.kernel)
         t = replace(t, attention=sw.attention_kernel)
     place = placement(s.pipeline_schedule, p, v)
-    vstages = vstage_layers(m.num_hidden_layers, p, v, par.first_pipeline_num_layers, par.last_pipeline_num_layers)
+    vstages = layer_split(par, m.num_hidden_layers)
     costs: dict[tuple, LayerCost] = {}
     layer_costs = {}
     counts = param_counts(m)
@@ -115,8 +115,7 @@ def build_workload(s: Scenario, gpu: GPUSpec) -> Workload:
             dense_params[layer] = dense_layer / par.tp
             expert_params[layer] = 0.0
 
-    dp = s.dp
-    bucket_limit = max(40e6, 1e6 * dp)
+    bucket_limit = ddp_bucket_params(s.dp * par.cp)
     emb_params = counts["embedding"] / par.tp
     head_params = counts["lm_head"] / par.tp
     buckets = {}
@@ -140,7 +139,7 @@ def build_workload(s: Scenario, gpu: GPUSpec) -> Workload:
         dense = sum(b.dense_params for vs in mine for b in buckets[vs])
         expert = sum(b.expert_params for vs in mine for b in buckets[vs])
         if par.zero_stage >= 1:
-            local = dense / par.shard_group(dp) + expert / max(1, s.expert_dp)
+            local = dense / par.shard_group(s.dp) + expert / max(1, s.expert_dp)
         else:
             local = dense + expert
         optimizer[stage] = optimizer_block(local, dense + expert, gpu, sw, t.optimizer_state_dtype)

@@ -1,0 +1,84 @@
+"""``parallelism.pipeline_layers``: any split of the layers over the (virtual) pipeline stages,
+and nanotron's cost-balanced split that the validation cases use for nanotron runs."""
+
+import pytest
+
+import simulator
+from simulator.common.errors import ConfigError
+from simulator.layout.grid import vstage_layers
+from simulator.studies.cases import case_to_scenario_dict, nanotron_split
+
+
+def _run(*sets):
+    return simulator.run(simulator.load_scenario("scenarios/tiny.yaml", list(sets)), record_flows=False)
+
+
+def test_the_even_split_written_out_is_the_default_byte_for_byte():
+    split, even = _run("parallelism.pipeline_layers=[2, 2]").to_dict(), _run().to_dict()
+    split.pop("sim_wall_s"), even.pop("sim_wall_s")
+    assert split == even
+
+
+def test_an_uneven_split_moves_work_and_memory_to_the_heavier_stage():
+    light_first = _run("parallelism.pipeline_layers=[1, 3]")
+    even = _run()
+    stages = light_first.stages
+    assert stages[1].compute_s > stages[0].compute_s
+    assert light_first.step_time_s > even.step_time_s
+    per_stage = simulator.memory(simulator.load_scenario("scenarios/tiny.yaml", ["parallelism.pipeline_layers=[1, 3]"]))
+    assert per_stage.stages[1].weights_gib > per_stage.stages[0].weights_gib
+
+
+def test_interleaved_counts_are_per_virtual_stage():
+    sets = ["parallelism.vp=2", "schedule=interleaved", "training.global_batch_size=16"]
+    assert vstage_layers(4, 2, 2, counts=(1, 1, 1, 1)) == (range(0, 1), range(1, 2), range(2, 3), range(3, 4))
+    assert _run(*sets, "parallelism.pipeline_layers=[1, 1, 1, 1]").step_time_s == _run(*sets).step_time_s
+
+
+@pytest.mark.parametrize("value, field", [
+    ("[1, 2]", "parallelism.pipeline_layers"),  # adds up to 3, not 4
+    ("[1, 1, 2]", "parallelism.pipeline_layers"),  # 3 entries for pp x vp = 2
+    ("[1, -3]", "parallelism.pipeline_layers[1]"),
+    ("abc", "parallelism.pipeline_layers"),
+])
+def test_a_bad_split_is_a_one_line_error_naming_the_key(value, field):
+    with pytest.raises(ConfigError) as err:
+        _run(f"parallelism.pipeline_layers={value}")
+    assert str(err.value).startswith(field + ":")
+
+
+def test_a_split_and_first_last_together_are_refused():
+    with pytest.raises(ConfigError, match="either pipeline_layers or first/last"):
+        _run("parallelism.pipeline_layers=[1, 3]", "parallelism.first_pipeline_num_layers=1")
+
+
+def test_nanotron_split_follows_its_cumulative_cost_rule():
+    """80 Llama layers (h 8192, ffn 28672, vocab 128256) on 32 stages: the LM head weighs about
+    0.6 of a layer, so some stages take 3 layers, others 2, the last 1; 8B on 4 stages 9, 9, 8, 6."""
+    big = {"hidden": 8192, "ffn_hidden": 28672, "layers": 80, "vocab": 128256, "heads": 64, "params_b": 80}
+    split = nanotron_split(big, 32)
+    assert len(split) == 32 and sum(split) == 80 and split[-1] == 1 and set(split) == {1, 2, 3}
+    small = {"hidden": 4096, "ffn_hidden": 14336, "layers": 32, "vocab": 128256, "heads": 32, "params_b": 8}
+    assert nanotron_split(small, 4) == (9, 9, 8, 6)
+
+
+def test_a_nanotron_case_takes_nanotron_split_and_no_interleaving():
+    case = {"id": "n", "framework": "nanotron",
+            "model": {"hidden": 4096, "ffn_hidden": 14336, "layers": 32, "vocab": 128256, "heads": 32,
+                      "kv_heads": 8, "params_b": 8, "seq_len": 4096},
+            "hardware": {"gpu": "H100-SXM5-80GB", "count": 64, "gpus_per_node": 8},
+            "parallelism": {"tp": 8, "pp": 4, "dp": 2, "mbs": 1, "gbs": 64},
+            "measured": {"step_time_s": 1.0}}
+    notes = []
+    d = case_to_scenario_dict(case, notes)
+    assert d["parallelism"]["pipeline_layers"] == [9, 9, 8, 6]
+    assert d["parallelism"]["vp"] == 1
+    assert any("cost-balanced" in n for n in notes)
+
+
+def test_the_planner_drops_a_base_split_for_its_candidates():
+    """A base scenario's split fits its own pp x vp only: candidates run the even split (or their
+    ends), and the given layout is still simulated as written."""
+    r = simulator.plan("scenarios/tiny.yaml", ["parallelism.pipeline_layers=[1, 3]"], workers=1, top=3)
+    assert r["given"]["step_time_s"] > 0
+    assert r["ranked"]
