@@ -82,3 +82,17 @@ def test_the_planner_drops_a_base_split_for_its_candidates():
     r = simulator.plan("scenarios/tiny.yaml", ["parallelism.pipeline_layers=[1, 3]"], workers=1, top=3)
     assert r["given"]["step_time_s"] > 0
     assert r["ranked"]
+
+
+def test_a_sweep_varies_the_split_from_the_command_line_and_draws_it(tmp_path):
+    """``--vary`` splits at the commas outside brackets, so a list is one value; the figures group
+    points by value, lists included (a list value crashed the step-time figure)."""
+    from simulator.studies.sweep import parse_vary
+    assert parse_vary(["parallelism.pipeline_layers=[1,3],[2,2],[3,1]"]) == (
+        ("parallelism.pipeline_layers", ([1, 3], [2, 2], [3, 1])),)
+    assert parse_vary(["parallelism.tp=1,2"]) == (("parallelism.tp", (1, 2)),)
+    rows = simulator.sweep("scenarios/tiny.yaml", ["parallelism.pipeline_layers=[1,3],[2,2],[3,1]"],
+                           out=tmp_path, workers=1)
+    steps = [r["step_time_s"] for r in rows]
+    assert steps[1] == pytest.approx(_run().step_time_s) and len(set(steps)) == 3
+    assert (tmp_path / "step_time_vs_parallelism_pipeline_layers.png").stat().st_size > 0

@@ -193,9 +193,20 @@ def plot_sweep_breakdown(rows: list[dict], keys: list[str], path: str, name: str
     plt.close(fig)
 
 
+def _hashable(value):
+    if isinstance(value, list):
+        return tuple(_hashable(v) for v in value)
+    if isinstance(value, dict):
+        return tuple((k, _hashable(v)) for k, v in sorted(value.items()))
+    return value
+
+
 def plot_sweep(rows: list[dict], keys: list[str], folder: str, name: str | None = None) -> list[str]:
     """All sweep figures in ``folder``: ``step_time_vs_<key>.png`` per varied key and ``breakdown.png``;
     ``name``: the scenario's, for the titles."""
+    # a varied value may be a list or a mapping (``parallelism.pipeline_layers``): the figures
+    # group and label points by value, so they see it as a tuple
+    rows = [{**r, "point": {k: _hashable(v) for k, v in r["point"].items()}} for r in rows]
     paths = []
     for key in keys:
         path = str(Path(folder) / f"step_time_vs_{key.replace('.', '_')}.png")

@@ -122,7 +122,8 @@ def evaluate(task: Task) -> dict:
 def parse_vary(items: Sequence[str] | Mapping[str, Iterable]) -> Vary:
     """``["parallelism.tp=4,8", ...]`` (or ``{"parallelism.tp": [4, 8]}``) as ((key, values), ...).
 
-    Values are YAML scalars, as in ``--set``. A key or a value given twice is an error.
+    Values are YAML values, as in ``--set``, separated by the commas outside brackets (a value may
+    be a list: ``parallelism.pipeline_layers=[1,3],[2,2]``). A key or a value given twice is an error.
     """
     if isinstance(items, Mapping):
         pairs = [(str(k), tuple(v)) for k, v in items.items()]
@@ -132,7 +133,7 @@ def parse_vary(items: Sequence[str] | Mapping[str, Iterable]) -> Vary:
             key, sep, text = str(item).partition("=")
             if not sep or not key.strip() or not text.strip():
                 raise ConfigError("--vary", item, "expected key.path=v1,v2,..., e.g. parallelism.tp=4,8")
-            pairs.append((key.strip(), tuple(yaml_value(t.strip(), f"--vary {key.strip()}") for t in text.split(","))))
+            pairs.append((key.strip(), tuple(yaml_value(t.strip(), f"--vary {key.strip()}") for t in _top_level(text))))
     if not pairs:
         raise ConfigError("--vary", LeftOut(), "give at least one key.path=v1,v2,...")
     seen = set()
@@ -152,6 +153,22 @@ def parse_vary(items: Sequence[str] | Mapping[str, Iterable]) -> Vary:
         shape = " x ".join(f"{len(values)} {key}" for key, values in pairs)
         raise ConfigError("--vary", f"{count:,} points ({shape})", f"a sweep may have {limits.SWEEP_POINTS.describe()}")
     return tuple(pairs)
+
+
+def _top_level(text: str) -> list[str]:
+    """``text`` split at the commas outside brackets and braces, so a value may be a YAML list or
+    mapping (``parallelism.pipeline_layers=[1,3],[2,2]``)."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        if ch in "[{":
+            depth += 1
+        elif ch in "]}":
+            depth = max(0, depth - 1)
+        elif ch == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    parts.append(text[start:])
+    return parts
 
 
 def _canonical(value: object) -> str:
