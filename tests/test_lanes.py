@@ -79,3 +79,24 @@ def test_gpt3_on_64_gpus_with_stragglers_in_two_replicas_and_a_slow_link_is_exac
     link = dataclasses.replace(faulted, faults=dataclasses.replace(slow, links=(
         LinkFault(node=0, link_class="leaf-spine", bandwidth_fraction=0.5, index=0),)))
     assert simulate(link).step_time_s == pytest.approx(simulate(link, SimOptions(fold=False)).step_time_s, rel=2e-3)
+
+
+def test_past_the_unfolded_budget_the_lanes_give_way_to_the_upper_bound_and_the_report_says_so(monkeypatch):
+    """Thousands of distinct stragglers would make the exact run cost an unfolded one: past its
+    budget (``limits.UNFOLDED_RANKS``) each stage runs at its slowest rank again, and the report
+    says it is an upper bound."""
+    from simulator.common.limits import Limit
+    from simulator.engine import variability
+    from simulator.reports.faults import format_faults
+    from simulator.reports.report import step_report
+    s = dataclasses.replace(EXACTNESS_CASES["dense-3d"], faults=Faults(stragglers=(
+        Straggler(1.4, rank=1), Straggler(1.3, rank=13))))
+    exact = step_report(simulate(s))["faults"]
+    assert exact["stragglers_exact"] and exact["straggler_replicas"] == 2
+    monkeypatch.setattr(variability.limits, "UNFOLDED_RANKS", Limit(4, "a test budget"))
+    folded = simulate(s)
+    assert len(folded.simulated_ranks) == folded.plan.pp
+    assert folded.step_time_s > simulate(s, SimOptions(fold=False)).step_time_s
+    report = step_report(folded)["faults"]
+    assert not report["stragglers_exact"]
+    assert any("upper bound" in line for line in format_faults(report))

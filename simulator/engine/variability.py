@@ -34,6 +34,7 @@ from statistics import NormalDist
 
 import numpy as np
 
+from simulator.common import limits
 from simulator.layout.lanes import lanes
 from simulator.scenario.config import Scenario
 
@@ -118,7 +119,9 @@ def straggler_lanes(s: Scenario, plan) -> list[tuple[int, ...]] | None:
     """With stragglers and no random variation, the lanes (``layout.lanes``) a folded run simulates
     one rank of, the initial colour of a rank being its slowdown: exact, at the cost of the lanes
     the stragglers split off. ``None`` (fold by stage) without stragglers, or with jitter or a GPU
-    speed spread, whose every rank draws its own times (there the folded run takes order statistics)."""
+    speed spread, whose every rank draws its own times (there the folded run takes order
+    statistics), or when the lanes would cost more than an unfolded run may (then each stage runs
+    at its slowest rank's speed, an upper bound the report names)."""
     slow = rank_slowdowns(s)
     if not slow or s.faults.compute_jitter_cv > 0 or s.faults.gpu_speed_cv > 0:
         return None
@@ -126,7 +129,14 @@ def straggler_lanes(s: Scenario, plan) -> list[tuple[int, ...]] | None:
     colour = np.zeros(plan.world, dtype=np.int64)
     for rank, factor in slow.items():
         colour[rank] = 1 + factors.index(factor)
-    return lanes(plan, colour)
+    found = lanes(plan, colour)
+    # Past the budget of an unfolded run (``limits``: ranks one by one, micro-batch x layer passes),
+    # thousands of distinct stragglers would make the exact run take hours: keep the upper bound.
+    per_stage = len(found) / plan.pp
+    work = s.num_microbatches * s.model.num_hidden_layers * per_stage
+    if len(found) > limits.UNFOLDED_RANKS.maximum or work > limits.STEP_WORK.maximum:
+        return None
+    return found
 
 
 class StepVariability:

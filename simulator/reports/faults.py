@@ -54,7 +54,7 @@ def _groups(s: Scenario, plan: Plan) -> dict[str, list[tuple[tuple[int, ...], li
     return out
 
 
-def fault_report(s: Scenario, plan: Plan, cluster: Cluster) -> dict:
+def fault_report(s: Scenario, plan: Plan, cluster: Cluster, simulated: int | None = None) -> dict:
     """Stragglers, link faults (each with the links it touched) and, per axis, the groups crossing
     a degraded link or rerouted around a failed one (counts and the first few groups' ranks)."""
     f = s.faults
@@ -88,6 +88,10 @@ def fault_report(s: Scenario, plan: Plan, cluster: Cluster) -> dict:
         # one rank per lane of ranks that stay alike (``layout.lanes``), exact; with jitter or a
         # GPU speed spread it runs every stage's slowest rank in one replica, an upper bound
         "straggler_replicas": len({plan.coords(r)[1:3] for r in slow}),
+        # whether the step is exact for its stragglers: one replica, every rank simulated, or more
+        # ranks than stages (lanes); else every stage ran at its slowest rank, an upper bound
+        "stragglers_exact": (len({plan.coords(r)[1:3] for r in slow}) <= 1 or simulated is None
+                             or simulated > plan.pp),
         "links": links,
         "groups": groups,
         "compute_jitter_cv": f.compute_jitter_cv,
@@ -109,10 +113,9 @@ def format_faults(report: dict) -> list[str]:
         by = sorted({x["compute_slowdown"] for x in slow})
         lines.append(f"    stragglers       {len(slow)} rank{'s' if len(slow) != 1 else ''} ({_ranks([x['rank'] for x in slow])}) at "
                      + ", ".join(f"{b:g}x" for b in by) + " compute time")
-        noisy = report["compute_jitter_cv"] > 0 or report.get("gpu_speed_cv", 0) > 0
-        if report.get("straggler_replicas", 1) > 1 and noisy:
-            lines.append(f"    note             stragglers in {report['straggler_replicas']} replicas: a folded run "
-                         "with jitter puts each stage's slowest rank in one replica (an upper bound; --no-fold is exact)")
+        if not report.get("stragglers_exact", True):
+            lines.append(f"    note             stragglers in {report['straggler_replicas']} replicas: this folded run "
+                         "puts each stage's slowest rank in one replica (an upper bound; --no-fold is exact)")
     for x in report["links"]:
         which = "all" if x["index"] is None else f"index {x['index']}"
         lines.append(f"    {x['fault']:<16} node {x['node']} {x['link_class']} ({which}, {len(x['links'])} link{'s' if len(x['links']) != 1 else ''}) "

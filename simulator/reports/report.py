@@ -176,7 +176,8 @@ def step_record(result: SimResult, wall_s: float | None = None) -> StepReport:
     par = s.parallelism
     faults = None
     if s.faults.active:
-        faults = fault_report(s, result.plan, result.cluster)
+        faults = fault_report(s, result.plan, result.cluster,
+                              len(result.simulated_ranks) if result.options.fold else None)
     return StepReport(
         name=s.name,
         step_time_s=step,
