@@ -96,3 +96,10 @@ def test_a_sweep_varies_the_split_from_the_command_line_and_draws_it(tmp_path):
     steps = [r["step_time_s"] for r in rows]
     assert steps[1] == pytest.approx(_run().step_time_s) and len(set(steps)) == 3
     assert (tmp_path / "step_time_vs_parallelism_pipeline_layers.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("text", ["parallelism.tp=1,,2", "parallelism.pipeline_layers=[1,3],", "parallelism.tp=,1"])
+def test_an_empty_value_in_a_vary_list_is_an_error_not_a_silent_null(text):
+    from simulator.studies.sweep import parse_vary
+    with pytest.raises(ConfigError, match="empty"):
+        parse_vary([text])

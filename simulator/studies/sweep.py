@@ -133,7 +133,11 @@ def parse_vary(items: Sequence[str] | Mapping[str, Iterable]) -> Vary:
             key, sep, text = str(item).partition("=")
             if not sep or not key.strip() or not text.strip():
                 raise ConfigError("--vary", item, "expected key.path=v1,v2,..., e.g. parallelism.tp=4,8")
-            pairs.append((key.strip(), tuple(yaml_value(t.strip(), f"--vary {key.strip()}") for t in _top_level(text))))
+            parts = _top_level(text)
+            if any(not part.strip() for part in parts):
+                raise ConfigError(f"--vary {key.strip()}", text, "a value between commas is empty: write null for "
+                                  "the default, or drop the extra comma")
+            pairs.append((key.strip(), tuple(yaml_value(t.strip(), f"--vary {key.strip()}") for t in parts)))
     if not pairs:
         raise ConfigError("--vary", LeftOut(), "give at least one key.path=v1,v2,...")
     seen = set()
