@@ -264,3 +264,31 @@ def test_collective_cli_says_when_the_asked_algorithm_cannot_run():
     assert "ran ring" in header("--op", "all_reduce", "--algorithm", "nvls", "--cluster", "dgx-a100", "--gpus", "8")
     assert header("--op", "all_reduce", "--algorithm", "nvls", "--cluster", "dgx-h100", "--gpus", "8").endswith(
         "algorithm nvls")
+
+
+@pytest.mark.parametrize("topology, nodes", [("gb200-nvl72", 2), ("gb200-nvl72", 4), ("gb200-nvl72", 20),
+                                             ("dgx-h100", 4), ("dgx-a100", 2)])
+def test_a_bigger_all_reduce_never_takes_less_time(topology, nodes):
+    """Across nodes a collective runs as one ring per rank position (NCCL channels). LL's throughput
+    cap is the whole collective's (NCCL ``ncclTopoTuneModel``: busBw = nChannels x bw, then
+    min(llMaxBw, ...)), and every ring shares each GPU's NVLink with the others: priced per ring at
+    the whole link, LL looked fast at mid sizes and a 4 GiB all-reduce over 1,440 GB200 took 37 ms
+    against 28 ms for 8 GiB. At NCCL's protocol switch a step of a few percent remains (its tuner
+    estimates alone, the simulation shares links)."""
+    from simulator.network.cluster import build_cluster
+    from simulator.network.collectives import time_collective
+    from simulator.parts.topology import load_topology
+    cluster = build_cluster(load_topology(topology), nodes)
+    ranks = list(range(nodes * cluster.spec.gpus_per_node))
+    times = [time_collective(cluster, "all_reduce", ranks, 2 ** k)[0] for k in range(16, 35)]
+    for (small, big) in zip(times, times[1:]):
+        assert big >= small * 0.95
+
+
+def test_the_ll_cap_across_nodes_is_the_whole_collectives():
+    from simulator.network import nccl
+    one = nccl.efficiency(nccl.LL, "all_reduce", 200e9, True, channels=1)
+    eight = nccl.efficiency(nccl.LL, "all_reduce", 200e9, True, channels=8)
+    assert one * 200e9 == pytest.approx(nccl.LL_MAX_BUSBW_INTER_Bps)
+    assert eight * 200e9 * 8 == pytest.approx(nccl.LL_MAX_BUSBW_INTER_Bps)
+    assert nccl.efficiency(nccl.LL, "all_reduce", 200e9, False, channels=8) == 0.25  # inside a node: no cap

@@ -151,17 +151,27 @@ class Collectives:
         # id(edges tuple) -> (the tuple, src, dst), for rings; the tuples live in ``_geometry``
         self._edge_arrays: dict = shared.setdefault("ring_edges", {})
         self._channel_rings: dict = shared.setdefault("channel_rings", {})  # sorted ranks -> rings
+        # ring -> (slowest link inside a node, slowest between nodes) on its edges' routes
+        self._split_bw: dict = shared.setdefault("ring_split_bw", {})
 
-    def ring_spec(self, op: str, ring: Sequence[int], per_step: float, steps: int) -> Spec:
+    def ring_spec(self, op: str, ring: Sequence[int], per_step: float, steps: int, channels: int = 1) -> Spec:
         """``steps`` ring steps of ``per_step`` bytes per rank, as one coupled transfer, in the NCCL
-        protocol (:mod:`simulator.network.nccl`) that is fastest alone: its efficiency inflates the bytes
-        on the wire, its base and per-step latencies give the transfer's latency."""
+        protocol (:mod:`simulator.network.nccl`) that is fastest alone for one of the ``channels``
+        rings of the collective: its efficiency inflates the bytes on the wire, its base and
+        per-step latencies give the transfer's latency."""
         edges, inter, link_bw = self._geometry.get(tuple(ring)) or self._ring_geometry([ring])[0]
-        key = (op, per_step, steps, inter, link_bw)
+        # Every ring of a multi-node collective passes through every GPU of every node, so each
+        # GPU's links inside the node carry all ``channels`` rings while a NIC carries one: NCCL's
+        # tuner likewise prices a channel at its share (``busBw = nChannels * bw``, bw per channel)
+        shared_bw = link_bw
+        if channels > 1 and inter > 0:
+            bw_in, bw_out = self._split_bw[tuple(ring)]
+            shared_bw = min(bw_out, bw_in / channels)
+        key = (op, per_step, steps, inter, link_bw, channels, shared_bw)
         hit = self._specs.get(key)
         if hit is None:  # the same for every ring of the same shape
             nbytes = per_step * steps
-            proto, eff = nccl.choose(op, nbytes, steps, link_bw, inter)
+            proto, eff = nccl.choose(op, nbytes, steps, link_bw, inter, channels, shared_bw)
             hit = self._specs[key] = (nbytes / eff, proto.base_s + steps * nccl.step_latency(proto, inter))
         return Spec(edges, *hit)
 
@@ -229,11 +239,16 @@ class Collectives:
             edge_bw = np.where(table >= 0, c.link_bw[table], np.inf).min(axis=1)
             ring_bw = np.minimum.reduceat(edge_bw, starts).tolist()
             nodes = src // c.spec.gpus_per_node
-            inter = np.add.reduceat((nodes != nodes[succ]).astype(np.int64), starts).tolist()
+            crossing = nodes != nodes[succ]
+            inter = np.add.reduceat(crossing.astype(np.int64), starts).tolist()
+            intra_bw = np.minimum.reduceat(np.where(crossing, np.inf, edge_bw), starts).tolist()
+            inter_bw = np.minimum.reduceat(np.where(crossing, edge_bw, np.inf), starts).tolist()
             src_l, dst_l = src.tolist(), dst.tolist()
-            for k, a, n, cross, bw in zip(missing, starts.tolist(), lengths.tolist(), inter, ring_bw):
+            for k, a, n, cross, bw, bw_in, bw_out in zip(missing, starts.tolist(), lengths.tolist(), inter, ring_bw,
+                                                         intra_bw, inter_bw):
                 edges = tuple(zip(src_l[a:a + n], dst_l[a:a + n]))
                 self._geometry[k] = (edges, cross / n, bw)
+                self._split_bw[k] = (bw_in, bw_out)
                 self._edge_arrays[id(edges)] = (edges, src[a:a + n], dst[a:a + n])
         return [self._geometry[k] for k in keys]
 
@@ -295,7 +310,8 @@ class Collectives:
         return [np.roll(grid, -c, axis=1).ravel().tolist() for c in range(k)]
 
     def _rings_phase(self, op: str, rings: list[list[int]], per_step: float, steps: int) -> Phase:
-        return [self.ring_spec(op, r, per_step, steps) for r in rings if len(r) > 1 and steps > 0]
+        rings = [r for r in rings if len(r) > 1]
+        return [self.ring_spec(op, r, per_step, steps, len(rings)) for r in rings if steps > 0]
 
     def phases(self, op: str, ranks: Sequence[int], size: float) -> list[Phase]:
         """The phases of ``op`` over one group (see the module docstring for the algorithms)."""

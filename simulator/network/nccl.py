@@ -10,8 +10,12 @@ says is fastest (``time = latency + bytes / bandwidth``, NVIDIA/nccl ``src/graph
 - bandwidth: Simple uses the whole link; LL128 carries 120 useful bytes per 128 (0.92 in
   NCCL's model) and is enabled only inside an NVLink domain; LL sends 8-byte data with 8-byte
   flags, 1/4 of the bus bandwidth for all_reduce or across nodes (1/3 otherwise), at most
-  19 GB/s across nodes (``llMaxBws``). NCCL also caps LL at 87.7 GB/s inside a node; the
-  measured 1 MiB DGX H100 point (27.4 us) is faster than that cap allows, so it is left out.
+  19 GB/s across nodes (``llMaxBws``). That cap is on the whole collective: NCCL's tuner
+  multiplies the per-channel bandwidth by the channel count and then takes the minimum with
+  ``llMaxBw`` (``ncclTopoTuneModel``: ``busBw = nChannels * bw``, then ``busBw = min(llMaxBw,
+  busBw * ...)`` for LL), so a collective running as k rings (channels) gets 19 / k GB/s per ring.
+  NCCL also caps LL at 87.7 GB/s inside a node; the measured 1 MiB DGX H100 point (27.4 us) is
+  faster than that cap allows, so it is left out.
 
 Checked against ``validation/collectives.yaml`` (8 x H100 all_reduce, measured vs this model
 with the ring on 450 GB/s NVLink, time): 8 B 13.7 vs 15.0 us (LL), 1 MiB 27.4 vs 31.3 us (LL),
@@ -45,14 +49,15 @@ LL128_EFFICIENCY = 0.92
 LL_MAX_BUSBW_INTER_Bps = 19.0e9
 
 
-def efficiency(proto: Protocol, op: str, link_bw: float, multi_node: bool) -> float:
-    """Useful fraction of ``link_bw`` (bytes/s) the protocol delivers."""
+def efficiency(proto: Protocol, op: str, link_bw: float, multi_node: bool, channels: int = 1) -> float:
+    """Useful fraction of ``link_bw`` (bytes/s) the protocol delivers on one of ``channels`` rings
+    that run the collective together (LL's cap across nodes is the whole collective's)."""
     if proto is SIMPLE:
         return 1.0
     if proto is LL128:
         return LL128_EFFICIENCY
     share = 1 / 4 if (multi_node or op == "all_reduce") else 1 / 3
-    return min(share, LL_MAX_BUSBW_INTER_Bps / link_bw) if multi_node else share
+    return min(share, LL_MAX_BUSBW_INTER_Bps / (link_bw * max(1, channels))) if multi_node else share
 
 
 def step_latency(proto: Protocol, inter_fraction: float) -> float:
@@ -60,16 +65,20 @@ def step_latency(proto: Protocol, inter_fraction: float) -> float:
     return (1 - inter_fraction) * proto.step_nvlink_s + inter_fraction * proto.step_net_s
 
 
-def choose(op: str, nbytes: float, steps: int, link_bw: float, inter_fraction: float) -> tuple[Protocol, float]:
+def choose(op: str, nbytes: float, steps: int, link_bw: float, inter_fraction: float,
+           channels: int = 1, shared_bw: float | None = None) -> tuple[Protocol, float]:
     """(protocol, efficiency) with the smallest modelled time for ``nbytes`` sent per rank over
-    ``steps`` ring steps on links of ``link_bw``; ties go to Simple, then LL128."""
+    ``steps`` ring steps on links of ``link_bw``, one of ``channels`` rings of the collective that
+    gets ``shared_bw`` of its links when they all run (default ``link_bw``); the efficiency
+    inflates the bytes relative to ``link_bw``. Ties go to Simple, then LL128."""
+    rate = link_bw if shared_bw is None else shared_bw
     multi_node = inter_fraction > 0
     best = None
     for proto in PROTOCOLS:
         if proto.intra_node_only and multi_node:
             continue
-        eff = efficiency(proto, op, link_bw, multi_node)
-        t = proto.base_s + steps * step_latency(proto, inter_fraction) + nbytes / (link_bw * eff)
+        eff = efficiency(proto, op, link_bw, multi_node, channels)
+        t = proto.base_s + steps * step_latency(proto, inter_fraction) + nbytes / eff / rate
         if best is None or t < best[0]:
             best = (t, proto, eff)
     return best[1], best[2]
