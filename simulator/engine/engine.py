@@ -156,33 +156,45 @@ class StepEngine:
         the critical path follows back."""
         if not self.opt.communication or size <= 0:
             return self._done()
-        now = self.env.now
         if self.lanes is not None:
-            return self._lane_launch(rank, group, op, size, axis, here)
+            # a lane's representative: the collective starts, over every group its lanes touch,
+            # when the last of those lanes arrives
+            groups, lanes, name, width = self._lane_class(rank, group)
+            if width < 2:
+                return self._done()
+            return self._rendezvous_start(rank, group, name, lanes, op, groups, size, self.opt.merge, axis, here)
         if self.opt.fold:
             groups = self._stage_groups(self.stage_of(rank), group)
             if len(groups[0]) < 2:
                 return self._done()
             proc = self.coll.start(op, groups, size, self.opt.merge, axis)
-            proc.origin = here or (rank, "compute", now)
+            proc.origin = here or (rank, "compute", self.env.now)
             self.called(rank, op, axis, size, proc)
             return proc
         members, groups = self._members(rank, group)
         if len(members) < 2:
             return self._done()
+        return self._rendezvous_start(rank, group, (group, members), len(members), op, groups, size, False, axis,
+                                      here)
+
+    def _rendezvous_start(self, rank: int, group: str, name: tuple, parties: int, op: str, groups: tuple,
+                          size: float, merge: bool, axis: str, here: tuple | None) -> simpy.Event:
+        """This rank's arrival at its ``group`` collective, met by the ``parties`` simulated ranks
+        named ``name`` (the members of an unfolded group, or the lanes of folded stragglers): the
+        last to arrive starts the flows of ``groups``; each arrival gets the event they share."""
         seq_key = (rank, group)
         seq = self._seq[seq_key]
         self._seq[seq_key] = seq + 1
-        key = (group, members, seq)
+        key = (name, seq)
         entry = self._rendezvous.get(key)
         if entry is None:
             entry = self._rendezvous[key] = [0, self.env.event()]
         entry[0] += 1
         event = entry[1]
-        if entry[0] == len(members):
+        if entry[0] == parties:
             del self._rendezvous[key]
-            event.origin = here or (rank, "compute", now)
-            self.coll.start(op, groups, size, False, axis, done=event)
+            event.origin = here or (rank, "compute", self.env.now)
+            self.coll.start(op, groups, size, merge, axis, done=event)
         self.called(rank, op, axis, size, event)
         return event
 
@@ -200,29 +212,6 @@ class StepEngine:
             touched = tuple(g for g in groups if any(rep_of[m] in met for m in g))
             hit = self._group_of[key] = (touched, len(met), (group, min(met)), len(groups[0]) if groups else 0)
         return hit
-
-    def _lane_launch(self, rank: int, group: str, op: str, size: float, axis: str, here: tuple | None) -> simpy.Event:
-        """``launch`` for the representative of a lane: the collective starts, over every group its
-        lanes touch, when the last of those lanes arrives (as an unfolded group starts when its last
-        rank does)."""
-        groups, lanes, name, width = self._lane_class(rank, group)
-        if width < 2:
-            return self._done()
-        seq_key = (rank, group)
-        seq = self._seq[seq_key]
-        self._seq[seq_key] = seq + 1
-        key = (name, seq)
-        entry = self._rendezvous.get(key)
-        if entry is None:
-            entry = self._rendezvous[key] = [0, self.env.event()]
-        entry[0] += 1
-        event = entry[1]
-        if entry[0] == lanes:
-            del self._rendezvous[key]
-            event.origin = here or (rank, "compute", self.env.now)
-            self.coll.start(op, groups, size, self.opt.merge, axis, done=event)
-        self.called(rank, op, axis, size, event)
-        return event
 
     def called(self, rank: int, op: str, axis: str, size: float, event: simpy.Event) -> None:
         """Count the call (``CommCalls``) and, with ``SimOptions.contention``, hold the SMs of its

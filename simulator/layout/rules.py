@@ -8,7 +8,7 @@ from dataclasses import fields
 
 from simulator.common import limits
 from simulator.common.errors import ConfigError, yaml_text
-from simulator.layout.grid import layer_split, vstage_layers
+from simulator.layout.grid import layer_split
 from simulator.layout.schedules import SPLIT_BACKWARD, check_schedule_args
 from simulator.parts.gpus import get_gpu, peak
 from simulator.parts.topology import load_topology, nvlink_GBps, nvlink_generation
@@ -84,13 +84,11 @@ def _checked_plan(s: Scenario) -> list[str]:
     if p.vp > 1 and p.pp == 1:
         raise ConfigError("parallelism.vp", p.vp, "virtual pipeline stages need pp > 1: set vp to 1")
     uneven = p.first_pipeline_num_layers is not None or p.last_pipeline_num_layers is not None
-    if p.pipeline_layers is not None:
-        if uneven:
-            raise ConfigError("parallelism.pipeline_layers", list(p.pipeline_layers),
-                              "give either pipeline_layers or first/last_pipeline_num_layers, not both")
+    if p.pipeline_layers is not None and uneven:
+        raise ConfigError("parallelism.pipeline_layers", list(p.pipeline_layers),
+                          "give either pipeline_layers or first/last_pipeline_num_layers, not both")
+    if p.pipeline_layers is not None or uneven:
         layer_split(p, layers)
-    elif uneven:
-        vstage_layers(layers, p.pp, p.vp, p.first_pipeline_num_layers, p.last_pipeline_num_layers)
     elif layers % p.pp:
         raise ConfigError("parallelism.pp", p.pp, f"must divide num_hidden_layers ({layers}); "
                           f"valid: {_listing(_divisors(layers))}, or set first/last_pipeline_num_layers or pipeline_layers")

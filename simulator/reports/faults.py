@@ -71,6 +71,7 @@ def fault_report(s: Scenario, plan: Plan, cluster: Cluster, simulated: int | Non
                       "index": fault.index, "bandwidth_fraction": fault.bandwidth_fraction, "state": state,
                       "links": [f"{a}<->{b}" for a, b in touched]})
     down = cluster.down
+    replicas = len({plan.coords(r)[1:3] for r in slow})
     groups = {}
     for axis, entries in _groups(s, plan).items():
         crossing, rerouted = [], []
@@ -87,11 +88,10 @@ def fault_report(s: Scenario, plan: Plan, cluster: Cluster, simulated: int | Non
         # data-parallel replicas (dp, cp coordinates) holding a straggler. A folded run simulates
         # one rank per lane of ranks that stay alike (``layout.lanes``), exact; with jitter or a
         # GPU speed spread it runs every stage's slowest rank in one replica, an upper bound
-        "straggler_replicas": len({plan.coords(r)[1:3] for r in slow}),
+        "straggler_replicas": replicas,
         # whether the step is exact for its stragglers: one replica, every rank simulated, or more
         # ranks than stages (lanes); else every stage ran at its slowest rank, an upper bound
-        "stragglers_exact": (len({plan.coords(r)[1:3] for r in slow}) <= 1 or simulated is None
-                             or simulated > plan.pp),
+        "stragglers_exact": replicas <= 1 or simulated is None or simulated > plan.pp,
         "links": links,
         "groups": groups,
         "compute_jitter_cv": f.compute_jitter_cv,
