@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from cli_json import cli_json
 from simulator.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -19,17 +20,10 @@ PLAN = str(ROOT / "scenarios" / "seed004-plan-audit.yaml")
 SEED_SCENARIO = str(ROOT / "scenarios" / "seed004-moe-ep64-tp2-128gpu.yaml")
 
 
-def _json(args: list[str]) -> dict:
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
-        assert main(args) == 0
-    return json.loads(buf.getvalue())
-
-
 @pytest.fixture(scope="module")
 def seed_audit(tmp_path_factory):
     out = tmp_path_factory.mktemp("audit") / "audit.html"
-    result = _json(["audit", PLAN, "--json", "--out", str(out)])
+    result = cli_json(["audit", PLAN, "--json", "--out", str(out)])
     return result, out
 
 
@@ -37,8 +31,8 @@ def test_seed004_memory_utilization_and_throughput_claims_fail_with_simulated_va
     result, _ = seed_audit
     claims = {c["name"]: c for c in result["claims"]}
     assert all(set(c) == {"name", "stated", "simulated", "verdict", "why"} for c in result["claims"])
-    run = _json(["run", PLAN, "--json"])
-    memory = _json(["memory", PLAN, "--json"])
+    run = cli_json(["run", PLAN, "--json"])
+    memory = cli_json(["memory", PLAN, "--json"])
     assert claims["memory_gib_per_gpu"]["stated"] == 0.015625
     assert claims["memory_gib_per_gpu"]["simulated"] == memory["peak_gib"]
     assert claims["memory_gib_per_gpu"]["simulated"] > 1.0  # 16 MB counts one expert's weights only
@@ -63,7 +57,7 @@ def test_claims_that_match_the_simulation_hold(tmp_path, seed_audit):
                      "mfu": {"at_least": sim["mfu"] * 1.2}}
     plan = tmp_path / "plan.yaml"
     plan.write_text(yaml.safe_dump(raw))
-    verdicts = {c["name"]: c["verdict"] for c in _json(["audit", str(plan), "--json"])["claims"]}
+    verdicts = {c["name"]: c["verdict"] for c in cli_json(["audit", str(plan), "--json"])["claims"]}
     assert verdicts == {"step_time_s": "holds", "gpus_used": "holds", "memory_gib_per_gpu": "holds",
                         "exposed_comm_fraction": "holds", "mfu": "fails"}
 

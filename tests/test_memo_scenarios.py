@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from cli_json import cli_json
 from simulator.cli import main
 from test_memo import PROMPTS, WORKSHEET_HEADINGS, _Numbers, assert_numbers_match
 
@@ -73,13 +74,6 @@ def _text(html: str) -> str:
     return "".join(parser.parts)
 
 
-def _json(args: list[str]) -> dict:
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
-        assert main(args) == 0
-    return json.loads(buf.getvalue())
-
-
 @pytest.fixture(scope="module")
 def memos(tmp_path_factory):
     out = {}
@@ -90,8 +84,8 @@ def memos(tmp_path_factory):
         assert main(["report", scenario, *flags, "--out", str(html_path), "--workers", "2"]) == 0
         html = html_path.read_text()
         out[name] = {"html": html, "text": _text(html), "path": html_path,
-                     "run": _json(["run", scenario, *flags, "--json"]),
-                     "memory": _json(["memory", scenario, *flags, "--json"])}
+                     "run": cli_json(["run", scenario, *flags, "--json"]),
+                     "memory": cli_json(["memory", scenario, *flags, "--json"])}
     return out
 
 
