@@ -450,3 +450,68 @@ def test_a_case_validate_cannot_describe_is_an_error_row_even_from_a_worker(tmp_
     result = validate_file(path, workers=2, progress=None)
     rows = {r["id"]: r for r in result["rows"]}
     assert isinstance(rows["m"]["error"], str) and isinstance(rows["good"]["error"], float)
+
+
+def _ops(block, name):
+    return [op for op in block.ops if op.name == name]
+
+
+def test_autocast_stacks_cast_every_weight_each_forward_and_accumulate_after_the_first_micro_batch():
+    """nanogpt (fp32 weights under autocast): per micro-batch a forward cast of every weight (read
+    4, write 2), a backward cast of its gradient (read 2, write 4), and on every micro-batch but the
+    first an fp32 add into .grad (12 bytes): with m micro-batches each carries (m - 1) / m of it.
+    One kernel per weight tensor: the attention block's qkv and output projections, the MLP's up
+    and down (GeLU) projections."""
+    model = dataclasses.replace(LLAMA, hidden_act="gelu")
+    h, f = 1024, 4096
+    attn_w, mlp_w = 4 * h * h, 2 * h * f
+    for m, share in ((1, 0.0), (4, 3 / 4)):
+        s = scen("nanogpt", model=model, m=m)
+        sw = resolve(s)
+        cost = layer_with_software(layer_cost(s.model, s.training, s.parallelism, H100, 0), s.model, s.training,
+                                   s.parallelism, H100, 0, sw, s.num_microbatches)
+        for block, weights in ((cost.attn_fwd, attn_w), (cost.mlp_fwd, mlp_w)):
+            (cast,) = _ops(block, "weight_cast")
+            assert cast.bytes == pytest.approx(6 * weights) and cast.kernels == 2
+        for block, weights in ((cost.attn_bwd, attn_w), (cost.mlp_bwd, mlp_w)):
+            (grad,) = _ops(block, "grad_pass")
+            assert grad.bytes == pytest.approx(6 * weights)
+            acc = _ops(block, "grad_accumulate")
+            assert (acc[0].bytes if acc else 0.0) == pytest.approx(12 * weights * share)
+
+
+def test_weight_passes_cost_their_bytes_at_hbm_speed_and_megatron_core_pays_none():
+    """The passes are memory-bound: a nanotron step with more micro-batches pays its fp32
+    accumulator's 10 bytes per local weight each micro-batch; megatron-core's fused accumulation
+    adds no op; under ZeRO-3 the accumulation is on the rank's shard only."""
+    s = scen("nanotron", m=8)
+    cost = layer_with_software(layer_cost(s.model, s.training, s.parallelism, H100, 0), s.model, s.training,
+                               s.parallelism, H100, 0, resolve(s), s.num_microbatches)
+    (grad,) = _ops(cost.mlp_bwd, "grad_pass")
+    assert grad.bytes == pytest.approx(10 * 3 * 1024 * 4096)  # SwiGLU: gate, up, down
+    assert grad.time_s >= grad.bytes / (H100.hbm_bandwidth_Bps * H100.memory_efficiency) * 0.999
+    assert not _ops(cost.mlp_fwd, "weight_cast")
+    _, mc = sw_layer(scen("megatron-core", m=8))
+    names = {op.name for blk in (mc.attn_fwd, mc.attn_bwd, mc.mlp_fwd, mc.mlp_bwd) for op in blk.ops}
+    assert not names & {"weight_cast", "grad_pass", "grad_accumulate"}
+    s3 = scen("nanogpt", m=4, zero=3)
+    c3 = layer_with_software(layer_cost(s3.model, s3.training, s3.parallelism, H100, 0), s3.model, s3.training,
+                             s3.parallelism, H100, 0, resolve(s3), 4, grad_shard=8)
+    (acc,) = _ops(c3.mlp_bwd, "grad_accumulate")
+    assert acc.bytes == pytest.approx(12 * 3 * 1024 * 4096 * 3 / 4 / 8)
+
+
+def test_a_profile_written_before_the_weight_pass_keys_loads_with_them_at_zero(tmp_path):
+    raw = yaml.safe_load(open("simulator/data/frameworks/nanotron.yaml"))
+    for key in ("weight_cast_bytes_per_param", "grad_cast_bytes_per_param", "grad_accumulate_bytes_per_param"):
+        del raw["optimizer"][key]
+    path = tmp_path / "old.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    opt = load_profile(str(path))["optimizer"]
+    assert (opt["weight_cast_bytes_per_param"], opt["grad_cast_bytes_per_param"],
+            opt["grad_accumulate_bytes_per_param"]) == (0.0, 0.0, 0.0)
+    raw["optimizer"]["grad_cast_bytes_per_param"] = {"value": -1, "source": "x"}
+    bad = tmp_path / "bad.yaml"  # load_profile caches by path
+    bad.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ConfigError, match=r"bad.yaml: optimizer.grad_cast_bytes_per_param: got -1"):
+        load_profile(str(bad))

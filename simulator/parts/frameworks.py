@@ -47,7 +47,14 @@ FP8_KEYS = ("recipe", "casts_fused_into_producers", "weight_cast_once_per_step",
 
 
 
-OPTIMIZER_KEYS = ("adam_bytes_per_param", "clip_bytes_per_param", "zero_grad_bytes_per_param", "wgrad_bytes_per_param")
+OPTIMIZER_KEYS = ("adam_bytes_per_param", "clip_bytes_per_param", "zero_grad_bytes_per_param", "wgrad_bytes_per_param",
+                  "weight_cast_bytes_per_param", "grad_cast_bytes_per_param", "grad_accumulate_bytes_per_param")
+
+# Keys added after 0.3.0: a profile written before them may leave them out and gets this value
+# (0: the pass does not run, as every profile assumed before the key existed)
+OPTIONAL_KEYS = {("optimizer", "weight_cast_bytes_per_param"): 0.0,
+                 ("optimizer", "grad_cast_bytes_per_param"): 0.0,
+                 ("optimizer", "grad_accumulate_bytes_per_param"): 0.0}
 
 
 
@@ -155,6 +162,9 @@ def load_profile(name: str) -> dict:
         out[section] = {}
         for key, kind in kinds.items():
             entry = entries.get(key)
+            if entry is None and (section, key) in OPTIONAL_KEYS:
+                out[section][key] = OPTIONAL_KEYS[(section, key)]
+                continue
             if not isinstance(entry, dict) or "value" not in entry or not entry.get("source"):
                 raise ConfigError(f"{where}: {section}.{key}", entry, "needs a value and a source")
             out[section][key] = kind.check(f"{where}: {section}.{key}", entry["value"])

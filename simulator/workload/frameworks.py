@@ -48,6 +48,14 @@ class Software:
     # HBM bytes a weight-gradient GEMM's output moves per weight element and micro-batch: 2 writes a
     # fresh 16-bit gradient; 8 reads and writes an fp32 main_grad in the GEMM (fused accumulation)
     wgrad_bytes_per_param: float = 2.0
+    # HBM bytes per weight element and micro-batch of the passes outside the GEMMs
+    # (software.weight_passes): the forward's cast of each weight (autocast over fp32 weights), the
+    # backward's pass over each fresh gradient (a cast to the parameter's dtype, an add into a
+    # zeroed accumulator), and the in-place accumulation into the existing gradient on every
+    # micro-batch but the first
+    weight_cast_bytes_per_param: float = 0.0
+    grad_cast_bytes_per_param: float = 0.0
+    grad_accumulate_bytes_per_param: float = 0.0
     # FP8 GEMMs keep their quantized input for the backward (1 byte per element, memory.layer_activation_bytes)
     fp8_saves_quantized_inputs: bool = False
     selective_recompute: str = "attention_core"  # what training.recompute: selective re-runs (SELECTIVE_POLICIES)
@@ -106,6 +114,9 @@ def resolve(s) -> Software:
         clip_bytes_per_param=float(op["clip_bytes_per_param"]),
         zero_grad_bytes_per_param=float(op["zero_grad_bytes_per_param"]),
         wgrad_bytes_per_param=float(op["wgrad_bytes_per_param"]),
+        weight_cast_bytes_per_param=float(op["weight_cast_bytes_per_param"]),
+        grad_cast_bytes_per_param=float(op["grad_cast_bytes_per_param"]),
+        grad_accumulate_bytes_per_param=float(op["grad_accumulate_bytes_per_param"]),
         selective_recompute=str(_pick(opt.selective_recompute, prof["recompute"]["selective"])),
         attention_kernel=prof["attention"]["kernel"],
         cp_comm_type=s.parallelism.cp_comm_type or prof["attention"]["cp_comm_type"],

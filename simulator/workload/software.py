@@ -324,9 +324,49 @@ def megatron_layer_extras(cost: LayerCost, model: ModelConfig, training: Trainin
     return replace(out, mlp_fwd=mlp_fwd, mlp_bwd=mlp_bwd, mlp_recompute=mlp_fwd if full else mlp_re)
 
 
+def weight_passes(weights: float, tensors: int, sw: Software, gpu: GPUSpec, microbatches: int,
+                  grad_shard: int) -> tuple[list[Op], list[Op]]:
+    """The passes over a block's weights and their gradients outside the GEMMs, per micro-batch, as
+    (forward ops, backward ops); ``weights`` local weight elements in ``tensors`` tensors, one
+    kernel per tensor and pass (profile keys ``optimizer.*_bytes_per_param``):
+
+    - ``weight_cast``: autocast over fp32 weights casts each weight to 16 bits once per forward
+      (read 4, write 2; torch.autocast keeps the cast in its weight cache for that forward only,
+      ``cache_enabled``, PyTorch docs "Automatic Mixed Precision package"), and again in a
+      recomputed forward;
+    - ``grad_pass``, every micro-batch: the backward of that cast returns the 16-bit weight
+      gradient to the fp32 parameter's dtype (read 2, write 4), or a framework adds it into its own
+      fp32 accumulator (nanotron);
+    - ``grad_accumulate``, every micro-batch but the first: autograd's AccumulateGrad adds the new
+      gradient into the existing ``.grad`` in place (``variable_grad += new_grad``,
+      torch/csrc/autograd/functions/accumulate_grad.h; on the first micro-batch it takes the new
+      tensor without a copy). A micro-batch's program is the same for all of them, so each carries
+      the average, (m - 1) / m of the pass; under ZeRO-3 / FSDP the gradient kept is the rank's
+      shard, 1 / ``grad_shard`` of it.
+    """
+    fwd, bwd = [], []
+    if sw.weight_cast_bytes_per_param > 0:
+        fwd.append(mem_chain("weight_cast", sw.weight_cast_bytes_per_param * weights, tensors, gpu))
+    if sw.grad_cast_bytes_per_param > 0:
+        bwd.append(mem_chain("grad_pass", sw.grad_cast_bytes_per_param * weights, tensors, gpu))
+    if sw.grad_accumulate_bytes_per_param > 0 and microbatches > 1:
+        share = (microbatches - 1) / microbatches / grad_shard
+        bwd.append(mem_chain("grad_accumulate", sw.grad_accumulate_bytes_per_param * weights * share, tensors, gpu))
+    return fwd, bwd
+
+
+def _plan_weights(plan) -> tuple[float, int]:
+    """Weight elements and weight tensors of a block's GEMMs: each Gemm (m x k)(k x n) holds a
+    k x n weight per group."""
+    gemms = _gemms(plan)
+    return sum(g.k * g.n * g.groups for g in gemms), sum(g.groups for g in gemms)
+
+
 def layer_with_software(cost: LayerCost, model: ModelConfig, training: TrainingConfig, par: ParallelConfig,
-                        gpu: GPUSpec, layer: int, sw: Software) -> LayerCost:
-    """``cost`` with the profile's unfused elementwise ops and FP8 casts as their own ops, and
+                        gpu: GPUSpec, layer: int, sw: Software, microbatches: int = 1,
+                        grad_shard: int = 1) -> LayerCost:
+    """``cost`` with the profile's unfused elementwise ops, FP8 casts and passes over the weights
+    and gradients (``weight_passes``, over ``microbatches`` per step) as their own ops, and
     Megatron-core's model-specific unfused paths when the profile runs its layers."""
     if sw.megatron_layers:
         cost = megatron_layer_extras(cost, model, training, par, gpu, layer, sw)
@@ -358,7 +398,9 @@ def layer_with_software(cost: LayerCost, model: ModelConfig, training: TrainingC
                 fwd_extra.append(mem_chain("fp8_cast", fb, max(1, fk), gpu))
             if bk or bb:
                 bwd_extra.append(mem_chain("fp8_cast_bwd", bb, max(1, bk), gpu))
-        blocks[name] = (_add(fwd, fwd_extra), _add(bwd, bwd_extra))
+        weights, tensors = _plan_weights(plan)
+        wf, wb = weight_passes(weights, tensors, sw, gpu, microbatches, grad_shard)
+        blocks[name] = (_add(fwd, fwd_extra + wf), _add(bwd, bwd_extra + wb))
     attn_fwd, attn_bwd = blocks["attn"]
     if par.cp > 1 and sw.cp_merge == "torch" and any(op.name == "attn_cp_merge" for op in attn_fwd.ops):
         local = training.micro_batch_size * training.seq_length / par.cp
@@ -406,14 +448,18 @@ def _scaled(op: Op, share: float) -> Op | None:
     return Op(f"{op.name}_part", op.flops * share, op.bytes * share, op.time_s * share, op.kernels)
 
 
-def head_with_software(head: tuple[BlockCost, BlockCost], gpu: GPUSpec, sw: Software) -> tuple[BlockCost, BlockCost]:
-    """The final norm, unfused when the profile does not fuse norms."""
+def head_with_software(head: tuple[BlockCost, BlockCost], gpu: GPUSpec, sw: Software, head_weights: float = 0.0,
+                       microbatches: int = 1, grad_shard: int = 1) -> tuple[BlockCost, BlockCost]:
+    """The final norm, unfused when the profile does not fuse norms, and the passes over the LM
+    head's ``head_weights`` local weight elements (``weight_passes``; the embedding's gradient pass
+    is ``compute.embedding_cost``'s)."""
     fwd, bwd = head
-    if sw.fused_norm:
-        return head
-    elems = sum(op.bytes for op in fwd.ops if op.name == "final_norm") / (2 * ACT_BYTES)
-    return (_add(fwd, [mem_chain("unfused_elementwise", NORM_EXTRA[0] * elems, NORM_EXTRA[1], gpu)]),
-            _add(bwd, [mem_chain("unfused_elementwise_bwd", 2 * NORM_EXTRA[0] * elems, 2 * NORM_EXTRA[1], gpu)]))
+    wf, wb = weight_passes(head_weights, 1, sw, gpu, microbatches, grad_shard) if head_weights else ([], [])
+    if not sw.fused_norm:
+        elems = sum(op.bytes for op in fwd.ops if op.name == "final_norm") / (2 * ACT_BYTES)
+        wf = [mem_chain("unfused_elementwise", NORM_EXTRA[0] * elems, NORM_EXTRA[1], gpu), *wf]
+        wb = [mem_chain("unfused_elementwise_bwd", 2 * NORM_EXTRA[0] * elems, 2 * NORM_EXTRA[1], gpu), *wb]
+    return _add(fwd, wf), _add(bwd, wb)
 
 
 # bf16 Adam moments (training.optimizer_state_dtype): the fused Adam reads and writes m and v once

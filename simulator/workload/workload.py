@@ -100,13 +100,14 @@ def build_workload(s: Scenario, gpu: GPUSpec) -> Workload:
     moe_layer = counts["per_layer_moe"]
     dense_part_of_moe = _moe_dense_part(m, counts)
     dense_params, expert_params = {}, {}
+    grad_shard = par.shard_group(s.dp) if par.zero_stage == 3 else 1  # where the accumulated gradient lives
     for layer in range(m.num_hidden_layers):
         moe = m.is_moe_layer(layer)
         kind = (moe, m.attention_window(layer))
         if kind not in costs:
             cost = layer_cost(m, t, par, gpu, layer, s.moe, sw.cuda_graphs, sw.graph_scope, glu_sync(m, sw),
                               sw.wgrad_bytes_per_param, moe_fusions(sw))
-            costs[kind] = layer_with_software(cost, m, t, par, gpu, layer, sw)
+            costs[kind] = layer_with_software(cost, m, t, par, gpu, layer, sw, s.num_microbatches, grad_shard)
         layer_costs[layer] = costs[kind]
         if moe:
             dense_params[layer] = dense_part_of_moe / par.tp
@@ -162,7 +163,8 @@ def build_workload(s: Scenario, gpu: GPUSpec) -> Workload:
     work = Workload(
         scenario=s, vstages=vstages, layer_costs=layer_costs,
         embedding=embedding_cost(m, t, par, gpu),
-        head=head_with_software(_head_with_mtp(s, t, gpu, sw), gpu, sw),
+        head=head_with_software(_head_with_mtp(s, t, gpu, sw), gpu, sw, m.vocab_size * h / par.tp,
+                                s.num_microbatches, grad_shard),
         optimizer=optimizer, buckets=buckets, layer_dense_params=dense_params,
         layer_expert_params=expert_params, tp_bytes=act, pp_bytes=act / par.tp, cp_bytes=kv,
         ep_bytes=ep_bytes, ep_payload_bytes=payload, software=sw, **_offload(s))
