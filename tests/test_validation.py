@@ -233,6 +233,26 @@ def test_a_stated_attention_kernel_is_the_one_that_runs():
     assert case_to_scenario_dict(case)["training"]["attention"] == "flash"
 
 
+@pytest.mark.parametrize("stated,kernel", [
+    ("sdpa (F.scaled_dot_product_attention, is_causal)", "sdpa"),
+    ("eager (materialised scores)", "unfused"),
+    ("FlashAttention-1 CUDA kernel (flash_attn 0.2.x, Nov 2022)", "fa1"),
+    ("flash_attn 1.0.4", "fa1"),
+    ("flash (--use-flash-attn, FlashAttention 1/2 not stated)", "flash"),
+    ("fa2", "fa2"),
+])
+def test_a_stated_attention_is_read_from_its_first_word_and_its_version(stated, kernel):
+    """A statement with a note after the kernel's name runs that kernel; a FlashAttention (v1) run
+    of 2022 runs fa1 and a flash run with no version the framework's kernel, not the year's
+    default (unfused before 2023)."""
+    case = _case()
+    case["source"] = "a benchmark table of 2022"
+    case["framework_options"] = {"attention": stated}
+    assert case_to_scenario_dict(case)["training"]["attention"] == kernel
+    del case["framework_options"]["attention"]
+    assert case_to_scenario_dict(case)["training"]["attention"] == "unfused"
+
+
 def test_nemo_24_03_runs_state_the_early_2024_cudnn():
     """The NeMo 24.03 long-sequence rows name Transformer Engine's cuDNN of that release
     (framework_options.attention cudnn91), which validate passes to the scenario."""

@@ -44,7 +44,11 @@ only, so predictions are the same with them removed. Documented defaults for unk
   materialised scores.
   ``framework_options.attention`` naming a kernel stepsim prices (fa2, sdpa, fa3, cudnn, flex:
   NeMo AutoModel's ``attn: flex`` backend is PyTorch FlexAttention; cudnn91: the cuDNN of
-  Transformer Engine's early-2024 releases, simulator.workload.attention) runs that kernel instead.
+  Transformer Engine's early-2024 releases, simulator.workload.attention) runs that kernel instead,
+  read from its first word, so a note may follow ("sdpa (F.scaled_dot_product_attention)"); a
+  statement of eager attention ("eager", materialised scores) runs ``unfused``, and of
+  FlashAttention (v1) ("FlashAttention-1", flash_attn 0.x or 1.x) runs ``fa1``, and of flash
+  attention with no version the framework's fused kernel (``flash``), whatever the year.
 - layers not divisible by pp x vp: the first and last stages get f layers each and the others the
   rest evenly, f the largest value <= ceil(layers / (pp x vp)) that makes this possible (how
   Megatron-DeepSpeed balanced BLOOM, whose first and last stages also carry the embedding). When
@@ -338,11 +342,31 @@ def _attn_impl(case: dict) -> str:
     return words[0].lower() if words else ""
 
 
+# A stated FlashAttention (v1): its name or a flash_attn release before 2.0
+_FA1 = re.compile(r"flashattention-1|flash-attention 1\b|flash_attn (?:0|1)\.")
+
+
+def stated_attention(stated: str) -> str | None:
+    """The kernel a case's ``framework_options.attention`` statement names (module docstring), or
+    None when it names none stepsim prices."""
+    stated = stated.lower().strip()
+    first = re.split(r"[\s(;,]", stated, maxsplit=1)[0]
+    if first in STATED_ATTENTION:
+        return first
+    if first == "eager" or "materialised scores" in stated or "materialized scores" in stated:
+        return "unfused"
+    if _FA1.search(stated):
+        return "fa1"
+    if first in ("flash", "flash-attn", "flashattention", "flash_attn"):
+        return "flash"
+    return None
+
+
 def _attention_of(case: dict) -> str:
     """The scenario's ``training.attention`` for a case (module docstring, ``ATTN_IMPL``)."""
-    stated = str((case.get("framework_options") or {}).get("attention") or "").lower()
-    if stated in STATED_ATTENTION:
-        return stated
+    named = stated_attention(str((case.get("framework_options") or {}).get("attention") or ""))
+    if named:
+        return named
     impl = _attn_impl(case)
     if impl in ATTN_IMPL:
         return ATTN_IMPL[impl]

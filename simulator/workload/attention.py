@@ -72,10 +72,15 @@ What runs where (each framework's default; a scenario picks another with ``train
   gives no length dependence) and 1 / 2 backward, on every GPU (Ampere-style code without
   wgmma/TMA, like FA2 on Hopper; no published Hopper measurement of it was found). Beyond 16k the
   ratio is held, as the curves are.
+- ``fa1``: FlashAttention (v1), the flash_attn 0.x/1.x CUDA kernels of 2022 to mid-2023. The
+  FlashAttention-2 paper (Dao 2023, arXiv 2307.08691, Sec. 1 and 4.1, A100) measured it at 25-40%
+  of peak forward and 25-35% backward, with FlashAttention-2 "around 2x faster" at 50-73%
+  forward: the curve is FA2's times ``FA1_FA2_RATIO``, one half in both directions, on every GPU
+  (its Ampere code runs unchanged on Hopper, like FA2's).
 - ``flash``: the framework's default fused kernel: ``cudnn`` on Hopper and Blackwell (FA3 does not
   run on Blackwell; cuDNN and FlashAttention-4 do, at a similar fraction of the new peak), ``fa2``
   on Ampere.
-On Ampere every fused kernel but ``flex`` and ``triton`` is FlashAttention-2 (FA3 needs Hopper; TE on sm80 uses FA2), whose
+On Ampere every fused kernel but ``flex``, ``triton`` and ``fa1`` is FlashAttention-2 (FA3 needs Hopper; TE on sm80 uses FA2), whose
 A100 curve (FlashAttention-2 paper, Fig. 5: up to 73% of peak forward, 63% backward) is given by
 ``A100_*`` below in the same form.
 
@@ -101,6 +106,10 @@ SEQ_POINTS = (512, 1024, 2048, 4096, 8192, 16384)
 # llm-foundry's Triton FlashAttention over FlashAttention-2, by direction (module docstring,
 # ``triton``): FA2 is 1.3-1.5x faster forward and about 2x backward (Dao 2023, Sec. 4.1).
 TRITON_FA2_RATIO = {"fwd": 1 / 1.4, "bwd": 1 / 2}
+# FlashAttention (v1) over FlashAttention-2 (module docstring, ``fa1``): FA2 "around 2x faster" (Dao 2023, Sec. 4.1)
+FA1_FA2_RATIO = {"fwd": 1 / 2, "bwd": 1 / 2}
+# Kernels priced as FA2's curve times a ratio, by direction, on every architecture
+FA2_RATIOS = {"triton": TRITON_FA2_RATIO, "fa1": FA1_FA2_RATIO}
 
 # PyTorch SDPA flash backend / flash_attn FA2, non-causal forward, head dim 128, at SEQ_POINTS:
 # pytorch/benchmark#2296 (287.457, 293.208, 298.428, 287.696, 304.199 TFLOP/s at 1k..16k) over the
@@ -171,7 +180,7 @@ def resolve_backend(attention: str, gpu_name: str, framework_default: str = "cud
     """The kernel that runs for ``training.attention`` on this GPU (see the module docstring)."""
     arch = architecture(gpu_name)
     if arch == "ampere":
-        return attention if attention in ("flex", "triton") else "fa2"
+        return attention if attention in ("flex", "triton", "fa1") else "fa2"
     kernel = framework_default if attention == "flash" else attention
     if arch == "blackwell" and kernel in ("fa3", "cudnn91"):
         return "cudnn"
@@ -207,8 +216,8 @@ def h100_tflops(k: AttentionKernel) -> float:
     if k.backend == "sdpa":
         ratio = _interp_log2(SEQ_POINTS, SDPA_FA2_RATIO, k.kv_len)
         return ratio * h100_tflops(AttentionKernel("fa2", k.direction, k.causal, k.head_dim, k.kv_len))
-    if k.backend == "triton":
-        return TRITON_FA2_RATIO[k.direction] * h100_tflops(AttentionKernel("fa2", k.direction, k.causal, k.head_dim,
+    if k.backend in FA2_RATIOS:
+        return FA2_RATIOS[k.backend][k.direction] * h100_tflops(AttentionKernel("fa2", k.direction, k.causal, k.head_dim,
                                                                            k.kv_len))
     if k.backend == "flex":
         return FLEX_FA3_RATIO[k.direction] * h100_tflops(AttentionKernel("fa3", k.direction, k.causal, k.head_dim,
@@ -231,7 +240,7 @@ def peak_fraction(k: AttentionKernel, gpu_name: str) -> float:
         shape = h100_tflops(AttentionKernel("fa2", k.direction, k.causal, k.head_dim, k.kv_len))
         top = h100_tflops(AttentionKernel("fa2", k.direction, False, k.head_dim, SEQ_POINTS[-1]))
         plateau = A100_FWD_PLATEAU if k.direction == "fwd" else A100_BWD_PLATEAU
-        kernel = {"flex": FLEX_FA2_RATIO[k.direction], "triton": TRITON_FA2_RATIO[k.direction]}.get(k.backend, 1.0)
+        kernel = {"flex": FLEX_FA2_RATIO, **FA2_RATIOS}.get(k.backend, {}).get(k.direction, 1.0)
         return kernel * plateau * shape / top
     return h100_tflops(k) / H100_PEAK_TFLOPS
 
