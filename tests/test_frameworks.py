@@ -513,5 +513,5 @@ def test_a_profile_written_before_the_weight_pass_keys_loads_with_them_at_zero(t
     raw["optimizer"]["grad_cast_bytes_per_param"] = {"value": -1, "source": "x"}
     bad = tmp_path / "bad.yaml"  # load_profile caches by path
     bad.write_text(yaml.safe_dump(raw))
-    with pytest.raises(ConfigError, match=r"bad.yaml: optimizer.grad_cast_bytes_per_param: got -1"):
+    with pytest.raises(ConfigError, match=r"bad.yaml: optimizer.grad_cast_bytes_per_param: got -1; must be a number >= 0$"):
         load_profile(str(bad))

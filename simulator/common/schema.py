@@ -109,11 +109,12 @@ class Number(Kind):
                 raise ConfigError(name, value, self.required)
             return None
         ok = is_number(value)
+        null = "" if self.required else " or null"  # a required number does not take null
         if not ok or value < self.minimum or (value == self.minimum and not self.inclusive):
             bound = f">= {self.minimum:g}" if self.inclusive else f"> {self.minimum:g}"
-            raise ConfigError(name, value, f"must be a number {bound} or null")
+            raise ConfigError(name, value, f"must be a number {bound}{null}")
         if self.limit is not None and value > self.limit.maximum:
-            raise ConfigError(name, value, f"must be {self.limit.describe()}, or null")
+            raise ConfigError(name, value, f"must be {self.limit.describe()}{',' if null else ''}{null}")
         return float(value) if self.required else value
 
     def json(self) -> dict:
