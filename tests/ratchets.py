@@ -21,12 +21,12 @@ FILES = {
 RATCHETS = {
     "public-runs": (0.0433, 0.0059, 29),
     "blackwell-runs": (0.1372, 0.0580, 30),
-    "framework-runs": (0.1082, 0.0384, 47),
+    "framework-runs": (0.1061, 0.0368, 47),
     "megatron-bridge-runs": (0.0636, 0.0118, 7),
     "moe-runs": (0.1488, 0.0819, 27),
     "nemo-2407-runs": (0.0533, 0.0111, 9),
     "study-runs": (0.0810, 0.0520, 160),
-    "holdout-runs": (0.1751, 0.1032, 108),
+    "holdout-runs": (0.1747, 0.1028, 108),
 }
 GOLDEN = json.loads((HERE / "golden" / "steps.json").read_text())
 

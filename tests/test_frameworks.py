@@ -515,3 +515,16 @@ def test_a_profile_written_before_the_weight_pass_keys_loads_with_them_at_zero(t
     bad.write_text(yaml.safe_dump(raw))
     with pytest.raises(ConfigError, match=r"bad.yaml: optimizer.grad_cast_bytes_per_param: got -1; must be a number >= 0$"):
         load_profile(str(bad))
+
+
+def test_deepspeed_accumulates_the_whole_gradient_under_zero1_and_its_partition_under_zero2():
+    """grad_accum_dtype defaults to bf16: ZeRO-1 leaves autograd's in-place add into .grad (6 bytes
+    per weight after the first micro-batch), ZeRO-2 adds into the rank's partition, 1 / dp of it."""
+    from simulator.workload.workload import build_workload
+
+    def acc(zero):
+        w = build_workload(scen("deepspeed", m=4, zero=zero), H100)
+        return sum(op.bytes for op in w.layer_costs[0].mlp_bwd.ops if op.name == "grad_accumulate")
+    weights = 3 * 1024 * 4096
+    assert acc(1) == pytest.approx(6 * weights * 3 / 4)
+    assert acc(2) == pytest.approx(6 * weights * 3 / 4 / 8)

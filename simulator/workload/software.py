@@ -341,8 +341,8 @@ def weight_passes(weights: float, tensors: int, sw: Software, gpu: GPUSpec, micr
       gradient into the existing ``.grad`` in place (``variable_grad += new_grad``,
       torch/csrc/autograd/functions/accumulate_grad.h; on the first micro-batch it takes the new
       tensor without a copy). A micro-batch's program is the same for all of them, so each carries
-      the average, (m - 1) / m of the pass; under ZeRO-3 / FSDP the gradient kept is the rank's
-      shard, 1 / ``grad_shard`` of it.
+      the average, (m - 1) / m of the pass; under ZeRO-2 and ZeRO-3 / FSDP the gradient kept is
+      the rank's partition, 1 / ``grad_shard`` of it.
     """
     fwd, bwd = [], []
     if sw.weight_cast_bytes_per_param > 0:

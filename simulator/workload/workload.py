@@ -100,7 +100,8 @@ def build_workload(s: Scenario, gpu: GPUSpec) -> Workload:
     moe_layer = counts["per_layer_moe"]
     dense_part_of_moe = _moe_dense_part(m, counts)
     dense_params, expert_params = {}, {}
-    grad_shard = par.shard_group(s.dp) if par.zero_stage == 3 else 1  # where the accumulated gradient lives
+    # the gradient kept over the micro-batches: the rank's partition under ZeRO-2 and ZeRO-3
+    grad_shard = par.shard_group(s.dp) if par.zero_stage >= 2 else 1
     for layer in range(m.num_hidden_layers):
         moe = m.is_moe_layer(layer)
         kind = (moe, m.attention_window(layer))
