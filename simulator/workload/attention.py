@@ -122,6 +122,8 @@ SDPA_FA2_RATIO = tuple(r / SDPA_HOST_POWER for r in
 # FlexAttention over the hand-written kernels, by direction (module docstring): H100 vs FA3, A100 vs FA2.
 FLEX_FA3_RATIO = {"fwd": 0.85, "bwd": 0.76}
 FLEX_FA2_RATIO = {"fwd": 0.90, "bwd": 0.85}
+# On Ampere, the kernels that are not FA2 itself, as shares of FA2's curve (``peak_fraction``)
+AMPERE_FA2_RATIOS = {"flex": FLEX_FA2_RATIO, **FA2_RATIOS}
 
 # FlashAttention-3 paper, Fig. 5 (forward) and Fig. 6 (backward), H100 SXM5 BF16, TFLOP/s at
 # SEQ_POINTS. Keys: (kernel, direction, causal, head_dim). Fig. 5c at 512 (Dao-AILab/flash-attention
@@ -240,7 +242,7 @@ def peak_fraction(k: AttentionKernel, gpu_name: str) -> float:
         shape = h100_tflops(AttentionKernel("fa2", k.direction, k.causal, k.head_dim, k.kv_len))
         top = h100_tflops(AttentionKernel("fa2", k.direction, False, k.head_dim, SEQ_POINTS[-1]))
         plateau = A100_FWD_PLATEAU if k.direction == "fwd" else A100_BWD_PLATEAU
-        kernel = {"flex": FLEX_FA2_RATIO, **FA2_RATIOS}.get(k.backend, {}).get(k.direction, 1.0)
+        kernel = AMPERE_FA2_RATIOS.get(k.backend, {}).get(k.direction, 1.0)
         return kernel * plateau * shape / top
     return h100_tflops(k) / H100_PEAK_TFLOPS
 
