@@ -13,11 +13,9 @@ unfolded runs on small clusters.
 
 from __future__ import annotations
 
-import gc
 from collections import defaultdict
-from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Generator, Iterator
+from typing import Generator
 
 import simpy
 
@@ -28,7 +26,7 @@ from simulator.network.flows import Network
 from simulator.network.cluster import Cluster
 from simulator.program import builder as P
 from simulator.engine.inputs import StepInputs, scaled_gpu, scenario_cluster, step_inputs
-from simulator.engine.records import CommCalls, Row, SimOptions, SimResult, Trace
+from simulator.engine.records import CommCalls, Row, SimOptions, SimResult, Trace, cyclic_gc_paused
 from simulator.engine.variability import StepVariability, straggler_lanes
 
 __all__ = ["SimOptions", "SimResult", "Row", "Trace", "Snapshot", "StepEngine", "simulate", "scenario_cluster",
@@ -51,7 +49,24 @@ class Snapshot:
 Compute, Launch, Wait, Send, Recv, Copy, Enqueue = P.Compute, P.Launch, P.Wait, P.Send, P.Recv, P.Copy, P.Enqueue
 StepBegin, StepEnd, HostStart, CloseStream, JoinStream = P.StepBegin, P.StepEnd, P.HostStart, P.CloseStream, P.JoinStream
 _row = tuple.__new__  # a Row from a tuple of all its fields, without the keyword handling of Row(...)
+_COMPACT_EVERY = (1 << 15) - 1  # events between stores of the trace rows by column (``Trace.compact``)
 _PASSES = ("F", "B", "W")  # compute kinds the trace keeps even when they take no time (``records.kept``)
+
+
+def _rewaited(program: tuple) -> dict[int, frozenset]:
+    """Wait op index -> the handles it waits on that a later op waits on again. The others are
+    dropped from the rank's events once waited: an unfolded step holds a rank's events only while
+    they can still be waited on, not every one of its programme."""
+    later: set = set()
+    out: dict[int, frozenset] = {}
+    for index in range(len(program) - 1, -1, -1):
+        op = program[index]
+        if type(op) is Wait:
+            again = later.intersection(op.handles)
+            if again:
+                out[index] = frozenset(again)
+            later.update(op.handles)
+    return out
 
 
 def _fired(event: simpy.Event) -> float:
@@ -70,28 +85,13 @@ class _KernelSMs(dict):
         return sms
 
 
-@contextmanager
-def cyclic_gc_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector off for the block. A simulation allocates millions of
-    small objects (events, rows, transfers) that die by reference counting or live to the end;
-    each generation-2 pass rescans all of them and frees nothing (the peak memory is the same
-    without it), which cost a third of an unfolded run's time and a fifth of a folded one's."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
-
 class StepEngine:
     def __init__(self, inputs: StepInputs):
         self.s, self.opt, self.gpu = inputs.scenario, inputs.options, inputs.gpu
         self.cluster, self.plan, self.work = inputs.cluster, inputs.plan, inputs.workload
         self.programs = inputs.programs
         self.stage_of = self.plan.stage_of
-        self.env = simpy.Environment()
+        self.env = simpy.Environment(0.0)  # a float clock: times read back from the trace store are floats
         self.net = Network(self.env, self.cluster.link_bw, record=self.opt.record_flows)
         self.coll = Collectives(self.env, self.net, self.cluster, self.opt.algorithm)
         self.trace = Trace()
@@ -111,6 +111,7 @@ class StepEngine:
         self._seq: dict = defaultdict(int)
         self._kernel_sms = _KernelSMs(self.s.moe.token_dispatcher)
         self.stage_end: dict[int, float] = {}
+        self._rewaited: dict[int, dict] = {}  # stage -> ``_rewaited`` of its program
         self.comm_calls = CommCalls(spans=self.opt.record_flows)
         # SMs held by communication kernels in flight, per rank, and the ranks whose compute runs
         # on what they leave (``gpu_time``): rank -> [work left, rate, since, the event its
@@ -377,7 +378,11 @@ class StepEngine:
         timeout, all_of = env.timeout, env.all_of
         pp_bytes = self.work.pp_bytes
         copy_ends: dict[int, float] = {}  # handle -> when the copy ends
-        for index, op in enumerate(self.programs[stage]):
+        program = self.programs[stage]
+        rewaited = self._rewaited.get(stage)
+        if rewaited is None:
+            rewaited = self._rewaited[stage] = _rewaited(program)
+        for index, op in enumerate(program):
             kind = type(op)
             if kind is Compute:
                 now = env.now
@@ -412,10 +417,13 @@ class StepEngine:
                 at[rank] = (index, now)
                 handles = op.handles
                 if len(handles) == 1:
-                    event = events[handles[0]]
+                    event = events[handles[0]] if index in rewaited else events.pop(handles[0])
                     yield event
                 else:
                     waited = [events[h] for h in handles]
+                    for h in handles:
+                        if h not in rewaited.get(index, ()):
+                            del events[h]
                     yield all_of(waited)
                     event = max(reversed(waited), key=_fired)
                 if env.now > now:
@@ -487,6 +495,8 @@ class StepEngine:
             while self.env.peek() <= t:
                 self.env.step()
                 events += 1
+                if not events & _COMPACT_EVERY:
+                    self.trace.compact()
         return events
 
     def next_event_s(self) -> float:
@@ -515,6 +525,8 @@ class StepEngine:
                 except simpy.core.EmptySchedule:
                     break
                 events += 1
+                if not events & _COMPACT_EVERY:
+                    self.trace.compact()
         if len(self.stage_end) != len(ranks):
             stuck = sorted(set(ranks) - set(self.stage_end))
             raise RuntimeError(f"simulation deadlocked: ranks {stuck[:8]} did not finish")
@@ -523,7 +535,7 @@ class StepEngine:
             stage_end[plan.stage_of(r)] = max(stage_end[plan.stage_of(r)], t)
         return SimResult(
             scenario=self.s, options=self.opt, plan=plan, cluster=self.cluster, workload=self.work,
-            trace=tuple(self.trace.rows), step_time_s=max(self.stage_end.values()), stage_end_s=tuple(stage_end),
+            trace=self.trace.freeze(), step_time_s=max(self.stage_end.values()), stage_end_s=tuple(stage_end),
             simulated_ranks=tuple(ranks), events=events, link_bytes=self.net.stats.bytes_carried,
             transfers=self.net.stats.transfers, flows=tuple(self.net.flows),
             comm_calls=self.comm_calls.rows(), comm_spans=self.comm_calls.span_rows())

@@ -132,7 +132,7 @@ def stage_times(result: SimResult) -> tuple[StageTimes, ...]:
     slowed = defaultdict(float)
     host = defaultdict(float)
     exposed = defaultdict(lambda: defaultdict(float))
-    for row in result.trace:
+    for row in result.trace.of_ranks(reps.values()):
         if row.stream != "compute":
             continue
         if row.kind in COMPUTE_KINDS:

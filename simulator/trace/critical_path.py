@@ -105,8 +105,7 @@ def row_slack(result: SimResult, index: dict | None = None) -> list[float]:
             key = (r.rank, r.stream)
             pred[i] = prev.get(key, -1)
             prev[key] = i
-    for j in range(len(trace) - 1, -1, -1):
-        r = trace[j]
+    for j, r in zip(range(len(trace) - 1, -1, -1), reversed(trace)):
         if r.stream not in STREAMS:
             continue
         elastic = r.kind == "idle"
