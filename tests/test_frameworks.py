@@ -528,3 +528,56 @@ def test_deepspeed_accumulates_the_whole_gradient_under_zero1_and_its_partition_
     weights = 3 * 1024 * 4096
     assert acc(1) == pytest.approx(6 * weights * 3 / 4)
     assert acc(2) == pytest.approx(6 * weights * 3 / 4 / 8)
+
+
+def _grad_calls(res):
+    """(op -> calls) of the first simulated rank's data-parallel gradient collectives."""
+    rank = res.simulated_ranks[0]
+    return {op: calls for r, axis, op, calls, _, _ in res.comm_calls
+            if r == rank and axis == "dp" and op in ("all_reduce", "reduce_scatter")}
+
+
+def test_deepspeed_all_reduces_zero_gradients_and_zero2_reduces_every_micro_batch():
+    """DeepSpeed's ZeRO-1/2 all-reduce each bucket (multi-rank bucket all-reduce); ZeRO-2's hooks
+    reduce in every micro-batch's backward, ZeRO-1 at the accumulation boundary only; Megatron-core
+    reduce-scatters once."""
+    mc = simulate(scen(zero=2, m=4))
+    buckets = _grad_calls(mc)["reduce_scatter"]
+    assert buckets >= 1 and set(_grad_calls(mc)) == {"reduce_scatter"}
+    ds1 = simulate(scen("deepspeed", zero=1, m=4))
+    ds2 = simulate(scen("deepspeed", zero=2, m=4))
+    assert _grad_calls(ds1) == {"all_reduce": buckets}
+    assert _grad_calls(ds2) == {"all_reduce": 4 * buckets}
+    stated = simulate(scen("deepspeed", zero=2, m=4, options=FrameworkOptions(grad_collective="reduce_scatter")))
+    assert _grad_calls(stated) == {"reduce_scatter": 4 * buckets}
+    # without overlap_comm the three early reductions block the compute stream: exposed in full
+    r1, r2 = step_report(ds1), step_report(ds2)
+    each = sum(sec for r, axis, op, _, _, sec in ds1.comm_calls
+               if r == ds1.simulated_ranks[0] and op == "all_reduce" and axis == "dp")
+    assert each > 0
+    assert _dp(r2) - _dp(r1) == pytest.approx(3 * each, rel=0.02)
+    assert r2["step_time_s"] > r1["step_time_s"]
+    # one micro-batch: nothing to reduce early
+    assert _grad_calls(simulate(scen("deepspeed", zero=2, m=1))) == {"all_reduce": buckets}
+    # ZeRO-3 reduce-scatters per layer whatever the profile's ZeRO-1/2 collective
+    assert "all_reduce" not in {op for _, axis, op, *_ in simulate(scen("deepspeed", zero=3, m=4)).comm_calls
+                                if axis in ("dp", "fsdp")}
+
+
+def test_validate_gives_deepspeed_runs_before_2024_the_reduce_scatter():
+    case = {"id": "x", "framework": "deepspeed", "source": "Smith et al., arXiv 2201.11990",
+            "model": {"params_b": None, "layers": 4, "hidden": 1024, "ffn_hidden": 4096, "heads": 8, "vocab": 32000,
+                      "seq_len": 1024},
+            "hardware": {"gpu": "A100 80GB", "count": 8}, "parallelism": {"tp": 1, "pp": 1, "gbs": 8}}
+    assert scenario_from_dict(case_to_scenario_dict(case)).framework_options.grad_collective == "reduce_scatter"
+    late = scenario_from_dict(case_to_scenario_dict({**case, "source": "DeepSpeed blog, 2025"}))
+    assert late.framework_options.grad_collective is None and resolve(late).grad_collective == "all_reduce"
+    stated = {**case, "framework_options": {"grad_collective": "all_reduce"}}
+    assert scenario_from_dict(case_to_scenario_dict(stated)).framework_options.grad_collective == "all_reduce"
+
+
+@pytest.mark.parametrize("bad", ["allreduce", "reduce", 1, True, ["all_reduce"]])
+def test_a_bad_grad_collective_is_a_one_line_error(bad):
+    with pytest.raises(ConfigError, match=r"^framework_options.grad_collective: got .*; valid: reduce_scatter, "
+                                          r"all_reduce$"):
+        load_scenario("scenarios/tiny.yaml", [f"framework_options.grad_collective={bad}"])

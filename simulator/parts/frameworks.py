@@ -50,11 +50,20 @@ FP8_KEYS = ("recipe", "casts_fused_into_producers", "weight_cast_once_per_step",
 OPTIMIZER_KEYS = ("adam_bytes_per_param", "clip_bytes_per_param", "zero_grad_bytes_per_param", "wgrad_bytes_per_param",
                   "weight_cast_bytes_per_param", "grad_cast_bytes_per_param", "grad_accumulate_bytes_per_param")
 
+# How ZeRO-1/2 reduce a gradient bucket over the data-parallel group (program.builder.grad_reduce_op):
+# reduce-scatter, each rank keeping its partition (Megatron-core's distributed optimizer), or an
+# all-reduce of the whole bucket, each rank copying out its partition (DeepSpeed since its
+# multi-rank bucket all-reduce, deepspeed/runtime/zero/stage_1_and_2.py average_tensor)
+GRAD_COLLECTIVES = ("reduce_scatter", "all_reduce")
+DATA_PARALLEL_KEYS = ("grad_collective", "zero2_reduce_every_microbatch")
+
 # Keys added after 0.3.0: a profile written before them may leave them out and gets this value
 # (0: the pass does not run, as every profile assumed before the key existed)
 OPTIONAL_KEYS = {("optimizer", "weight_cast_bytes_per_param"): 0.0,
                  ("optimizer", "grad_cast_bytes_per_param"): 0.0,
-                 ("optimizer", "grad_accumulate_bytes_per_param"): 0.0}
+                 ("optimizer", "grad_accumulate_bytes_per_param"): 0.0,
+                 ("data_parallel", "grad_collective"): "reduce_scatter",
+                 ("data_parallel", "zero2_reduce_every_microbatch"): False}
 
 
 
@@ -114,6 +123,7 @@ PROFILE_KEYS = {
     "optimizer": {k: _BYTES for k in OPTIMIZER_KEYS},
     "recompute": {"selective": Choice(SELECTIVE_POLICIES)},
     "fsdp": {"pipeline_unsharded": _FLAG, "replica_combine_bytes": _BYTES},
+    "data_parallel": {"grad_collective": Choice(GRAD_COLLECTIVES), "zero2_reduce_every_microbatch": _FLAG},
 }
 SECTIONS = {section: tuple(keys) for section, keys in PROFILE_KEYS.items()}
 GENERIC = "generic"  # the profile of a scenario that names no framework

@@ -168,10 +168,12 @@ def schedule_steps(s: Scenario, stage: int) -> tuple[Step, ...]:
                  for k in range(s.training.pipeline_passes) for st in one)
 
 
-def grad_reduce_op(zero: int) -> str:
+def grad_reduce_op(zero: int, collective: str = "reduce_scatter") -> str:
     """The collective that reduces a data-parallel gradient bucket: all-reduce without ZeRO, else
-    reduce-scatter (ZeRO-1/2 keep 1/dp of the gradients; ZeRO-3 reduce-scatters per layer)."""
-    return "all_reduce" if zero == 0 else "reduce_scatter"
+    the framework's (``Software.grad_collective``): a reduce-scatter (ZeRO-1/2 keep 1/dp of the
+    gradients; ZeRO-3 reduce-scatters per layer) or, as DeepSpeed's ZeRO-1/2 do, an all-reduce of
+    the bucket from which each rank keeps its partition."""
+    return "all_reduce" if zero == 0 else "reduce_scatter" if zero == 3 else collective
 
 
 def stage_placement(s: Scenario) -> Placement:
@@ -206,6 +208,8 @@ class _Builder:
         self.held_grads: list = []  # layers whose reduce-scatter waits for the chunk's last backward
         self.replica_held = 0.0  # bytes of cross-copy all-reduce not yet launched (``fsdp_grad_ops``)
         self._splits: dict = {}  # (split function, id(block), args) -> (block, its parts)
+        # ZeRO-2 reducing in every micro-batch's backward (DeepSpeed's partitioned gradients)
+        self.every_microbatch = par.zero_stage == 2 and self.sw.zero2_reduce_every_microbatch
 
     def split(self, fn, block, *args):
         """``fn(block, *args)``, computed once per block: every micro-batch of a layer kind splits the
@@ -451,7 +455,7 @@ class _Builder:
     # data parallelism -------------------------------------------------------------------------
 
     def grad_ops(self, bucket, zero):
-        op = grad_reduce_op(zero)
+        op = grad_reduce_op(zero, self.sw.grad_collective)
         out = []
         if bucket.dense_params:
             out.append(("dpcp", op, bucket.dense_params * GRAD_BYTES))
@@ -605,6 +609,8 @@ class _Builder:
                 if final:
                     self.unlayered_grads(vs, grads)
                     self.unsharded_grads(grads)
+                elif self.every_microbatch and not split:
+                    self.unlayered_grads(vs, lambda *op: self.reduce_early(*op[:3], pending))
                 self.ops.append(StepEnd("B", mb, chunk))
                 if vs > 0:
                     self.ops.append(Send(place.locate(vs - 1, copy)[0], vs - 1, mb, "B"))
@@ -644,9 +650,23 @@ class _Builder:
         elif zero == 3:  # no copies: just the reduce-scatters, launched from the compute stream
             for group, op, nbytes, axis in self.fsdp_grad_ops(layer):
                 pending.append(self.launch(group, op, nbytes, axis))
-        elif final and grads_of[layer].layers[-1] == layer:
+        elif grads_of[layer].layers[-1] == layer and (final or self.every_microbatch):
             for kind, op, nbytes in self.grad_ops(grads_of[layer], zero):
-                grads(kind, op, nbytes, "dp")
+                if final:
+                    grads(kind, op, nbytes, "dp")
+                else:
+                    self.reduce_early(kind, op, nbytes, pending)
+
+    def reduce_early(self, group, op, nbytes, pending):
+        """A gradient bucket reduced in a micro-batch's backward before the last one (ZeRO-2 that
+        reduces every micro-batch, ``Software.zero2_reduce_every_microbatch``): on the DP stream
+        when the framework overlaps the gradient reduction, else on the compute stream, which waits
+        for it (DeepSpeed without overlap_comm reduces each full bucket on the current stream,
+        stage_1_and_2.py average_tensor)."""
+        if self.sw.grad_reduce:
+            pending.append(self.enqueue(group, op, nbytes, "dp"))
+        else:
+            self.collective(group, op, nbytes, "dp")
 
     def fsdp_grad_ops(self, layer):
         """(group, op, bytes, axis) of one layer's ZeRO-3 gradient reduction: the reduce-scatter

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 
 from simulator.common import limits
 from simulator.common.errors import ConfigError
-from simulator.parts.frameworks import (CROSS_ENTROPY_IMPLS, CUDA_GRAPH_SCOPES, FP8_RECIPES, GENERIC, SELECTIVE_POLICIES,
-                                        framework_names, load_profile)
+from simulator.parts.frameworks import (CROSS_ENTROPY_IMPLS, CUDA_GRAPH_SCOPES, FP8_RECIPES, GENERIC, GRAD_COLLECTIVES,
+                                        SELECTIVE_POLICIES, framework_names, load_profile)
 from simulator.parts.calibration import Calibration, calibration_schema, read_calibration
 from simulator.parts.gpus import GPUFile, read_gpu_file
 from simulator.common.schema import (Between, Choice, Counts, Flag, Kind, Names, Number, PerLayer, Text, Whole, key,
@@ -412,6 +412,8 @@ class FrameworkOptions:
                                     help="the language-model loss implementation; null: the profile's")
     selective_recompute: str | None = key(None, Choice(SELECTIVE_POLICIES, optional=True),
                                           help="what recompute: selective re-runs; null: the profile's")
+    grad_collective: str | None = key(None, Choice(GRAD_COLLECTIVES, optional=True),
+                                      help="how ZeRO-1/2 reduce a gradient bucket (reduce_scatter, or all_reduce as DeepSpeed does); null: the profile's")
 
 
 @dataclass(frozen=True)

@@ -398,7 +398,7 @@ def schedule_walk_bound(s: Scenario, w: Workload, fwd: list[float], bwd: list[fl
         if not moved:
             return 0.0  # no schedule deadlocks; a walk that cannot move bounds nothing
     stream_on = par.zero_stage != 3 and par.dp_replicate == 1
-    reduce = grad_reduce_op(par.zero_stage)
+    reduce = grad_reduce_op(par.zero_stage, *([w.software.grad_collective] if w.software is not None else []))
     best = 0.0
     for stage in range(p):
         end = clock[stage]

@@ -68,11 +68,15 @@ only, so predictions are the same with them removed. Documented defaults for unk
   profile, in a note, when it is null or names a stack without a profile (``framework_of``).
 - framework_options (each absent key takes the profile's default): ``compile``, ``cuda_graphs``,
   ``fp8_recipe`` (delayed, tensorwise, rowwise, blockwise, mxfp8), ``cross_entropy``, ``selective_recompute``
-  and ``replica_combine_bytes`` (hybrid sharding's combined cross-copy all-reduces) go to the scenario's
+  ``replica_combine_bytes`` (hybrid sharding's combined cross-copy all-reduces) and ``grad_collective``
+  (ZeRO-1/2's gradient collective) go to the scenario's
   ``framework_options`` (a ``cuda_graphs`` scope written out: "full iteration" is true, a list of
   captured modules in parentheses becomes ``cuda_graph_scope``, those of Megatron-core's modules it
   names); ``async_tp`` and the ``overlap:`` mapping (tp_comm, grad_reduce,
   param_gather, param_prefetch_depth, async_tp, cp_comm) to its ``overlap`` section;
+  A DeepSpeed run whose source is dated before 2024 and that states no ``grad_collective`` takes
+  ``reduce_scatter``: DeepSpeed's bucket all-reduce (its profile's value) came in 0.12.4, and
+  before it one reduce per destination partition moved a reduce-scatter's bytes.
   ``activation_checkpointing`` (none, selective, full) sets recompute in place of the
   parallelism block's recompute text; ``pp_schedule`` and ``context_parallel_rotate`` as below.
   ``fp8_dot_product_attention`` sets ``training.fp8_attention`` when the run's precision is FP8;
@@ -393,7 +397,12 @@ def source_year(case: dict) -> int | None:
 
 OVERLAP_OPTIONS = ("tp_comm", "grad_reduce", "param_gather", "param_prefetch_depth", "async_tp", "cp_comm")
 FRAMEWORK_OPTIONS = ("compile", "cuda_graphs", "fp8_recipe", "replica_combine_bytes", "te_op_fuser", "cross_entropy",
-                     "selective_recompute", "moe_router_fusion", "moe_permute_fusion", "enable_experimental")
+                     "selective_recompute", "moe_router_fusion", "moe_permute_fusion", "enable_experimental",
+                     "grad_collective")
+# DeepSpeed's ZeRO-1/2 all-reduce each gradient bucket since its multi-rank bucket all-reduce
+# (deepspeedai/DeepSpeed #4695, merged 2023-11-21, released in 0.12.4); before it, one reduce per
+# destination partition moved the bytes of a reduce-scatter
+DEEPSPEED_BUCKET_ALL_REDUCE_YEAR = 2024
 
 
 def _fp8_attention(case: dict) -> bool:
@@ -640,6 +649,11 @@ def case_to_scenario_dict(case: dict, notes: list[str] | None = None) -> dict:
         moe["overlap_a2a"] = True  # DualPipe's chunk pairing hides the all-to-alls (module docstring)
     if moe:
         out["moe"] = moe
+    if (out["framework"] == "deepspeed" and "grad_collective" not in out["framework_options"]
+            and (source_year(case) or 9999) < DEEPSPEED_BUCKET_ALL_REDUCE_YEAR):
+        out["framework_options"]["grad_collective"] = "reduce_scatter"
+        notes.append("DeepSpeed before its bucket all-reduce (0.12.4): ZeRO-1/2 gradients reduced per partition, "
+                     "as a reduce-scatter")
     note = attention_note(case)
     if note:
         notes.append(note)

@@ -76,6 +76,9 @@ class Software:
     moe_permute_fusion: bool = False
     enable_experimental: bool = False  # framework_options.enable_experimental (Megatron-core's, off by default)
     cross_entropy: str = "megatron"  # the loss implementation (CROSS_ENTROPY_IMPLS)
+    grad_collective: str = "reduce_scatter"  # ZeRO-1/2's gradient collective (GRAD_COLLECTIVES)
+    # ZeRO-2 reduces the gradients in every micro-batch's backward, not only in the last one's
+    zero2_reduce_every_microbatch: bool = False
 
 
 def _pick(override, default):
@@ -130,6 +133,8 @@ def resolve(s) -> Software:
         moe_permute_fusion=bool(opt.moe_permute_fusion),
         enable_experimental=bool(opt.enable_experimental),
         cross_entropy=str(_pick(opt.cross_entropy, fu["cross_entropy_compiled"] if compile_ else fu["cross_entropy"])),
+        grad_collective=str(_pick(opt.grad_collective, prof["data_parallel"]["grad_collective"])),
+        zero2_reduce_every_microbatch=bool(prof["data_parallel"]["zero2_reduce_every_microbatch"]),
     )
 
 
