@@ -581,3 +581,31 @@ def test_a_bad_grad_collective_is_a_one_line_error(bad):
     with pytest.raises(ConfigError, match=r"^framework_options.grad_collective: got .*; valid: reduce_scatter, "
                                           r"all_reduce$"):
         load_scenario("scenarios/tiny.yaml", [f"framework_options.grad_collective={bad}"])
+
+
+def test_zero2_accumulates_expert_gradients_on_their_expert_data_parallel_partition():
+    """Under ZeRO-2 the kept gradient is the rank's partition: dense weights over the DP group,
+    routed experts over expert-DP (the optimizer and memory model partition them so)."""
+    from simulator.workload.software import _gemms, mlp_steps
+    from simulator.workload.workload import build_workload
+    from simulator.workload.compute import local_tokens
+
+    def scenario(zero):
+        return scenario_from_dict({"model": {"hf_id": "Qwen/Qwen3-30B-A3B", "num_hidden_layers": 2, "num_experts": 8,
+                                             "vocab_size": 1024},
+                                   "cluster": {"num_nodes": 2}, "framework": "deepspeed",
+                                   "training": {"seq_length": 512, "global_batch_size": 64},
+                                   "parallelism": {"ep": 4, "zero_stage": zero}})
+
+    s = scenario(2)
+    assert s.dp == 16 and s.expert_dp == 4 and s.num_microbatches == 4
+    gemms = _gemms(mlp_steps(s.model, 0, *local_tokens(s.training, s.parallelism), s.parallelism))
+    experts = sum(g.k * g.n * g.groups for g in gemms if g.name.startswith("expert_"))
+    dense = sum(g.k * g.n * g.groups for g in gemms) - experts
+    assert experts > 0 and dense > 0
+
+    def acc(zero):
+        w = build_workload(scenario(zero), H100)
+        return sum(op.bytes for op in w.layer_costs[0].mlp_bwd.ops if op.name == "grad_accumulate")
+    assert acc(1) == pytest.approx(6 * (dense + experts) * 3 / 4)
+    assert acc(2) == pytest.approx(6 * (dense / 16 + experts / 4) * 3 / 4)

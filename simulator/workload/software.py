@@ -325,7 +325,7 @@ def megatron_layer_extras(cost: LayerCost, model: ModelConfig, training: Trainin
 
 
 def weight_passes(weights: float, tensors: int, sw: Software, gpu: GPUSpec, microbatches: int,
-                  grad_shard: int) -> tuple[list[Op], list[Op]]:
+                  grad_shard: int, expert_weights: float = 0.0, expert_shard: int = 1) -> tuple[list[Op], list[Op]]:
     """The passes over a block's weights and their gradients outside the GEMMs, per micro-batch, as
     (forward ops, backward ops); ``weights`` local weight elements in ``tensors`` tensors, one
     kernel per tensor and pass (profile keys ``optimizer.*_bytes_per_param``):
@@ -342,7 +342,9 @@ def weight_passes(weights: float, tensors: int, sw: Software, gpu: GPUSpec, micr
       torch/csrc/autograd/functions/accumulate_grad.h; on the first micro-batch it takes the new
       tensor without a copy). A micro-batch's program is the same for all of them, so each carries
       the average, (m - 1) / m of the pass; under ZeRO-2 and ZeRO-3 / FSDP the gradient kept is
-      the rank's partition, 1 / ``grad_shard`` of it.
+      the rank's partition: 1 / ``grad_shard`` of the dense weights' and 1 / ``expert_shard`` of
+      the ``expert_weights``' (of ``weights``), which are partitioned over the expert-data-parallel
+      group as the optimizer and the memory model partition them.
     """
     fwd, bwd = [], []
     if sw.weight_cast_bytes_per_param > 0:
@@ -350,21 +352,24 @@ def weight_passes(weights: float, tensors: int, sw: Software, gpu: GPUSpec, micr
     if sw.grad_cast_bytes_per_param > 0:
         bwd.append(mem_chain("grad_pass", sw.grad_cast_bytes_per_param * weights, tensors, gpu))
     if sw.grad_accumulate_bytes_per_param > 0 and microbatches > 1:
-        share = (microbatches - 1) / microbatches / grad_shard
-        bwd.append(mem_chain("grad_accumulate", sw.grad_accumulate_bytes_per_param * weights * share, tensors, gpu))
+        kept = (weights - expert_weights) / grad_shard + expert_weights / expert_shard
+        share = (microbatches - 1) / microbatches
+        bwd.append(mem_chain("grad_accumulate", sw.grad_accumulate_bytes_per_param * kept * share, tensors, gpu))
     return fwd, bwd
 
 
-def _plan_weights(plan) -> tuple[float, int]:
-    """Weight elements and weight tensors of a block's GEMMs: each Gemm (m x k)(k x n) holds a
-    k x n weight per group."""
+def _plan_weights(plan) -> tuple[float, int, float]:
+    """Weight elements and weight tensors of a block's GEMMs, and of those elements the routed
+    experts' (``moe.py`` names their GEMMs ``expert_*``): each Gemm (m x k)(k x n) holds a k x n
+    weight per group."""
     gemms = _gemms(plan)
-    return sum(g.k * g.n * g.groups for g in gemms), sum(g.groups for g in gemms)
+    return (sum(g.k * g.n * g.groups for g in gemms), sum(g.groups for g in gemms),
+            sum(g.k * g.n * g.groups for g in gemms if g.name.startswith("expert_")))
 
 
 def layer_with_software(cost: LayerCost, model: ModelConfig, training: TrainingConfig, par: ParallelConfig,
                         gpu: GPUSpec, layer: int, sw: Software, microbatches: int = 1,
-                        grad_shard: int = 1) -> LayerCost:
+                        grad_shard: int = 1, expert_shard: int = 1) -> LayerCost:
     """``cost`` with the profile's unfused elementwise ops, FP8 casts and passes over the weights
     and gradients (``weight_passes``, over ``microbatches`` per step) as their own ops, and
     Megatron-core's model-specific unfused paths when the profile runs its layers."""
@@ -398,8 +403,8 @@ def layer_with_software(cost: LayerCost, model: ModelConfig, training: TrainingC
                 fwd_extra.append(mem_chain("fp8_cast", fb, max(1, fk), gpu))
             if bk or bb:
                 bwd_extra.append(mem_chain("fp8_cast_bwd", bb, max(1, bk), gpu))
-        weights, tensors = _plan_weights(plan)
-        wf, wb = weight_passes(weights, tensors, sw, gpu, microbatches, grad_shard)
+        weights, tensors, experts = _plan_weights(plan)
+        wf, wb = weight_passes(weights, tensors, sw, gpu, microbatches, grad_shard, experts, expert_shard)
         blocks[name] = (_add(fwd, fwd_extra + wf), _add(bwd, bwd_extra + wb))
     attn_fwd, attn_bwd = blocks["attn"]
     if par.cp > 1 and sw.cp_merge == "torch" and any(op.name == "attn_cp_merge" for op in attn_fwd.ops):

@@ -102,13 +102,15 @@ def build_workload(s: Scenario, gpu: GPUSpec) -> Workload:
     dense_params, expert_params = {}, {}
     # the gradient kept over the micro-batches: the rank's partition under ZeRO-2 and ZeRO-3
     grad_shard = par.shard_group(s.dp) if par.zero_stage >= 2 else 1
+    expert_shard = max(1, s.expert_dp) if par.zero_stage >= 2 else 1
     for layer in range(m.num_hidden_layers):
         moe = m.is_moe_layer(layer)
         kind = (moe, m.attention_window(layer))
         if kind not in costs:
             cost = layer_cost(m, t, par, gpu, layer, s.moe, sw.cuda_graphs, sw.graph_scope, glu_sync(m, sw),
                               sw.wgrad_bytes_per_param, moe_fusions(sw))
-            costs[kind] = layer_with_software(cost, m, t, par, gpu, layer, sw, s.num_microbatches, grad_shard)
+            costs[kind] = layer_with_software(cost, m, t, par, gpu, layer, sw, s.num_microbatches, grad_shard,
+                                              expert_shard)
         layer_costs[layer] = costs[kind]
         if moe:
             dense_params[layer] = dense_part_of_moe / par.tp
