@@ -57,7 +57,7 @@ class BlockCost:
     @functools.cached_property
     def host_wait_s(self) -> float:
         """Of ``time_s``, the GPU idle waiting on the host inside the block (``HOST_WAIT_OPS``)."""
-        return sum(op.time_s for op in self.ops if op.name in HOST_WAIT_OPS)
+        return sum((op.time_s for op in self.ops if op.name in HOST_WAIT_OPS), 0.0)
 
 
 
