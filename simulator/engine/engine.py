@@ -421,8 +421,9 @@ class StepEngine:
                     yield event
                 else:
                     waited = [events[h] for h in handles]
+                    again = rewaited.get(index, ())
                     for h in handles:
-                        if h not in rewaited.get(index, ()):
+                        if h not in again:
                             del events[h]
                     yield all_of(waited)
                     event = max(reversed(waited), key=_fired)

@@ -610,7 +610,8 @@ class _Builder:
                     self.unlayered_grads(vs, grads)
                     self.unsharded_grads(grads)
                 elif self.every_microbatch and not split:
-                    self.unlayered_grads(vs, lambda *op: self.reduce_early(*op[:3], pending))
+                    self.unlayered_grads(vs, lambda group, op, nbytes, _axis: self.reduce_early(group, op, nbytes,
+                                                                                                pending))
                 self.ops.append(StepEnd("B", mb, chunk))
                 if vs > 0:
                     self.ops.append(Send(place.locate(vs - 1, copy)[0], vs - 1, mb, "B"))

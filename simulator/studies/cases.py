@@ -67,16 +67,13 @@ only, so predictions are the same with them removed. Documented defaults for unk
   ``megatron-core`` when the case has no such key (the stack of the calibration runs); the generic
   profile, in a note, when it is null or names a stack without a profile (``framework_of``).
 - framework_options (each absent key takes the profile's default): ``compile``, ``cuda_graphs``,
-  ``fp8_recipe`` (delayed, tensorwise, rowwise, blockwise, mxfp8), ``cross_entropy``, ``selective_recompute``
+  ``fp8_recipe`` (delayed, tensorwise, rowwise, blockwise, mxfp8), ``cross_entropy``, ``selective_recompute``,
   ``replica_combine_bytes`` (hybrid sharding's combined cross-copy all-reduces) and ``grad_collective``
   (ZeRO-1/2's gradient collective) go to the scenario's
   ``framework_options`` (a ``cuda_graphs`` scope written out: "full iteration" is true, a list of
   captured modules in parentheses becomes ``cuda_graph_scope``, those of Megatron-core's modules it
   names); ``async_tp`` and the ``overlap:`` mapping (tp_comm, grad_reduce,
   param_gather, param_prefetch_depth, async_tp, cp_comm) to its ``overlap`` section;
-  A DeepSpeed run whose source is dated before 2024 and that states no ``grad_collective`` takes
-  ``reduce_scatter``: DeepSpeed's bucket all-reduce (its profile's value) came in 0.12.4, and
-  before it one reduce per destination partition moved a reduce-scatter's bytes.
   ``activation_checkpointing`` (none, selective, full) sets recompute in place of the
   parallelism block's recompute text; ``pp_schedule`` and ``context_parallel_rotate`` as below.
   ``fp8_dot_product_attention`` sets ``training.fp8_attention`` when the run's precision is FP8;
@@ -93,6 +90,10 @@ only, so predictions are the same with them removed. Documented defaults for unk
   torch-compiled, triton, xla) is the run's loss implementation (absent: the profile's; the rows
   state what their recipe at its release tag set). Other keys (pp_p2p, fsdp_*, ...) describe the run but are not
   modelled and are ignored.
+- DeepSpeed's gradient collective: a DeepSpeed run whose source is dated before 2024 and that
+  states no ``grad_collective`` takes ``reduce_scatter``. DeepSpeed's bucket all-reduce (its
+  profile's value) came in 0.12.4; before it, one reduce per destination partition moved a
+  reduce-scatter's bytes.
 - GPU names: a catalog entry or alias, or a family match (``simulator.parts.gpus``); the
   96 GB H100 of Meta's Grand Teton hosts is its own entry (2.4 TB/s HBM2e); PCIe, NVL and 94 GB
   parts are an error, never mapped to the SXM part.

@@ -100,9 +100,10 @@ def build_workload(s: Scenario, gpu: GPUSpec) -> Workload:
     moe_layer = counts["per_layer_moe"]
     dense_part_of_moe = _moe_dense_part(m, counts)
     dense_params, expert_params = {}, {}
-    # the gradient kept over the micro-batches: the rank's partition under ZeRO-2 and ZeRO-3
-    grad_shard = par.shard_group(s.dp) if par.zero_stage >= 2 else 1
-    expert_shard = max(1, s.expert_dp) if par.zero_stage >= 2 else 1
+    # ZeRO partitions dense state over the DP x CP shard group and experts' over expert-DP: the
+    # optimizer state from ZeRO-1, the gradient kept over the micro-batches from ZeRO-2
+    shard, expert_dp = par.shard_group(s.dp), max(1, s.expert_dp)
+    grad_shard, expert_shard = (shard, expert_dp) if par.zero_stage >= 2 else (1, 1)
     for layer in range(m.num_hidden_layers):
         moe = m.is_moe_layer(layer)
         kind = (moe, m.attention_window(layer))
@@ -143,7 +144,7 @@ def build_workload(s: Scenario, gpu: GPUSpec) -> Workload:
         dense = sum(b.dense_params for vs in mine for b in buckets[vs])
         expert = sum(b.expert_params for vs in mine for b in buckets[vs])
         if par.zero_stage >= 1:
-            local = dense / par.shard_group(s.dp) + expert / max(1, s.expert_dp)
+            local = dense / shard + expert / expert_dp
         else:
             local = dense + expert
         optimizer[stage] = optimizer_block(local, dense + expert, gpu, sw, t.optimizer_state_dtype)
