@@ -1,9 +1,12 @@
 """Framework profiles and the kernel-level software costs: closed forms on small layers and tiny worlds."""
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 import yaml
+
+import simulator
 
 from simulator.scenario.config import (ClusterConfig, FrameworkOptions, ModelConfig, OverlapConfig, ParallelConfig, Scenario,
                               TrainingConfig)
@@ -609,3 +612,79 @@ def test_zero2_accumulates_expert_gradients_on_their_expert_data_parallel_partit
         return sum(op.bytes for op in w.layer_costs[0].mlp_bwd.ops if op.name == "grad_accumulate")
     assert acc(1) == pytest.approx(6 * (dense + experts) * 3 / 4)
     assert acc(2) == pytest.approx(6 * (dense / 16 + experts / 4) * 3 / 4)
+
+
+GPT2_SHAPE = dataclasses.replace(LLAMA, hidden_act="gelu_new")
+
+
+def _named(block, name):
+    return [op for op in block.ops if op.name == name]
+
+
+def test_transformers_gelu_new_is_its_composed_autocast_ops_per_activation_element():
+    """NewGELUActivation under autocast: 72 bytes and 9 kernels forward, 110 and 14 backward, beyond
+    the one-kernel GELU, per element of the 1024-token x 4096 activation; a compiled run, another
+    activation or a profile with a GELU kernel adds none."""
+    base, eager = sw_layer(scen("huggingface", model=GPT2_SHAPE))
+    elements = 1024 * 4096
+    fwd, bwd = _named(eager.mlp_fwd, "eager_gelu"), _named(eager.mlp_bwd, "eager_gelu_bwd")
+    assert [(op.bytes, op.kernels) for op in fwd] == [(72.0 * elements, 9)]
+    assert [(op.bytes, op.kernels) for op in bwd] == [(110.0 * elements, 14)]
+    assert fwd[0].time_s >= fwd[0].bytes / H100.hbm_bandwidth_Bps
+    assert eager.mlp_fwd.time_s > base.mlp_fwd.time_s + fwd[0].time_s * 0.999
+    for s in (scen("huggingface", model=GPT2_SHAPE, options=FrameworkOptions(compile=True)),
+              scen("huggingface", model=dataclasses.replace(LLAMA, hidden_act="gelu")),
+              scen("nanogpt", model=GPT2_SHAPE), scen("megatron-core", model=GPT2_SHAPE)):
+        _, layer = sw_layer(s)
+        assert not _named(layer.mlp_fwd, "eager_gelu") and not _named(layer.mlp_bwd, "eager_gelu_bwd")
+
+
+def test_transformers_eager_attention_pays_its_scale_mask_and_float32_softmax_per_score():
+    """training.attention: unfused on the huggingface profile: 24 bytes and 4 kernels forward, 26 and
+    4 backward per score (b x heads x s x s) beyond the fused scale-mask-softmax; the same layer
+    with flash attention, or Megatron's fused kernel, adds none."""
+    unfused = dataclasses.replace(TRAIN, attention="unfused", micro_batch_size=2, global_batch_size=16)
+    s = dataclasses.replace(scen("huggingface", model=GPT2_SHAPE), training=unfused)
+    _, eager = sw_layer(s)
+    scores = 2 * 8 * 1024 * 1024
+    assert [(op.bytes, op.kernels) for op in _named(eager.attn_fwd, "eager_softmax")] == [(24.0 * scores, 4)]
+    assert [(op.bytes, op.kernels) for op in _named(eager.attn_bwd, "eager_softmax_bwd")] == [(26.0 * scores, 4)]
+    tp2 = dataclasses.replace(s, parallelism=dataclasses.replace(s.parallelism, tp=2, dp=4))
+    _, half = sw_layer(tp2)
+    assert _named(half.attn_fwd, "eager_softmax")[0].bytes == 24.0 * scores / 2
+    for other in (scen("huggingface", model=GPT2_SHAPE),
+                  dataclasses.replace(scen("megatron-core", model=GPT2_SHAPE), training=unfused)):
+        _, layer = sw_layer(other)
+        assert not _named(layer.attn_fwd, "eager_softmax")
+
+
+def test_a_gpt2_class_case_runs_gelu_new_and_others_keep_gelu():
+    case = yaml.safe_load("""
+id: t
+framework: huggingface
+precision: bf16
+model: {params_b: 0.124, hf_id: openai-community/gpt2, layers: 12, hidden: 768, ffn_hidden: 3072, heads: 12,
+        vocab: 50257, seq_len: 1024}
+hardware: {gpu: A100-SXM4-80GB, count: 8, gpus_per_node: 8}
+parallelism: {tp: 1, pp: 1, dp: 8, cp: 1, mbs: 8, gbs: 256, recompute: none}
+measured: {step_time_s: 1.0}
+""")
+    assert case_to_scenario_dict(case)["model"]["hidden_act"] == "gelu_new"
+    case["model"].pop("hf_id")
+    assert case_to_scenario_dict(case)["model"]["hidden_act"] == "gelu"
+    case["framework_options"] = {"stack": "transformers GPT2LMHeadModel"}
+    assert case_to_scenario_dict(case)["model"]["hidden_act"] == "gelu_new"
+
+
+@pytest.mark.parametrize("section,key,value", [("fusion", "gelu_new", "tanh"), ("fusion", "gelu_new", 3),
+                                               ("attention", "unfused_softmax", "eager"),
+                                               ("attention", "unfused_softmax", ["fused"])])
+def test_bad_gelu_new_and_unfused_softmax_values_are_one_line_errors(tmp_path, section, key, value):
+    prof = yaml.safe_load((Path(simulator.__file__).parent / "data" / "frameworks" / "generic.yaml").read_text())
+    prof.setdefault(section, {})[key] = {"value": value, "source": "test"}
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(prof))
+    load_profile.cache_clear()
+    with pytest.raises(ConfigError) as err:
+        load_profile(str(path))
+    assert f"{section}.{key}" in str(err.value) and "\n" not in str(err.value)

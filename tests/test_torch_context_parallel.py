@@ -53,7 +53,8 @@ def test_sdpa_on_ampere_is_fa2():
 
 def test_torchtitan_profile_says_sdpa_repeated_kv_and_torch_merges():
     prof = load_profile("torchtitan")["attention"]
-    assert prof == {"kernel": "sdpa", "cp_comm_type": "all_gather", "kv_heads_expanded": True, "cp_merge": "torch"}
+    assert prof == {"kernel": "sdpa", "cp_comm_type": "all_gather", "kv_heads_expanded": True, "cp_merge": "torch",
+                    "unfused_softmax": "fused"}
     for name in ("megatron-core", "nemo", "maxtext", "composer", "deepspeed", "automodel"):
         other = load_profile(name)["attention"]
         assert other["kv_heads_expanded"] is False and other["cp_merge"] == "te"

@@ -63,7 +63,9 @@ OPTIONAL_KEYS = {("optimizer", "weight_cast_bytes_per_param"): 0.0,
                  ("optimizer", "grad_cast_bytes_per_param"): 0.0,
                  ("optimizer", "grad_accumulate_bytes_per_param"): 0.0,
                  ("data_parallel", "grad_collective"): "reduce_scatter",
-                 ("data_parallel", "zero2_reduce_every_microbatch"): False}
+                 ("data_parallel", "zero2_reduce_every_microbatch"): False,
+                 ("fusion", "gelu_new"): "kernel",
+                 ("attention", "unfused_softmax"): "fused"}
 
 
 
@@ -95,6 +97,15 @@ CP_MERGES = ("te", "torch")
 
 
 
+# How the framework's model code runs model.hidden_act gelu_new (the tanh-approximate GELU): one
+# kernel (F.gelu(approximate="tanh"), a fused bias-GELU), or transformers' NewGELUActivation, a
+# Python formula of eager ops under autocast (``software.GELU_NEW_COMPOSED``)
+GELU_NEW_IMPLS = ("kernel", "composed")
+# How training.attention: unfused scales, masks and normalises the scores: one fused
+# scale-mask-softmax kernel (Megatron's FusedScaleMaskSoftmax, what compute.py prices), or separate
+# eager kernels with autocast's float32 softmax (transformers' GPT2Attention, ``software.EAGER_SOFTMAX``)
+UNFUSED_SOFTMAX = ("fused", "eager_autocast")
+
 # Whose transformer-layer code runs: Megatron-core's (megatron/core/transformer, its RoPE and
 # MoE experts, with their model-specific unfused paths, ``software.megatron_layer_extras``) or the
 # framework's own model code
@@ -112,11 +123,12 @@ _BYTES = Number(0, True, required="must be a number >= 0")
 PROFILE_KEYS = {
     "model": {"code": Choice(MODEL_CODES)},
     "attention": {"kernel": Choice(ATTENTION_KERNELS), "cp_comm_type": Choice(CP_COMM_TYPES),
-                  "kv_heads_expanded": _FLAG, "cp_merge": Choice(CP_MERGES)},
+                  "kv_heads_expanded": _FLAG, "cp_merge": Choice(CP_MERGES),
+                  "unfused_softmax": Choice(UNFUSED_SOFTMAX)},
     "overlap": {"tp_comm": _FLAG, "grad_reduce": _FLAG, "param_gather": _FLAG,
                 "param_prefetch_depth": Whole(0, limits.PREFETCH_DEPTH), "async_tp": _FLAG, "cp_comm": _FLAG},
     "fusion": {"norm": _FLAG, "rope": _FLAG, "activation": _FLAG, "cross_entropy": Choice(CROSS_ENTROPY_IMPLS),
-               "cross_entropy_compiled": Choice(CROSS_ENTROPY_IMPLS)},
+               "cross_entropy_compiled": Choice(CROSS_ENTROPY_IMPLS), "gelu_new": Choice(GELU_NEW_IMPLS)},
     "execution": {"compile": _FLAG, "cuda_graphs": _FLAG, "host_issue_us": _BYTES, "compiled_host_issue_us": _BYTES},
     "fp8": {"recipe": Choice(FP8_RECIPES), "casts_fused_into_producers": _FLAG, "weight_cast_once_per_step": _FLAG,
             "saves_quantized_inputs": _FLAG},

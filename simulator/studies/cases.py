@@ -11,7 +11,8 @@ only, so predictions are the same with them removed. Documented defaults for unk
   otherwise, with the case's per-GPU NVLink and NIC rates as overrides; nodes = count / gpus_per_node (8 when not given); a run on fewer GPUs
   than a node uses one node of that many.
 - hidden_act: SwiGLU (silu) or GeLU, whichever makes the parameter count closer to ``params_b``;
-  untied embeddings.
+  a GeLU model of transformers' GPT-2 class (a GPT-2 checkpoint, or a stated GPT2LMHeadModel)
+  gelu_new, its config's activation; untied embeddings.
 - micro-batch size 1; zero_stage 1 (Megatron's distributed optimizer, the default of
   Megatron-core and NeMo recipes); precision mxfp8 or nvfp4 when the case names them, else fp8
   when it says fp8 (delayed, current or block scaling), else bf16; dp =
@@ -180,6 +181,14 @@ def _hidden_act(model: dict) -> str:
         if err < best_err:
             best, best_err = act, err
     return best
+
+
+def _gpt2_class(case: dict) -> bool:
+    """Whether the case's model is transformers' GPT-2 class: a GPT-2 checkpoint
+    (openai-community/gpt2*) or a stated GPT2LMHeadModel. Its config's activation_function is
+    gelu_new (GPT2Config's default, and every openai-community/gpt2* config.json)."""
+    hf_id = str(case["model"].get("hf_id") or "").lower()
+    return hf_id.split("/")[-1].startswith("gpt2") or "GPT2LMHeadModel" in str(case.get("framework_options") or "")
 
 
 def _uneven(layers: int, n: int) -> tuple[int, int] | None:
@@ -621,6 +630,8 @@ def case_to_scenario_dict(case: dict, notes: list[str] | None = None) -> dict:
         model = {"hidden_size": m["hidden"], "num_hidden_layers": m["layers"], "num_attention_heads": m["heads"],
                  "num_key_value_heads": m.get("kv_heads") or m["heads"], "intermediate_size": m["ffn_hidden"],
                  "vocab_size": m["vocab"], "hidden_act": _hidden_act(m), "tie_word_embeddings": False}
+    if isinstance(model, dict) and model.get("hidden_act") == "gelu" and _gpt2_class(case):
+        model["hidden_act"] = "gelu_new"
     moe = {}
     if m.get("experts"):
         moe, moe_notes = _moe_options(case, m, model, ep, parallelism.get("etp") or par["tp"], gpn)

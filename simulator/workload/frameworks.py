@@ -79,6 +79,8 @@ class Software:
     grad_collective: str = "reduce_scatter"  # ZeRO-1/2's gradient collective (GRAD_COLLECTIVES)
     # ZeRO-2 reduces the gradients in every micro-batch's backward, not only in the last one's
     zero2_reduce_every_microbatch: bool = False
+    gelu_new: str = "kernel"  # how model.hidden_act gelu_new runs (GELU_NEW_IMPLS); torch.compile fuses it
+    unfused_softmax: str = "fused"  # how training.attention: unfused normalises the scores (UNFUSED_SOFTMAX)
 
 
 def _pick(override, default):
@@ -135,6 +137,8 @@ def resolve(s) -> Software:
         cross_entropy=str(_pick(opt.cross_entropy, fu["cross_entropy_compiled"] if compile_ else fu["cross_entropy"])),
         grad_collective=str(_pick(opt.grad_collective, prof["data_parallel"]["grad_collective"])),
         zero2_reduce_every_microbatch=bool(prof["data_parallel"]["zero2_reduce_every_microbatch"]),
+        gelu_new="kernel" if compile_ else str(fu["gelu_new"]),
+        unfused_softmax="fused" if compile_ else str(prof["attention"]["unfused_softmax"]),
     )
 
 

@@ -184,6 +184,33 @@ MEGATRON_ROPE_UNFUSED = (24.0, 12, 24.0, 6)
 GLU_CLAMP = (8.0, 3, 10.0, 3)
 EXPERT_BIAS = (12.0, 2, 16.0, 4)
 SWIGLU_EXTRA = (4.0, 1)  # per element of the activation output
+# transformers' NewGELUActivation (src/transformers/activations.py, the model.hidden_act gelu_new of
+# GPT-2 and its kin): 0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * pow(x, 3)))) as eager ops
+# under autocast, which runs pow in float32 (PyTorch "Automatic Mixed Precision package", CUDA ops
+# that autocast to float32: pow, softmax, layer_norm) so that every op after it is float32 until
+# the next matmul casts back. Per element of the 16-bit activation input, (forward bytes, forward
+# kernels, backward bytes, backward kernels) beyond the one-kernel GELU the reference prices
+# (compute.py ``mlp_act``: 4 bytes forward, 8 backward, one kernel each). Forward, 10 kernels, 76 bytes:
+# 0.5 * x (read 2, write 2), the autocast cast of x (2, 4) and pow (4, 4), * 0.044715 (4, 4), x + that
+# (2 + 4, 4), * sqrt(2 / pi) (4, 4), tanh (4, 4), 1 + (4, 4), the product (2 + 4, 4), the next
+# matmul's cast to 16 bits (4, 2). Backward, autograd's formula per op, 15 kernels, 118 bytes: the
+# cast back (2, 4); the product's two gradients (4 + 4, 4 then 4, 2 to the 16-bit input's dtype,
+# and 4 + 2, 4); tanh_backward (4 + 4, 4); the two constant products (4, 4 each); the sum's
+# gradient to x cast to 16 bits (4, 2); pow_backward, grad * 3 * x^2 (4, 4; 4, 4; 4 + 4, 4) and its
+# autocast cast (4, 2); 0.5 * grad (2, 2); autograd's two adds of x's three gradients (2 + 2, 2 each).
+GELU_NEW_COMPOSED = (76.0 - 4.0, 10 - 1, 118.0 - 8.0, 15 - 1)
+# transformers' GPT2Attention._attn (src/transformers/models/gpt2/modeling_gpt2.py), the eager
+# attention of training.attention: unfused under autocast, against Megatron's fused
+# scale-mask-softmax that compute.py ``_attn_core_unfused`` prices (softmax read 2, write 2 and
+# its backward 6 bytes per score; dropout 5 and 5 in both). Per score, (forward bytes, forward
+# kernels, backward bytes, backward kernels) beyond it: forward, the division by sqrt(d) (read 2,
+# write 2), torch.where with the causal mask (2, 2; the boolean mask is one s x s buffer for every
+# head), autocast's cast to float32 for softmax (2, 4), the softmax in float32 (4, 4, against the
+# fused kernel's 4 bytes), .type back to 16 bits (4, 2): 4 kernels and 24 bytes more; backward, the
+# casts' gradients (2, 4 and 4, 2), softmax_backward in float32 (4 + 4, 4, against 6), where's and
+# the division's gradients (2, 2 each): 4 kernels and 26 bytes more. Llama-style models' eager
+# path (eager_attention_forward) asks softmax for float32 in-kernel and moves somewhat less.
+EAGER_SOFTMAX = (24.0, 4, 26.0, 4)
 NORM_OPS = ("input_norm", "post_attn_norm", "final_norm", "qk_norm")
 ACT_OPS = ("mlp_act", "expert_act", "shared_act")
 NORM_FED_GEMMS = ("qkv_proj", "mlp_up", "shared_up", "router", "lm_head")
@@ -358,6 +385,21 @@ def weight_passes(weights: float, tensors: int, sw: Software, gpu: GPUSpec, micr
     return fwd, bwd
 
 
+def _eager_extras(block: str, model: ModelConfig, training: TrainingConfig, par: ParallelConfig, sw: Software,
+                  tokens: float, layer: int) -> tuple[str, tuple, float] | None:
+    """(op name, its bytes and kernels per element, elements) of the eager kernels a framework runs
+    beyond the reference's fused one in ``block``: transformers' composed gelu_new in a dense MLP
+    (``GELU_NEW_COMPOSED``, per element of the activation), its eager scale, mask and float32
+    softmax of unfused attention (``EAGER_SOFTMAX``, per score); None if neither applies."""
+    if (block == "mlp" and sw.gelu_new == "composed" and model.hidden_act == "gelu_new"
+            and not model.is_moe_layer(layer)):
+        return "eager_gelu", GELU_NEW_COMPOSED, tokens * model.intermediate_size / par.tp
+    if block == "attn" and sw.unfused_softmax == "eager_autocast" and training.attention == "unfused":
+        heads = training.micro_batch_size * model.num_attention_heads / par.tp
+        return "eager_softmax", EAGER_SOFTMAX, heads * training.seq_length / par.cp * training.seq_length
+    return None
+
+
 def _plan_weights(plan) -> tuple[float, int, float]:
     """Weight elements and weight tensors of a block's GEMMs, and of those elements the routed
     experts' (``moe.py`` names their GEMMs ``expert_*``): each Gemm (m x k)(k x n) holds a k x n
@@ -397,6 +439,11 @@ def layer_with_software(cost: LayerCost, model: ModelConfig, training: TrainingC
             kernels += 2 * (ROPE_UNFUSED[1] - 1)
         fwd_extra = [mem_chain("unfused_elementwise", nbytes, kernels, gpu)] if kernels else []
         bwd_extra = [mem_chain("unfused_elementwise_bwd", 2.0 * nbytes, 2 * kernels, gpu)] if kernels else []
+        eager = _eager_extras(name, model, training, par, sw, tokens, layer)
+        if eager is not None:
+            label, (fb, fk, bb, bk), elements = eager
+            fwd_extra.append(mem_chain(label, fb * elements, fk, gpu))
+            bwd_extra.append(mem_chain(f"{label}_bwd", bb * elements, bk, gpu))
         if training.precision == "fp8":
             fb, fk, bb, bk = fp8_extra(_gemms(plan), sw)
             if fk or fb:
