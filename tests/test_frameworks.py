@@ -688,3 +688,19 @@ def test_bad_gelu_new_and_unfused_softmax_values_are_one_line_errors(tmp_path, s
     with pytest.raises(ConfigError) as err:
         load_profile(str(path))
     assert f"{section}.{key}" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_eager_autocast_kernels_keep_their_float32_tensors_for_the_backward():
+    """Per layer and micro-batch: the float32 softmax output adds 2 bytes per score (b x heads x s x
+    s / t) and the composed gelu_new 12 per activation element (tokens x f / t), in the memory
+    report's layer accounting; other activations and profiles keep the fused kernels' bytes."""
+    from simulator.workload.memory import layer_activation_bytes
+    s, b, t = 1024.0, 2, 2
+    args = (GPT2_SHAPE, 0, s, b, t, False, "none")
+    base = layer_activation_bytes(*args, dropout=True)
+    assert layer_activation_bytes(*args, dropout=True, softmax_fp32=True) - base == 2 * 8 * s * s * b / t
+    assert layer_activation_bytes(*args, dropout=True, gelu_composed=True) - base == 12 * s * b * 4096 / t
+    gelu = (dataclasses.replace(GPT2_SHAPE, hidden_act="gelu"),) + args[1:]
+    assert layer_activation_bytes(*gelu, gelu_composed=True) == layer_activation_bytes(*gelu)
+    assert layer_activation_bytes(*args, flash_attention=True, softmax_fp32=True) == \
+        layer_activation_bytes(*args, flash_attention=True)

@@ -133,6 +133,7 @@ def korthikanti_activation_bytes(
 def layer_activation_bytes(
     model: ModelConfig, layer: int, s: float, b: float, t: int, sp: bool, recompute: str,
     flash_attention: bool = False, dropout: bool = True, etp: int | None = None, quantized_inputs: bool = False,
+    softmax_fp32: bool = False, gelu_composed: bool = False,
 ) -> float:
     """Korthikanti et al. 2022's per-layer accounting (Sec. 4.1) for GQA, SwiGLU and MoE layers.
 
@@ -152,6 +153,13 @@ def layer_activation_bytes(
     scenario's ``training.attention`` as the compute model does: a fused flash-attention
     kernel keeps only its fp32 log-sum-exp statistics (4 a s b / t bytes) instead of the 5 a s^2 b / t
     score term (Dao et al. 2022), and recipes without dropout store no masks.
+
+    ``softmax_fp32``: eager attention under autocast (profile ``attention.unfused_softmax:
+    eager_autocast``, ``software.EAGER_SOFTMAX``) saves softmax's float32 output for its backward,
+    2 bytes per score more than the 16-bit one. ``gelu_composed``: transformers' gelu_new as eager
+    ops under autocast (``software.GELU_NEW_COMPOSED``) saves pow's float32 input, tanh's float32
+    output, 0.5 x (16-bit) and 1 + tanh (float32) for autograd, 14 bytes per element of the
+    activation instead of the fused GELU's 16-bit input: ``GELU_NEW_SAVED_EXTRA`` more.
 
     ``quantized_inputs``: FP8 training whose GEMMs keep their quantized input for the weight
     gradient (``FP8_SAVED_INPUT_BYTES`` per element instead of 2): Transformer Engine's Linear saves
@@ -178,7 +186,8 @@ def layer_activation_bytes(
     if flash_attention:
         attn += 4 * a * tokens / t
     elif recompute == "none":
-        attn += (ACT_BYTES + MASK_BYTES + ACT_BYTES) * a * s * tokens / t
+        attn += (ACT_BYTES + MASK_BYTES + ACT_BYTES + (EAGER_SOFTMAX_SAVED_EXTRA if softmax_fp32 else 0.0)) \
+            * a * s * tokens / t
     if model.is_moe_layer(layer):
         # the norm input, and its output as the router (a 16-bit GEMM) keeps it; with quantized
         # inputs the shared experts' first GEMM keeps its own FP8 copy beside it
@@ -193,7 +202,20 @@ def layer_activation_bytes(
     else:
         mlp = (ACT_BYTES + gemm_in) * tokens * h * rep + mask + _ffn_bytes(model, tokens, model.intermediate_size, t,
                                                                           gemm_in)
+        if gelu_composed and model.hidden_act == "gelu_new":
+            mlp += GELU_NEW_SAVED_EXTRA * tokens * model.intermediate_size / t
     return attn + mlp
+
+
+# Eager autograd's saved tensors beyond the fused kernels' (``layer_activation_bytes``), bytes per
+# score and per activation element
+EAGER_SOFTMAX_SAVED_EXTRA = 4.0 - ACT_BYTES
+GELU_NEW_SAVED_EXTRA = (4.0 + 4.0 + 2.0 + 4.0) - ACT_BYTES
+
+
+def eager_saved(sw) -> dict:
+    """``layer_activation_bytes``' keywords for a framework's eager kernels (its ``Software``)."""
+    return {"softmax_fp32": sw.unfused_softmax == "eager_autocast", "gelu_composed": sw.gelu_new == "composed"}
 
 
 def recompute_module_savings(model: ModelConfig, layer: int, s: float, b: float, t: int, sp: bool,
@@ -484,18 +506,19 @@ def _layout_parts(s: Scenario) -> tuple[tuple[_Params, float, int], ...]:
     layer_kinds = _layer_kinds(s.model)
     sw = resolve(s)
     policy = sw.selective_recompute if s.training.recompute == "selective" else "attention_core"
-    quantized = _quantized_inputs(s, sw)
+    saved = {"quantized_inputs": _quantized_inputs(s, sw), **eager_saved(sw)}
     params_by_kind: dict = {}
     bytes_by_kind: dict = {}
-    return tuple(_stage_layout_part(s, stage, layer_kinds, policy, quantized, params_by_kind, bytes_by_kind)
+    return tuple(_stage_layout_part(s, stage, layer_kinds, policy, saved, params_by_kind, bytes_by_kind)
                  for stage in range(s.parallelism.pp))
 
 
-def _stage_layout_part(s: Scenario, stage: int, layer_kinds: tuple, policy: str, quantized: bool,
+def _stage_layout_part(s: Scenario, stage: int, layer_kinds: tuple, policy: str, saved: dict,
                        params_by_kind: dict, bytes_by_kind: dict) -> tuple[_Params, float, int]:
     """(parameters, activation bytes, chunk activations in flight) of ``stage``: the part of
     ``stage_memory`` the ZeRO stage does not change (``s`` has zero_stage 0), with what
-    ``_layout_parts`` shares across the layout's stages."""
+    ``_layout_parts`` shares across the layout's stages; ``saved``: ``layer_activation_bytes``'
+    keywords of what the framework's kernels keep (FP8 inputs quantized, eager float32 tensors)."""
     par, tr, m = s.parallelism, s.training, s.model
     tp, pp, vp = par.tp, par.pp, par.vp
     layers = stage_layers(m, stage, pp, vp, par.first_pipeline_num_layers, par.last_pipeline_num_layers,
@@ -507,7 +530,7 @@ def _stage_layout_part(s: Scenario, stage: int, layer_kinds: tuple, policy: str,
 
     seq, b, sp, rc = tr.seq_length / par.cp, tr.micro_batch_size, par.sequence_parallel, tr.recompute
     kernels = {"flash_attention": tr.attention != "unfused", "dropout": tr.attention == "unfused", "etp": par.expert_tp,
-               "quantized_inputs": quantized}
+               **saved}
     # layer_activation_bytes depends on the layer only through its kind (MoE or not; the
     # attention window kept in the key too): the same values, computed once per kind
     # (``bytes_by_kind``: kind -> saved, working set), summed in the same order.
@@ -526,7 +549,7 @@ def _stage_layout_part(s: Scenario, stage: int, layer_kinds: tuple, policy: str,
                 if "core_attn" not in tr.recompute_modules and not kernels["flash_attention"]:
                     a = none  # the attention scores are kept
                 a -= recompute_module_savings(m, layer, seq, b, tp, sp, tr.recompute_modules, par.expert_tp,
-                                              quantized)
+                                              kernels["quantized_inputs"])
             bytes_by_kind[kind] = (a, none - a)
         per_mb.append(bytes_by_kind[kind][0])
         working_set.append(bytes_by_kind[kind][1])
@@ -589,7 +612,8 @@ def offload_bytes_per_layer(s: Scenario) -> dict[int, float]:
     recompute) for the first ``activation_offload_layers`` layers, else the listed modules' tensors
     (``offload.module_offload_bytes``); layers that offload nothing are left out."""
     tr, par, m = s.training, s.parallelism, s.model
-    quantized = _quantized_inputs(s, resolve(s))
+    sw = resolve(s)
+    quantized = _quantized_inputs(s, sw)
     seq, b, tp, sp = tr.seq_length / par.cp, tr.micro_batch_size, par.tp, par.sequence_parallel
     out = {}
     for layer in range(m.num_hidden_layers):
@@ -597,7 +621,8 @@ def offload_bytes_per_layer(s: Scenario) -> dict[int, float]:
             if layer >= tr.activation_offload_layers:
                 break
             n = layer_activation_bytes(m, layer, seq, b, tp, sp, "none", flash_attention=tr.attention != "unfused",
-                                       dropout=tr.attention == "unfused", etp=par.expert_tp, quantized_inputs=quantized)
+                                       dropout=tr.attention == "unfused", etp=par.expert_tp, quantized_inputs=quantized,
+                                       **eager_saved(sw))
         else:
             n = _module_offload_bytes(s, layer, quantized)
         if n > 0:
