@@ -244,6 +244,43 @@ def test_hf_config_errors(tmp_path):
                  left_out=True)
 
 
+# openai-community/gpt2-medium's config.json fields (its size fields and activation as published)
+GPT2_MEDIUM_HF = {"activation_function": "gelu_new", "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
+                  "n_ctx": 1024, "n_embd": 1024, "n_head": 16, "n_layer": 24, "n_positions": 1024,
+                  "vocab_size": 50257, "layer_norm_epsilon": 1e-05}
+
+
+def test_a_gpt2_family_config_reads_its_own_field_names(tmp_path):
+    """GPT-2's config.json names its sizes n_embd / n_layer / n_head, leaves the MLP width to
+    4 x n_embd (n_inner absent) and the LM head tied by transformers' default: read as
+    transformers reads it. BLOOM's n_embed and OPT's ffn_dim likewise; a field written in the
+    scenario still wins, and an activation stepsim does not model is a one-line error."""
+    (tmp_path / "gpt2.json").write_text(json.dumps(GPT2_MEDIUM_HF))
+    d = yaml.safe_load(TINY.read_text())
+    d["model"] = {"hf_config": "gpt2.json"}
+    d["parallelism"] = {"tp": 1, "pp": 1, "dp": 8}
+    path = tmp_path / "gpt2.yaml"
+    path.write_text(yaml.safe_dump(d))
+    m = load_scenario(str(path)).model
+    assert (m.hidden_size, m.num_hidden_layers, m.num_attention_heads, m.num_key_value_heads) == (1024, 24, 16, 16)
+    assert (m.intermediate_size, m.hidden_act, m.tie_word_embeddings) == (4096, "gelu_new", True)
+    assert load_scenario(str(path), ["model.intermediate_size=2048"]).model.intermediate_size == 2048
+    (tmp_path / "gpt2.json").write_text(json.dumps({**GPT2_MEDIUM_HF, "n_inner": 3000, "tie_word_embeddings": False}))
+    m = load_scenario(str(path)).model
+    assert (m.intermediate_size, m.tie_word_embeddings) == (3000, False)
+    (tmp_path / "gpt2.json").write_text(json.dumps({"model_type": "bloom", "n_embed": 1024, "n_layer": 24, "n_head": 16,
+                                                   "vocab_size": 250880}))
+    m = load_scenario(str(path)).model
+    assert (m.hidden_size, m.intermediate_size, m.tie_word_embeddings) == (1024, 4096, True)
+    (tmp_path / "gpt2.json").write_text(json.dumps({"model_type": "opt", "hidden_size": 1024, "num_hidden_layers": 24,
+                                                   "num_attention_heads": 16, "ffn_dim": 4096, "vocab_size": 50272,
+                                                   "activation_function": "relu"}))
+    m = load_scenario(str(path)).model
+    assert (m.intermediate_size, m.hidden_act, m.tie_word_embeddings) == (4096, "relu", False)
+    (tmp_path / "gpt2.json").write_text(json.dumps({**GPT2_MEDIUM_HF, "activation_function": "quick_gelu"}))
+    expect_error("model.hidden_act", load_scenario, str(path))
+
+
 # --- field checks --------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("item, field", [

@@ -36,6 +36,22 @@ MODEL_ALIASES = {
 
 
 
+# Config-file field names of the GPT-2 family, as transformers maps them (GPT2Config, GPTJConfig
+# ``attribute_map``: n_embd, n_layer, n_head; BloomConfig takes n_embed for hidden_size and maps
+# n_layer, n_head; GPT-2's and GPT-J's n_inner is the MLP width, OPTConfig's ffn_dim; every one
+# names its activation ``activation_function``). Read from config files only: a scenario writes
+# the canonical names.
+HF_FILE_NAMES = {"n_embd": "hidden_size", "n_embed": "hidden_size", "n_layer": "num_hidden_layers",
+                 "n_head": "num_attention_heads", "n_inner": "intermediate_size", "ffn_dim": "intermediate_size",
+                 "activation_function": "hidden_act"}
+# Model types whose MLP is 4 x hidden_size when the config gives no width: GPT-2 and GPT-J
+# (n_inner null: "None will set it to 4 times n_embd", GPT2Config / GPTJConfig docs) and BLOOM
+# (BloomMLP dense_h_to_4h, no width field).
+FOUR_H_MODEL_TYPES = ("gpt2", "gptj", "bloom")
+# Model types that tie the LM head to the embedding by transformers' default when the config does
+# not say (PretrainedConfig tie_word_embeddings=True; GPTJConfig sets False itself).
+TIED_BY_DEFAULT = ("gpt2", "bloom")
+
 # Hugging Face model types whose attention normalises each query and key head (``qk_norm``).
 QK_NORM_MODEL_TYPES = ("qwen3", "qwen3_moe")
 
@@ -144,11 +160,24 @@ def _hf_dict_fields(hf: dict) -> dict:
       config has no field for it): ``expert_bias``;
     - Qwen3 (dense and MoE) normalises each query and key head (HF ``Qwen3Attention.q_norm`` /
       ``k_norm``; no config field): ``qk_norm``;
-    - ``rope_scaling`` of type yarn gives ``rope_mscale`` (``yarn_mscale``).
+    - ``rope_scaling`` of type yarn gives ``rope_mscale`` (``yarn_mscale``);
+    - the GPT-2 family's own names (``HF_FILE_NAMES``: n_embd, n_layer, n_head, n_inner,
+      activation_function, BLOOM's n_embed, OPT's ffn_dim), its 4 x hidden_size MLP when the
+      width is not given (``FOUR_H_MODEL_TYPES``) and transformers' tied LM head by default
+      (``TIED_BY_DEFAULT``).
     """
     if isinstance(hf.get("text_config"), dict):
         hf = {**{k: v for k, v in hf.items() if k != "text_config"}, **hf["text_config"]}
     hf = dict(hf)
+    for name, canonical in HF_FILE_NAMES.items():
+        if name in hf and hf.get(canonical) is None:
+            hf[canonical] = hf.pop(name)
+    model_type = str(hf.get("model_type", "")).lower()
+    if model_type in FOUR_H_MODEL_TYPES and hf.get("intermediate_size") is None \
+            and isinstance(hf.get("hidden_size"), int):
+        hf["intermediate_size"] = 4 * hf["hidden_size"]
+    if model_type in TIED_BY_DEFAULT:
+        hf.setdefault("tie_word_embeddings", True)
     if hf.get("intermediate_size_mlp") is not None and hf.get("num_local_experts"):
         hf["moe_intermediate_size"] = hf["intermediate_size"]
         hf["intermediate_size"] = hf["intermediate_size_mlp"]
