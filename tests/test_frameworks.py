@@ -704,3 +704,41 @@ def test_eager_autocast_kernels_keep_their_float32_tensors_for_the_backward():
     assert layer_activation_bytes(*gelu, gelu_composed=True) == layer_activation_bytes(*gelu)
     assert layer_activation_bytes(*args, flash_attention=True, softmax_fp32=True) == \
         layer_activation_bytes(*args, flash_attention=True)
+
+
+def test_torch_ddp_buckets_split_a_layer_past_the_cap_into_equal_collectives():
+    """torch DDP caps a gradient bucket at bucket_cap_mb (25 MiB of fp32 gradients: 6,553,600
+    parameters on the huggingface profile): a 12.6M-parameter layer is reduced in two all-reduces
+    of half its gradients, launched when its backward ends; Megatron-core's sizing keeps one
+    bucket of several layers."""
+    from simulator.program.builder import build_program, Launch, Enqueue
+    from simulator.workload.workload import build_workload
+    model = dataclasses.replace(LLAMA, hidden_act="gelu", num_hidden_layers=2)  # 12 h^2 = 12,582,912 per layer
+    hf, mc = scen("huggingface", model=model), scen("megatron-core", model=model)
+    w_hf, w_mc = build_workload(hf, H100), build_workload(mc, H100)
+    per_layer = w_hf.layer_dense_params[0]
+    assert per_layer == 12 * 1024 * 1024
+    # the embedding and LM head (2 x 32000 x 1024 untied) as their own bucket: 10 parts
+    assert [(b.layers, b.parts) for b in w_hf.buckets[0]] == [((1,), 2), ((0,), 2), ((), 10)]
+    assert [(b.layers, b.parts) for b in w_mc.buckets[0]] == [((1, 0), 1)]
+
+    def dp_sizes(s, w):
+        return sorted(op.nbytes for op in build_program(s, w, 0) if type(op) in (Launch, Enqueue) and op.group == "dpcp")
+
+    hf_sizes = dp_sizes(hf, w_hf)
+    halves, tenths = [x for x in hf_sizes if x == per_layer / 2 * 4], [x for x in hf_sizes if x != per_layer / 2 * 4]
+    assert len(halves) == 4 and len(tenths) == 10 and len(set(tenths)) == 1
+    assert tenths[0] == pytest.approx(2 * 32000 * 1024 / 10 * 4)
+    assert len(dp_sizes(mc, w_mc)) == 1
+
+
+@pytest.mark.parametrize("value", [-1, "25MB", [1]])
+def test_bad_ddp_bucket_params_is_a_one_line_error(tmp_path, value):
+    prof = yaml.safe_load((Path(simulator.__file__).parent / "data" / "frameworks" / "generic.yaml").read_text())
+    prof.setdefault("data_parallel", {})["ddp_bucket_params"] = {"value": value, "source": "test"}
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(prof))
+    load_profile.cache_clear()
+    with pytest.raises(ConfigError) as err:
+        load_profile(str(path))
+    assert "data_parallel.ddp_bucket_params" in str(err.value) and "\n" not in str(err.value)

@@ -64,6 +64,7 @@ OPTIONAL_KEYS = {("optimizer", "weight_cast_bytes_per_param"): 0.0,
                  ("optimizer", "grad_accumulate_bytes_per_param"): 0.0,
                  ("data_parallel", "grad_collective"): "reduce_scatter",
                  ("data_parallel", "zero2_reduce_every_microbatch"): False,
+                 ("data_parallel", "ddp_bucket_params"): 0.0,
                  ("fusion", "gelu_new"): "kernel",
                  ("attention", "unfused_softmax"): "fused"}
 
@@ -135,7 +136,8 @@ PROFILE_KEYS = {
     "optimizer": {k: _BYTES for k in OPTIMIZER_KEYS},
     "recompute": {"selective": Choice(SELECTIVE_POLICIES)},
     "fsdp": {"pipeline_unsharded": _FLAG, "replica_combine_bytes": _BYTES},
-    "data_parallel": {"grad_collective": Choice(GRAD_COLLECTIVES), "zero2_reduce_every_microbatch": _FLAG},
+    "data_parallel": {"grad_collective": Choice(GRAD_COLLECTIVES), "zero2_reduce_every_microbatch": _FLAG,
+                      "ddp_bucket_params": _BYTES},
 }
 SECTIONS = {section: tuple(keys) for section, keys in PROFILE_KEYS.items()}
 GENERIC = "generic"  # the profile of a scenario that names no framework

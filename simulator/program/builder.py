@@ -455,13 +455,16 @@ class _Builder:
     # data parallelism -------------------------------------------------------------------------
 
     def grad_ops(self, bucket, zero):
+        """The bucket's gradient collectives, one per part (``Bucket.parts``)."""
         op = grad_reduce_op(zero, self.sw.grad_collective)
         out = []
-        if bucket.dense_params:
-            out.append(("dpcp", op, bucket.dense_params * GRAD_BYTES))
-            out.extend(self.replica_reduce(bucket.dense_params * GRAD_BYTES))
-        if bucket.expert_params:
-            out.append(("edp", op, bucket.expert_params * GRAD_BYTES))
+        parts = bucket.parts
+        for _ in range(parts):
+            if bucket.dense_params:
+                out.append(("dpcp", op, bucket.dense_params / parts * GRAD_BYTES))
+                out.extend(self.replica_reduce(bucket.dense_params / parts * GRAD_BYTES))
+            if bucket.expert_params:
+                out.append(("edp", op, bucket.expert_params / parts * GRAD_BYTES))
         return out
 
     def replica_reduce(self, nbytes):

@@ -80,6 +80,9 @@ class Software:
     # ZeRO-2 reduces the gradients in every micro-batch's backward, not only in the last one's
     zero2_reduce_every_microbatch: bool = False
     gelu_new: str = "kernel"  # how model.hidden_act gelu_new runs (GELU_NEW_IMPLS); torch.compile fuses it
+    # parameters per data-parallel gradient bucket (torch DDP's bucket_cap_mb over the gradients'
+    # dtype); 0: Megatron-core's sizing (``memory.ddp_bucket_params``)
+    ddp_bucket_params: float = 0.0
     unfused_softmax: str = "fused"  # how training.attention: unfused normalises the scores (UNFUSED_SOFTMAX)
 
 
@@ -138,6 +141,7 @@ def resolve(s) -> Software:
         grad_collective=str(_pick(opt.grad_collective, prof["data_parallel"]["grad_collective"])),
         zero2_reduce_every_microbatch=bool(prof["data_parallel"]["zero2_reduce_every_microbatch"]),
         gelu_new="kernel" if compile_ else str(fu["gelu_new"]),
+        ddp_bucket_params=float(prof["data_parallel"]["ddp_bucket_params"]),
         unfused_softmax="fused" if compile_ else str(prof["attention"]["unfused_softmax"]),
     )
 

@@ -65,7 +65,8 @@ DDP_BUCKET_PARAMS_PER_RANK = 1_000_000
 
 def ddp_bucket_params(dp_cp: int) -> float:
     """Parameters per DDP gradient bucket for a DP x CP group of ``dp_cp`` ranks (Megatron-core's
-    default): the workload's buckets and the memory model's one bucket buffer both use it."""
+    default): the workload's buckets (unless the framework cuts its own,
+    ``Software.ddp_bucket_params``) and the memory model's one bucket buffer use it."""
     return float(max(DDP_BUCKET_MIN_PARAMS, DDP_BUCKET_PARAMS_PER_RANK * dp_cp))
 # Framework margin, an estimate, the same for every scenario: CUDA context with the loaded
 # cuBLAS / cuDNN / Transformer Engine kernels and workspaces (~1 GiB per process on A100/H100),

@@ -27,6 +27,8 @@ Built once per scenario from the compute model; the engine only walks it. Messag
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, replace
 
 from simulator.workload import moe as moe_model
@@ -54,6 +56,9 @@ class Bucket:
     layers: tuple[int, ...]
     dense_params: float  # per GPU (after TP), reduced over DP x CP
     expert_params: float  # per GPU (after TP and EP), reduced over the expert-DP group
+    # collectives it is reduced in: a layer larger than torch DDP's bucket cap fills several
+    # buckets (``Software.ddp_bucket_params``), each an equal part here
+    parts: int = 1
 
 
 @dataclass(frozen=True)
@@ -120,7 +125,13 @@ def build_workload(s: Scenario, gpu: GPUSpec) -> Workload:
             dense_params[layer] = dense_layer / par.tp
             expert_params[layer] = 0.0
 
-    bucket_limit = ddp_bucket_params(s.dp * par.cp)
+    bucket_limit = sw.ddp_bucket_params or ddp_bucket_params(s.dp * par.cp)
+
+    def parts_of(params: float) -> int:
+        """torch DDP cuts its buckets at tensors up to its cap, so a layer (or the embedding and
+        head) past the cap fills several: reduced here as that many equal collectives. Megatron-core
+        buckets whole layers: one collective."""
+        return max(1, math.ceil(params / bucket_limit)) if sw.ddp_bucket_params else 1
     emb_params = counts["embedding"] / par.tp
     head_params = counts["lm_head"] / par.tp
     buckets = {}
@@ -131,11 +142,11 @@ def build_workload(s: Scenario, gpu: GPUSpec) -> Workload:
             cur_d += dense_params[layer]
             cur_e += expert_params[layer]
             if cur_d + cur_e >= bucket_limit:
-                out.append(Bucket(tuple(cur), cur_d, cur_e))
+                out.append(Bucket(tuple(cur), cur_d, cur_e, parts_of(cur_d + cur_e)))
                 cur, cur_d, cur_e = [], 0.0, 0.0
         extra = (emb_params if vs == 0 else 0.0) + (head_params if vs == nvs - 1 else 0.0)
         if cur or extra:
-            out.append(Bucket(tuple(cur), cur_d + extra, cur_e))
+            out.append(Bucket(tuple(cur), cur_d + extra, cur_e, parts_of(cur_d + extra + cur_e)))
         buckets[vs] = tuple(out)
 
     optimizer = {}
