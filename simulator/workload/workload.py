@@ -17,7 +17,9 @@ Built once per scenario from the compute model; the engine only walks it. Messag
 - MTP (DeepSeek-V3): each of the num_nextn_predict_layers modules runs on the last stage after
   the LM head: two norms, the 2h -> h projection, one transformer layer (its EP all-to-alls are
   not simulated), and its own LM head and cross-entropy.
-- DP: gradients in buckets of max(40e6, 1e6 x dp x cp) parameters (Megatron DDP default, ``memory.ddp_bucket_params``), 4 bytes per
+- DP: gradients in buckets of whole layers up to max(40e6, 1e6 x dp x cp) parameters (Megatron DDP
+  default, ``memory.ddp_bucket_params``), or the framework's torch DDP cap
+  (``Software.ddp_bucket_params``: a bucket past it is reduced in as many equal parts), 4 bytes per
   gradient (Megatron-LM sets accumulate_allreduce_grads_in_fp32 for bf16); all-reduce over DP x CP (ZeRO 0), reduce-scatter (ZeRO 1/2, distributed optimizer),
   parameter all-gather at the start of the step overlapped with the forward (steady state of
   Megatron's overlap_param_gather). ZeRO 3 (FSDP): per-layer all-gather of the weights before
