@@ -310,3 +310,13 @@ def test_every_command_is_documented():
     for name in sub.choices:
         assert re.search(rf"^## `?stepsim {re.escape(name)}\b", text, re.M), name
 
+
+
+def test_the_extending_page_lists_every_shipped_profile():
+    """docs/extending.md names the shipped profiles in one sentence: it must list exactly those of
+    simulator/data/frameworks/ (a profile added without the page, or removed, fails here)."""
+    import re
+    from simulator.parts.frameworks import framework_names
+    text = (DOCS / "extending.md").read_text()
+    sentence = text[text.index("profiles are in `simulator/data/frameworks/`"):].split(";")[0]
+    assert tuple(sorted(re.findall(r"`([a-z0-9.-]+)`", sentence.split("(", 1)[1]))) == framework_names()

@@ -44,8 +44,8 @@ def sw_layer(s):
 def test_the_seven_frameworks_load_and_every_entry_names_a_source():
     assert framework_names() == ("automodel", "colossalai", "composer", "deepspeed", "flash-attention", "fms-fsdp",
                                  "generic", "gpt-neox", "huggingface", "internevo", "litgpt", "llm.c", "maxtext",
-                                 "megatron-core", "modded-nanogpt", "nanogpt", "nanotron", "nemo", "olmo-core",
-                                 "torchtitan")
+                                 "megatron-core", "megatron-llama", "modded-nanogpt", "nanogpt",
+                                 "nanotron", "nemo", "olmo-core", "torchtitan")
     for name in framework_names():
         assert load_profile(name)["overlap"]["param_prefetch_depth"] >= 0
 
