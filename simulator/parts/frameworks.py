@@ -78,7 +78,7 @@ SELECTIVE_POLICIES = ("attention_core", "every_second_matmul", "elementwise", "a
 
 
 
-ATTENTION_KERNELS = ("fa2", "sdpa", "fa3", "cudnn")
+ATTENTION_KERNELS = ("fa1", "fa2", "sdpa", "fa3", "cudnn")
 
 
 
