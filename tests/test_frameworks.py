@@ -678,8 +678,12 @@ measured: {step_time_s: 1.0}
 
 @pytest.mark.parametrize("section,key,value", [("fusion", "gelu_new", "tanh"), ("fusion", "gelu_new", 3),
                                                ("attention", "unfused_softmax", "eager"),
-                                               ("attention", "unfused_softmax", ["fused"])])
-def test_bad_gelu_new_and_unfused_softmax_values_are_one_line_errors(tmp_path, section, key, value):
+                                               ("attention", "unfused_softmax", ["fused"]),
+                                               ("attention", "kernel", "fa0"),
+                                               ("data_parallel", "ddp_bucket_params", -1),
+                                               ("data_parallel", "ddp_bucket_params", "25MB"),
+                                               ("data_parallel", "ddp_bucket_params", [1])])
+def test_bad_values_of_the_newer_profile_keys_are_one_line_errors(tmp_path, section, key, value):
     prof = yaml.safe_load((Path(simulator.__file__).parent / "data" / "frameworks" / "generic.yaml").read_text())
     prof.setdefault(section, {})[key] = {"value": value, "source": "test"}
     path = tmp_path / "p.yaml"
@@ -731,14 +735,3 @@ def test_torch_ddp_buckets_split_a_layer_past_the_cap_into_equal_collectives():
     assert tenths[0] == pytest.approx(2 * 32000 * 1024 / 10 * 4)
     assert len(dp_sizes(mc, w_mc)) == 1
 
-
-@pytest.mark.parametrize("value", [-1, "25MB", [1]])
-def test_bad_ddp_bucket_params_is_a_one_line_error(tmp_path, value):
-    prof = yaml.safe_load((Path(simulator.__file__).parent / "data" / "frameworks" / "generic.yaml").read_text())
-    prof.setdefault("data_parallel", {})["ddp_bucket_params"] = {"value": value, "source": "test"}
-    path = tmp_path / "p.yaml"
-    path.write_text(yaml.safe_dump(prof))
-    load_profile.cache_clear()
-    with pytest.raises(ConfigError) as err:
-        load_profile(str(path))
-    assert "data_parallel.ddp_bucket_params" in str(err.value) and "\n" not in str(err.value)

@@ -55,7 +55,6 @@ OPTIMIZER_KEYS = ("adam_bytes_per_param", "clip_bytes_per_param", "zero_grad_byt
 # all-reduce of the whole bucket, each rank copying out its partition (DeepSpeed since its
 # multi-rank bucket all-reduce, deepspeed/runtime/zero/stage_1_and_2.py average_tensor)
 GRAD_COLLECTIVES = ("reduce_scatter", "all_reduce")
-DATA_PARALLEL_KEYS = ("grad_collective", "zero2_reduce_every_microbatch")
 
 # Keys added after 0.3.0: a profile written before them may leave them out and gets this value
 # (0: the pass does not run, as every profile assumed before the key existed)

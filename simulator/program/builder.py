@@ -455,17 +455,16 @@ class _Builder:
     # data parallelism -------------------------------------------------------------------------
 
     def grad_ops(self, bucket, zero):
-        """The bucket's gradient collectives, one per part (``Bucket.parts``)."""
+        """The bucket's gradient collectives: those of one part, once per part (``Bucket.parts``)."""
         op = grad_reduce_op(zero, self.sw.grad_collective)
-        out = []
         parts = bucket.parts
-        for _ in range(parts):
-            if bucket.dense_params:
-                out.append(("dpcp", op, bucket.dense_params / parts * GRAD_BYTES))
-                out.extend(self.replica_reduce(bucket.dense_params / parts * GRAD_BYTES))
-            if bucket.expert_params:
-                out.append(("edp", op, bucket.expert_params / parts * GRAD_BYTES))
-        return out
+        out = []
+        if bucket.dense_params:
+            out.append(("dpcp", op, bucket.dense_params / parts * GRAD_BYTES))
+            out.extend(self.replica_reduce(bucket.dense_params / parts * GRAD_BYTES))
+        if bucket.expert_params:
+            out.append(("edp", op, bucket.expert_params / parts * GRAD_BYTES))
+        return out * parts
 
     def replica_reduce(self, nbytes):
         """Hybrid sharding (``parallelism.dp_replicate`` > 1): after the reduce-scatter inside a

@@ -239,6 +239,13 @@ CP_MERGE_BYTES = 10.0
 UNFUSED_ATTENTION_OPS = ("attn_scores", "attn_softmax", "attn_dropout", "attn_values")
 
 
+def unfused_scores(model: ModelConfig, training: TrainingConfig, par: ParallelConfig) -> float:
+    """Attention scores one GPU materialises per micro-batch with unfused attention: b x local
+    heads x local queries x keys (causal masking skips none)."""
+    heads = training.micro_batch_size * model.num_attention_heads / par.tp
+    return heads * (training.seq_length / par.cp) * training.seq_length
+
+
 def _attn_core_unfused(
     model: ModelConfig, training: TrainingConfig, par: ParallelConfig, gpu: GPUSpec, backward: bool
 ) -> list[Op]:
@@ -254,7 +261,7 @@ def _attn_core_unfused(
     groups = max(1, round(heads))
     q = s / cp
     d = model.head_dim
-    scores = heads * q * s
+    scores = unfused_scores(model, training, par)
     prec = _attention_precision(training.precision)
     if not backward:
         return [

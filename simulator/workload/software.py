@@ -158,7 +158,8 @@ from dataclasses import replace
 
 from simulator.scenario.config import ModelConfig, ParallelConfig, TrainingConfig
 from simulator.parts.gpus import GPUSpec
-from simulator.workload.compute import (MEGATRON_CROSS_ENTROPY, RECOMPUTE_MODULE_OPS, attention_steps, local_tokens, mlp_steps, mem_chain)
+from simulator.workload.compute import (MEGATRON_CROSS_ENTROPY, RECOMPUTE_MODULE_OPS, attention_steps, local_tokens, mlp_steps, mem_chain,
+                                        unfused_scores)
 from simulator.workload.kernels import ACT_BYTES, BlockCost, LayerCost, Op, Gemm
 from simulator.workload.frameworks import Software
 from simulator.workload.moe import local_experts
@@ -395,8 +396,7 @@ def _eager_extras(block: str, model: ModelConfig, training: TrainingConfig, par:
             and not model.is_moe_layer(layer)):
         return "eager_gelu", GELU_NEW_COMPOSED, tokens * model.intermediate_size / par.tp
     if block == "attn" and sw.unfused_softmax == "eager_autocast" and training.attention == "unfused":
-        heads = training.micro_batch_size * model.num_attention_heads / par.tp
-        return "eager_softmax", EAGER_SOFTMAX, heads * training.seq_length / par.cp * training.seq_length
+        return "eager_softmax", EAGER_SOFTMAX, unfused_scores(model, training, par)
     return None
 
 
