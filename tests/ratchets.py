@@ -26,7 +26,8 @@ RATCHETS = {
     "moe-runs": (0.1488, 0.0819, 27),
     "nemo-2407-runs": (0.0533, 0.0111, 9),
     "study-runs": (0.0810, 0.0520, 160),
-    "holdout-runs": (0.1397, 0.0586, 108),
+    "nanotron-tp-runs": (0.2090, 0.2090, 5),
+    "holdout-runs": (0.1369, 0.0421, 108),
 }
 GOLDEN = json.loads((HERE / "golden" / "steps.json").read_text())
 

@@ -676,6 +676,36 @@ measured: {step_time_s: 1.0}
     assert case_to_scenario_dict(case)["model"]["hidden_act"] == "gelu_new"
 
 
+NANOTRON_3B_CASE = """
+id: t
+framework: nanotron
+precision: bf16
+model: {params_b: 3.574, layers: 28, hidden: 3072, ffn_hidden: 8192, heads: 32, kv_heads: 32, vocab: 131072, seq_len: 4096}
+hardware: {gpu: H100-SXM5-80GB, count: 8, gpus_per_node: 8}
+parallelism: {tp: 8, pp: 1, dp: 1, cp: 1, mbs: 1, gbs: 1, recompute: none}
+measured: {step_time_s: 1.0}
+"""
+
+
+def test_a_tied_case_fits_its_activation_to_the_tied_count():
+    """3.574B is both nanotron's tied SwiGLU Llama (28 x 3072, ffn 8192, vocab 131072) and an untied
+    GeLU model of the same shape: ``tied: true`` picks the first, and ties the scenario's LM head."""
+    case = yaml.safe_load(NANOTRON_3B_CASE)
+    untied = case_to_scenario_dict(case)["model"]
+    assert (untied["hidden_act"], untied["tie_word_embeddings"]) == ("gelu", False)
+    case["model"]["tied"] = True
+    tied = case_to_scenario_dict(case)["model"]
+    assert (tied["hidden_act"], tied["tie_word_embeddings"]) == ("silu", True)
+
+
+@pytest.mark.parametrize("value", ["yes", 1, [True]])
+def test_a_bad_tied_value_is_a_one_line_error(value):
+    case = yaml.safe_load(NANOTRON_3B_CASE)
+    case["model"]["tied"] = value
+    with pytest.raises(ConfigError, match=r"^model\.tied: got .+; must be true or false$"):
+        case_to_scenario_dict(case)
+
+
 @pytest.mark.parametrize("section,key,value", [("fusion", "gelu_new", "tanh"), ("fusion", "gelu_new", 3),
                                                ("attention", "unfused_softmax", "eager"),
                                                ("attention", "unfused_softmax", ["fused"]),

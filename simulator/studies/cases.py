@@ -12,7 +12,9 @@ only, so predictions are the same with them removed. Documented defaults for unk
   than a node uses one node of that many.
 - hidden_act: SwiGLU (silu) or GeLU, whichever makes the parameter count closer to ``params_b``;
   a GeLU model of transformers' GPT-2 class (a GPT-2 checkpoint, or a stated GPT2LMHeadModel)
-  gelu_new, its config's activation; untied embeddings.
+  gelu_new, its config's activation; untied embeddings unless the case's model says ``tied: true``
+  (the activation is then fitted to the tied parameter count: nanotron's tied 1.34B and 3.57B
+  Llamas are SwiGLU models whose untied GeLU twin has the same count).
 - micro-batch size 1; zero_stage 1 (Megatron's distributed optimizer, the default of
   Megatron-core and NeMo recipes); precision mxfp8 or nvfp4 when the case names them, else fp8
   when it says fp8 (delayed, current or block scaling), else bf16; dp =
@@ -166,6 +168,14 @@ def _moe_shape(model: dict) -> dict:
     return out
 
 
+def _tied(model: dict) -> bool:
+    """The case's ``tied`` (input embedding and LM head share one matrix); false when not stated."""
+    tied = model.get("tied", False)
+    if not isinstance(tied, bool):
+        raise ConfigError("model.tied", tied, "must be true or false")
+    return tied
+
+
 def _hidden_act(model: dict) -> str:
     target = (model.get("params_b") or 0) * 1e9
     if not target:
@@ -175,6 +185,7 @@ def _hidden_act(model: dict) -> str:
         cfg = ModelConfig(hidden_size=model["hidden"], num_hidden_layers=model["layers"],
                           num_attention_heads=model["heads"], num_key_value_heads=model.get("kv_heads") or model["heads"],
                           intermediate_size=model["ffn_hidden"], vocab_size=model["vocab"], hidden_act=act,
+                          tie_word_embeddings=_tied(model),
                           num_experts=model.get("experts") or 0, num_experts_per_tok=model.get("topk") or 0,
                           **_moe_shape(model))
         err = abs(param_counts(cfg)["total"] - target)
@@ -493,7 +504,7 @@ def _case_model(m: dict) -> tuple[dict | str, list[str]]:
         return hf_id, []
     model = {"hidden_size": m["hidden"], "num_hidden_layers": m["layers"], "num_attention_heads": m["heads"],
              "num_key_value_heads": m.get("kv_heads") or m["heads"], "intermediate_size": m["ffn_hidden"],
-             "vocab_size": m["vocab"], "hidden_act": _hidden_act(m), "tie_word_embeddings": False}
+             "vocab_size": m["vocab"], "hidden_act": _hidden_act(m), "tie_word_embeddings": _tied(m)}
     if m.get("head_dim") and m["head_dim"] * m["heads"] != m["hidden"]:
         model["kv_channels"] = m["head_dim"]
     if m.get("experts"):
@@ -629,7 +640,7 @@ def case_to_scenario_dict(case: dict, notes: list[str] | None = None) -> dict:
     else:
         model = {"hidden_size": m["hidden"], "num_hidden_layers": m["layers"], "num_attention_heads": m["heads"],
                  "num_key_value_heads": m.get("kv_heads") or m["heads"], "intermediate_size": m["ffn_hidden"],
-                 "vocab_size": m["vocab"], "hidden_act": _hidden_act(m), "tie_word_embeddings": False}
+                 "vocab_size": m["vocab"], "hidden_act": _hidden_act(m), "tie_word_embeddings": _tied(m)}
     if isinstance(model, dict) and model.get("hidden_act") == "gelu" and _gpt2_class(case):
         model["hidden_act"] = "gelu_new"
     moe = {}
