@@ -55,7 +55,11 @@ def test_multi_node_ring_uses_one_channel_per_rank_position_and_matches_closed_f
     cluster = _two_nodes()
     coll = C.Collectives(None, None, cluster)
     rings = coll.channel_rings(range(16))
-    assert len(rings) == 8 and rings[1][:9] == [1, 2, 3, 4, 5, 6, 7, 0, 9]
+    assert len(rings) == 8 and rings[1] == [1, 2, 3, 4, 5, 6, 7, 0, 8, 15, 14, 13, 12, 11, 10, 9]
+    for ring in rings:  # every hop between nodes joins GPUs of one local index: one NIC rail
+        hops = [(a, b) for a, b in zip(ring, ring[1:] + ring[:1]) if a // 8 != b // 8]
+        assert len(hops) == 2 and all(a % 8 == b % 8 for a, b in hops)
+    assert len({ring[7] % 8 for ring in rings}) == 8  # and the 8 rings leave the first node on 8 NICs
     t, _ = C.time_collective(cluster, "all_reduce", range(16), 8 * GiB)
     # each of the 8 channel rings carries 1 GiB; 2 of its 16 edges cross nodes over 50 GB/s NICs
     assert t == pytest.approx(C.nccl_ring_time("all_reduce", 16, 8 * GiB / 8, 50e9, 2 / 16), rel=1e-9)

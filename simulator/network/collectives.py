@@ -302,12 +302,24 @@ class Collectives:
         return hit
 
     def _channel_rings_of(self, ranks: list[int]) -> list[list[int]]:
+        """Ring c enters the first node at its c-th GPU and leaves it from the one before, and
+        every hop between nodes joins GPUs of the same local index, so each goes out of its own
+        NIC into the same rail on the next node: NCCL keeps a ring on one NIC rail between nodes
+        unless it cannot (``NCCL_CROSS_NIC``, NCCL's environment-variable docs), so the next node is
+        walked backwards, from that GPU down to the c-th. With an odd node count the last hop back
+        to the first node cannot match, and crosses rails as any other mismatched pair routes."""
         nodes = self._node_groups(ranks)
         if nodes is None or len(nodes) < 2 or len(nodes[0]) < 2:
             return [ranks]
         k = len(nodes[0])
         grid = np.array(nodes, dtype=np.int64)
-        return [np.roll(grid, -c, axis=1).ravel().tolist() for c in range(k)]
+        backwards = grid[:, ::-1]
+        rings = []
+        for c in range(k):
+            rows = np.where((np.arange(len(nodes)) % 2 == 1)[:, None],
+                            np.roll(backwards, -(k - c) % k, axis=1), np.roll(grid, -c, axis=1))
+            rings.append(rows.ravel().tolist())
+        return rings
 
     def _rings_phase(self, op: str, rings: list[list[int]], per_step: float, steps: int) -> Phase:
         rings = [r for r in rings if len(r) > 1]
