@@ -176,6 +176,13 @@ def _tied(model: dict) -> bool:
     return tied
 
 
+def _plain_model(m: dict) -> dict:
+    """The scenario's model fields of a case's dense shape (no catalog id, no MoE)."""
+    return {"hidden_size": m["hidden"], "num_hidden_layers": m["layers"], "num_attention_heads": m["heads"],
+            "num_key_value_heads": m.get("kv_heads") or m["heads"], "intermediate_size": m["ffn_hidden"],
+            "vocab_size": m["vocab"], "hidden_act": _hidden_act(m), "tie_word_embeddings": _tied(m)}
+
+
 def _hidden_act(model: dict) -> str:
     target = (model.get("params_b") or 0) * 1e9
     if not target:
@@ -502,9 +509,7 @@ def _case_model(m: dict) -> tuple[dict | str, list[str]]:
             # the run's own MTP depth (DeepSeek-V3 "w/o MTP" rows) over the config's
             return {"hf_id": hf_id, "num_nextn_predict_layers": stated}, []
         return hf_id, []
-    model = {"hidden_size": m["hidden"], "num_hidden_layers": m["layers"], "num_attention_heads": m["heads"],
-             "num_key_value_heads": m.get("kv_heads") or m["heads"], "intermediate_size": m["ffn_hidden"],
-             "vocab_size": m["vocab"], "hidden_act": _hidden_act(m), "tie_word_embeddings": _tied(m)}
+    model = _plain_model(m)
     if m.get("head_dim") and m["head_dim"] * m["heads"] != m["hidden"]:
         model["kv_channels"] = m["head_dim"]
     if m.get("experts"):
@@ -638,9 +643,7 @@ def case_to_scenario_dict(case: dict, notes: list[str] | None = None) -> dict:
         model, model_notes = _case_model(m)
         notes.extend(model_notes)
     else:
-        model = {"hidden_size": m["hidden"], "num_hidden_layers": m["layers"], "num_attention_heads": m["heads"],
-                 "num_key_value_heads": m.get("kv_heads") or m["heads"], "intermediate_size": m["ffn_hidden"],
-                 "vocab_size": m["vocab"], "hidden_act": _hidden_act(m), "tie_word_embeddings": _tied(m)}
+        model = _plain_model(m)
     if isinstance(model, dict) and model.get("hidden_act") == "gelu" and _gpt2_class(case):
         model["hidden_act"] = "gelu_new"
     moe = {}
