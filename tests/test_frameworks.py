@@ -712,7 +712,9 @@ def test_a_bad_tied_value_is_a_one_line_error(value):
                                                ("attention", "kernel", "fa0"),
                                                ("data_parallel", "ddp_bucket_params", -1),
                                                ("data_parallel", "ddp_bucket_params", "25MB"),
-                                               ("data_parallel", "ddp_bucket_params", [1])])
+                                               ("data_parallel", "ddp_bucket_params", [1]),
+                                               ("pipeline", "split", "params"), ("pipeline", "split", 2),
+                                               ("pipeline", "split", ["layers"])])
 def test_bad_values_of_the_newer_profile_keys_are_one_line_errors(tmp_path, section, key, value):
     prof = yaml.safe_load((Path(simulator.__file__).parent / "data" / "frameworks" / "generic.yaml").read_text())
     prof.setdefault(section, {})[key] = {"value": value, "source": "test"}

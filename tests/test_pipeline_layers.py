@@ -103,3 +103,43 @@ def test_an_empty_value_in_a_vary_list_is_an_error_not_a_silent_null(text):
     from simulator.studies.sweep import parse_vary
     with pytest.raises(ConfigError, match="empty"):
         parse_vary([text])
+
+
+NANOTRON_1B = {"name": "n", "framework": "nanotron",
+               "model": {"hidden_size": 2048, "num_hidden_layers": 16, "num_attention_heads": 32,
+                         "num_key_value_heads": 32, "intermediate_size": 8192, "vocab_size": 131072,
+                         "tie_word_embeddings": True, "hidden_act": "silu"},
+               "cluster": {"gpu": "H100-SXM5-80GB", "num_nodes": 1},
+               "parallelism": {"tp": 1, "pp": 2, "dp": 4},
+               "training": {"global_batch_size": 64, "micro_batch_size": 4, "seq_length": 4096}}
+
+
+def _split_of(d: dict, *sets) -> list[int]:
+    from simulator.layout.grid import scenario_split
+
+    return [len(r) for r in scenario_split(simulator.load_scenario(d, list(sets)))]
+
+
+def test_a_nanotron_scenario_takes_nanotron_split_as_a_case_does():
+    """The profile's pipeline.split: parameters. The 1.34B tied Llama's LM head (vocab x hidden)
+    weighs four layers: nanotron puts 11 layers on the first stage and 5 beside the head, as the
+    case converter's nanotron_split; the engine's stages and the memory report follow it."""
+    case = {"hidden": 2048, "ffn_hidden": 8192, "layers": 16, "vocab": 131072, "heads": 32, "params_b": 1.342, "tied": True}
+    assert _split_of(NANOTRON_1B) == list(nanotron_split(case, 2)) == [11, 5]
+    run = simulator.run(NANOTRON_1B, record_flows=False)
+    assert run.stages[0].compute_s > 0 and run.stages[1].compute_s > 0
+    mem = simulator.memory(NANOTRON_1B)
+    assert mem.stages[0].weights_gib > mem.stages[1].weights_gib  # 11 layers against 5 (+ the tied head's copy)
+
+
+def test_nanotrons_split_places_layer_counts_pp_does_not_divide_and_yields_to_the_layout():
+    assert _split_of(NANOTRON_1B, "model.num_hidden_layers=15") == [10, 5]
+    assert simulator.run(NANOTRON_1B, ["model.num_hidden_layers=15"], record_flows=False).step_time_s > 0
+    # a split the scenario states wins; interleaving (which nanotron has not) splits evenly
+    assert _split_of(NANOTRON_1B, "parallelism.pipeline_layers=[8, 8]") == [8, 8]
+    assert _split_of(NANOTRON_1B, "parallelism.first_pipeline_num_layers=6") == [6, 10]
+    assert _split_of(NANOTRON_1B, "parallelism.vp=2", "training.global_batch_size=64") == [4, 4, 4, 4]
+    # Megatron's profile keeps the even split, and its rule that pp divides the layers
+    assert _split_of(NANOTRON_1B, "framework=megatron-core") == [8, 8]
+    with pytest.raises(ConfigError, match="parallelism.pp: got 2; must divide num_hidden_layers"):
+        simulator.run(NANOTRON_1B, ["framework=megatron-core", "model.num_hidden_layers=15"])

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from simulator.common.errors import ConfigError
+from simulator.parts.frameworks import load_profile
 
 
 @dataclass(frozen=True, eq=False)
@@ -193,3 +194,56 @@ def layer_split(par, num_layers: int) -> tuple[range, ...]:
     first/last, or ``pipeline_layers``."""
     return vstage_layers(num_layers, par.pp, par.vp, par.first_pipeline_num_layers,
                          par.last_pipeline_num_layers, par.pipeline_layers)
+
+
+def cost_balanced_split(layer_cost: float, head_cost: float, layers: int, pp: int) -> tuple[int, ...]:
+    """Decoder layers per pipeline stage as nanotron places them (huggingface/nanotron
+    src/nanotron/models/base.py ``build_model``): its pipeline blocks in forward order (embedding,
+    the decoder layers, final norm, LM head, cast, loss) weighted by ``get_block_compute_costs``
+    (a decoder layer ``layer_cost``, the LM head ``head_cost``, the others nothing), each block
+    given to the current rank, which moves on once the cumulative cost passes its share
+    total x (rank + 1) / pp. The LM head's weight leaves the last stages fewer layers; a stage may
+    get none."""
+    costs = [0.0] + [layer_cost] * layers + [0.0, head_cost, 0.0, 0.0]
+    total = sum(costs)
+    counts, rank, cumulative = [0] * pp, 0, 0.0
+    for i, cost in enumerate(costs):
+        cumulative += cost
+        if 1 <= i <= layers:
+            counts[rank] += 1
+        if cumulative > total * (rank + 1) / pp:
+            rank += 1
+    return tuple(counts)
+
+
+def framework_counts(model, framework: str | None, pp: int, vp: int, first: int | None,
+                     last: int | None) -> tuple[int, ...] | None:
+    """The framework's own layer split (profile ``pipeline.split: parameters``, nanotron's
+    ``cost_balanced_split`` on ``get_block_compute_costs``: 4 h^2 of attention and 3 or 2 h x ffn
+    of MLP per layer, vocab x h for the LM head) when the layout leaves it to the framework: pp > 1,
+    no interleaving, no first/last counts. None: the even split (or the layout's own)."""
+    if pp < 2 or vp > 1 or first is not None or last is not None:
+        return None
+    if load_profile(framework)["pipeline"]["split"] != "parameters":
+        return None
+    h = model.hidden_size
+    matrices = 3 if model.hidden_act in ("silu", "swiglu") else 2
+    return cost_balanced_split(4 * h * h + matrices * model.intermediate_size * h, model.vocab_size * h,
+                               model.num_hidden_layers, pp)
+
+
+def pipeline_counts(s) -> tuple[int, ...] | None:
+    """The scenario's layer counts per virtual stage: ``parallelism.pipeline_layers`` when given,
+    else the framework's own split (``framework_counts``), else None (even or first/last)."""
+    par = s.parallelism
+    if par.pipeline_layers is not None:
+        return par.pipeline_layers
+    return framework_counts(s.model, s.framework, par.pp, par.vp, par.first_pipeline_num_layers,
+                            par.last_pipeline_num_layers)
+
+
+def scenario_split(s) -> tuple[range, ...]:
+    """The layers of each virtual stage of a scenario (``vstage_layers`` with ``pipeline_counts``)."""
+    par = s.parallelism
+    return vstage_layers(s.model.num_hidden_layers, par.pp, par.vp, par.first_pipeline_num_layers,
+                         par.last_pipeline_num_layers, pipeline_counts(s))

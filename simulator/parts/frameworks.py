@@ -65,7 +65,8 @@ OPTIONAL_KEYS = {("optimizer", "weight_cast_bytes_per_param"): 0.0,
                  ("data_parallel", "zero2_reduce_every_microbatch"): False,
                  ("data_parallel", "ddp_bucket_params"): 0.0,
                  ("fusion", "gelu_new"): "kernel",
-                 ("attention", "unfused_softmax"): "fused"}
+                 ("attention", "unfused_softmax"): "fused",
+                 ("pipeline", "split"): "layers"}
 
 
 
@@ -106,6 +107,12 @@ GELU_NEW_IMPLS = ("kernel", "composed")
 # eager kernels with autocast's float32 softmax (transformers' GPT2Attention, ``software.EAGER_SOFTMAX``)
 UNFUSED_SOFTMAX = ("fused", "eager_autocast")
 
+# How the framework spreads the decoder layers over pipeline stages when the scenario does not say
+# (no first/last_pipeline_num_layers or pipeline_layers): as many on each stage (Megatron-core;
+# pp x vp must divide them), or by cumulative parameter count with the LM head weighed in
+# (nanotron's build_model, ``simulator.layout.grid.cost_balanced_split``)
+PIPELINE_SPLITS = ("layers", "parameters")
+
 # Whose transformer-layer code runs: Megatron-core's (megatron/core/transformer, its RoPE and
 # MoE experts, with their model-specific unfused paths, ``software.megatron_layer_extras``) or the
 # framework's own model code
@@ -137,6 +144,7 @@ PROFILE_KEYS = {
     "fsdp": {"pipeline_unsharded": _FLAG, "replica_combine_bytes": _BYTES},
     "data_parallel": {"grad_collective": Choice(GRAD_COLLECTIVES), "zero2_reduce_every_microbatch": _FLAG,
                       "ddp_bucket_params": _BYTES},
+    "pipeline": {"split": Choice(PIPELINE_SPLITS)},
 }
 SECTIONS = {section: tuple(keys) for section, keys in PROFILE_KEYS.items()}
 GENERIC = "generic"  # the profile of a scenario that names no framework

@@ -143,6 +143,7 @@ from simulator.common.errors import ConfigError
 from simulator.common.yamlfile import load_yaml_file
 from simulator.scenario.load import scenario_from_dict
 from simulator.common.schema import optional_whole, whole
+from simulator.layout.grid import cost_balanced_split
 from simulator.layout.schedules import check_schedule_args
 from simulator.parts.gpus import get_gpu
 from simulator.parts.models import catalog_config, catalog_ids
@@ -300,27 +301,14 @@ def pipeline_ends(layers: int, n: int) -> tuple[int | None, int | None]:
 
 
 def nanotron_split(model: dict, pp: int) -> tuple[int, ...]:
-    """Decoder layers per pipeline stage as nanotron places them (huggingface/nanotron
-    src/nanotron/models/base.py ``build_model``): its pipeline blocks in forward order (embedding,
-    the decoder layers, final norm, LM head, cast, loss) weighted by ``get_block_compute_costs``
-    (models/llama.py, qwen.py: a decoder layer 4 x heads x head_dim x hidden + 3 x ffn x hidden, the
-    LM head vocab x hidden, the others nothing; 2 x ffn for the non-gated MLPs of falcon.py,
-    starcoder2.py), and block after block given to the current rank, which moves on once the
-    cumulative cost passes its share total x (rank + 1) / pp. The LM head's weight leaves the last
-    stages fewer layers; a stage may get none."""
+    """Decoder layers per pipeline stage as nanotron places them (``grid.cost_balanced_split`` on
+    its ``get_block_compute_costs``, models/llama.py, qwen.py: a decoder layer 4 x heads x head_dim
+    x hidden + 3 x ffn x hidden, the LM head vocab x hidden; 2 x ffn for the non-gated MLPs of
+    falcon.py, starcoder2.py)."""
     hidden = model["hidden"]
     matrices = 3 if _hidden_act(model) == "silu" else 2
-    layer = 4 * hidden * hidden + matrices * model["ffn_hidden"] * hidden
-    costs = [0] + [layer] * model["layers"] + [0, model["vocab"] * hidden, 0, 0]
-    total = sum(costs)
-    counts, rank, cumulative = [0] * pp, 0, 0
-    for i, cost in enumerate(costs):
-        cumulative += cost
-        if 1 <= i <= model["layers"]:
-            counts[rank] += 1
-        if cumulative > total * (rank + 1) / pp:
-            rank += 1
-    return tuple(counts)
+    return cost_balanced_split(4 * hidden * hidden + matrices * model["ffn_hidden"] * hidden,
+                               model["vocab"] * hidden, model["layers"], pp)
 
 
 def _splits(layers: int, n: int) -> bool:

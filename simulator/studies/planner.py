@@ -66,7 +66,7 @@ from simulator.studies.planner_space import (Layout, candidate_scenario, enumera
 from dataclasses import dataclass, replace
 from simulator.common.units import GiB
 from simulator.engine.engine import scenario_cluster
-from simulator.layout.grid import Plan, vstage_layers
+from simulator.layout.grid import Plan, framework_counts, vstage_layers
 from simulator.layout.schedules import placement
 from simulator.network.collectives import time_collective
 from simulator.parts.gpus import gpu_of
@@ -217,8 +217,9 @@ class _Bounds:
         if len(group) < 2:
             return 0.0
         place = placement(layout.schedule, layout.pp, layout.vp)
-        vstages = vstage_layers(self.s.model.num_hidden_layers, layout.pp, layout.vp,
-                                layout.first_pipeline_num_layers, layout.last_pipeline_num_layers)
+        first, last = layout.first_pipeline_num_layers, layout.last_pipeline_num_layers
+        vstages = vstage_layers(self.s.model.num_hidden_layers, layout.pp, layout.vp, first, last,
+                                framework_counts(self.s.model, self.s.framework, layout.pp, layout.vp, first, last))
         params = tuple(dense_params[x] for c in range(place.chunks) for x in vstages[place.vstage(0, c)])
         bkey = (group, params, m)
         if bkey not in self._busy:

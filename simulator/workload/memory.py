@@ -39,7 +39,7 @@ from dataclasses import dataclass, replace
 from simulator.scenario.config import RECOMPUTE, ZERO_STAGES, ModelConfig, Scenario, optimizer_state_bytes
 from simulator.common.errors import ConfigError
 from simulator.common.records import Record, doc
-from simulator.layout.grid import layer_split, vstage_layers
+from simulator.layout.grid import pipeline_counts, scenario_split, vstage_layers
 from simulator.layout.schedules import check_schedule_args, placement, schedule_peak_in_flight
 from simulator.common.units import GiB
 from simulator.workload.frameworks import fsdp_gathered_once, resolve
@@ -487,7 +487,7 @@ def _check(s: Scenario) -> None:
     for name in ("seq_length", "micro_batch_size"):
         if getattr(tr, name) < 1:
             raise ConfigError(f"training.{name}", getattr(tr, name), "must be a positive integer")
-    layer_split(par, m.num_hidden_layers)
+    scenario_split(s)
     if m.is_moe:
         if m.num_experts % par.ep:
             raise ConfigError("parallelism.ep", par.ep, f"must divide num_experts = {m.num_experts}")
@@ -523,7 +523,7 @@ def _stage_layout_part(s: Scenario, stage: int, layer_kinds: tuple, policy: str,
     par, tr, m = s.parallelism, s.training, s.model
     tp, pp, vp = par.tp, par.pp, par.vp
     layers = stage_layers(m, stage, pp, vp, par.first_pipeline_num_layers, par.last_pipeline_num_layers,
-                          s.pipeline_schedule, par.pipeline_layers)
+                          s.pipeline_schedule, pipeline_counts(s))
     params = _stage_params(s, stage, layers, layer_kinds, params_by_kind)
     # DualPipe keeps a second model copy: every rank also holds the mirrored stage, whose layers
     # ``stage_layers`` already counts (2x states in total).

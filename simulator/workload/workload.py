@@ -36,7 +36,7 @@ from dataclasses import dataclass, replace
 from simulator.workload import moe as moe_model
 from simulator.scenario.config import Scenario, TrainingConfig
 from simulator.parts.gpus import GPUSpec
-from simulator.layout.grid import layer_split
+from simulator.layout.grid import scenario_split
 from simulator.layout.schedules import placement
 from simulator.workload.frameworks import Software, moe_fusions, resolve
 from simulator.workload.software import CROSS_ENTROPY, head_with_software, layer_with_software, optimizer_block
@@ -99,7 +99,7 @@ def build_workload(s: Scenario, gpu: GPUSpec) -> Workload:
     if t.attention == "flash":  # the framework's fused kernel (simulator/data/frameworks/*.yaml attention.kernel)
         t = replace(t, attention=sw.attention_kernel)
     place = placement(s.pipeline_schedule, p, v)
-    vstages = layer_split(par, m.num_hidden_layers)
+    vstages = scenario_split(s)
     costs: dict[tuple, LayerCost] = {}
     layer_costs = {}
     counts = param_counts(m)
