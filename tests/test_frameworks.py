@@ -698,6 +698,18 @@ def test_a_tied_case_fits_its_activation_to_the_tied_count():
     assert (tied["hidden_act"], tied["tie_word_embeddings"]) == ("silu", True)
 
 
+def test_a_case_may_state_its_activation_over_the_parameter_fit():
+    """MPT as llm-foundry benchmarked it: tied, GeLU, and learned positions whose parameters
+    (seq_len x d_model) the count includes; fitted to that count the tied model would come out
+    SwiGLU. A stated ``hidden_act`` is taken as stated."""
+    case = yaml.safe_load(NANOTRON_3B_CASE)
+    case["model"].update(tied=True, hidden_act="gelu")
+    assert case_to_scenario_dict(case)["model"]["hidden_act"] == "gelu"
+    case["model"]["hidden_act"] = "swish"
+    with pytest.raises(ConfigError, match=r"^model\.hidden_act: got 'swish'; valid: gelu, "):
+        case_to_scenario_dict(case)
+
+
 @pytest.mark.parametrize("value", ["yes", 1, [True]])
 def test_a_bad_tied_value_is_a_one_line_error(value):
     case = yaml.safe_load(NANOTRON_3B_CASE)

@@ -10,7 +10,8 @@ only, so predictions are the same with them removed. Documented defaults for unk
   segment Megatron-Bridge uses), ``dgx-b200`` for B200, ``hgx-b300`` for B300, ``dgx-h100``
   otherwise, with the case's per-GPU NVLink and NIC rates as overrides; nodes = count / gpus_per_node (8 when not given); a run on fewer GPUs
   than a node uses one node of that many.
-- hidden_act: SwiGLU (silu) or GeLU, whichever makes the parameter count closer to ``params_b``;
+- hidden_act: the case's ``model.hidden_act`` when it states one (``gelu``, ``silu``, ...); else
+  SwiGLU (silu) or GeLU, whichever makes the parameter count closer to ``params_b``;
   a GeLU model of transformers' GPT-2 class (a GPT-2 checkpoint, or a stated GPT2LMHeadModel)
   gelu_new, its config's activation; untied embeddings unless the case's model says ``tied: true``
   (the activation is then fitted to the tied parameter count: nanotron's tied 1.34B and 3.57B
@@ -147,7 +148,7 @@ from simulator.layout.grid import cost_balanced_split
 from simulator.layout.schedules import check_schedule_args
 from simulator.parts.gpus import get_gpu
 from simulator.parts.models import catalog_config, catalog_ids
-from simulator.scenario.config import ModelConfig, QUANTIZED_PRECISIONS, RECOMPUTE_MODULES
+from simulator.scenario.config import HIDDEN_ACTS, ModelConfig, QUANTIZED_PRECISIONS, RECOMPUTE_MODULES
 from simulator.workload.moe import TE_GEMM_STREAMS
 
 
@@ -185,6 +186,11 @@ def _plain_model(m: dict) -> dict:
 
 
 def _hidden_act(model: dict) -> str:
+    stated = model.get("hidden_act")
+    if stated is not None:
+        if stated not in HIDDEN_ACTS:
+            raise ConfigError("model.hidden_act", stated, f"valid: {', '.join(HIDDEN_ACTS)}")
+        return stated
     target = (model.get("params_b") or 0) * 1e9
     if not target:
         return "gelu" if model["ffn_hidden"] == 4 * model["hidden"] else "silu"
