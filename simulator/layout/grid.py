@@ -189,13 +189,6 @@ def vstage_layers(num_layers: int, pp: int, vp: int = 1, first: int | None = Non
     return tuple(out)
 
 
-def layer_split(par, num_layers: int) -> tuple[range, ...]:
-    """The layers of each virtual stage of a ``ParallelConfig`` (``vstage_layers``): even,
-    first/last, or ``pipeline_layers``."""
-    return vstage_layers(num_layers, par.pp, par.vp, par.first_pipeline_num_layers,
-                         par.last_pipeline_num_layers, par.pipeline_layers)
-
-
 def cost_balanced_split(layer_cost: float, head_cost: float, layers: int, pp: int) -> tuple[int, ...]:
     """Decoder layers per pipeline stage as nanotron places them (huggingface/nanotron
     src/nanotron/models/base.py ``build_model``): its pipeline blocks in forward order (embedding,
@@ -227,8 +220,7 @@ def framework_counts(model, framework: str | None, pp: int, vp: int, first: int 
     if load_profile(framework)["pipeline"]["split"] != "parameters":
         return None
     h = model.hidden_size
-    matrices = 3 if model.hidden_act in ("silu", "swiglu") else 2
-    return cost_balanced_split(4 * h * h + matrices * model.intermediate_size * h, model.vocab_size * h,
+    return cost_balanced_split(4 * h * h + model.mlp_matrices * model.intermediate_size * h, model.vocab_size * h,
                                model.num_hidden_layers, pp)
 
 

@@ -8,7 +8,7 @@ from dataclasses import fields
 
 from simulator.common import limits
 from simulator.common.errors import ConfigError, yaml_text
-from simulator.layout.grid import layer_split, pipeline_counts
+from simulator.layout.grid import pipeline_counts, scenario_split
 from simulator.layout.schedules import SPLIT_BACKWARD, check_schedule_args
 from simulator.parts.gpus import get_gpu, peak
 from simulator.parts.topology import load_topology, nvlink_GBps, nvlink_generation
@@ -87,10 +87,8 @@ def _checked_plan(s: Scenario) -> list[str]:
     if p.pipeline_layers is not None and uneven:
         raise ConfigError("parallelism.pipeline_layers", list(p.pipeline_layers),
                           "give either pipeline_layers or first/last_pipeline_num_layers, not both")
-    if p.pipeline_layers is not None or uneven:
-        layer_split(p, layers)
-    elif pipeline_counts(s) is not None:
-        pass  # the framework's own split (profile pipeline.split) places any layer count
+    if uneven or pipeline_counts(s) is not None:  # stated, or the framework's own (profile pipeline.split)
+        scenario_split(s)
     elif layers % p.pp:
         raise ConfigError("parallelism.pp", p.pp, f"must divide num_hidden_layers ({layers}); "
                           f"valid: {_listing(_divisors(layers))}, or set first/last_pipeline_num_layers or pipeline_layers")
