@@ -300,3 +300,71 @@ def test_fp8_attention_needs_an_fp8_recipe_and_the_fused_kernel():
     r = subprocess.run([sys.executable, "-m", "simulator", "run", tiny, "--quiet", "--set", "training.fp8_attention=true"],
                        capture_output=True, text=True)
     assert r.returncode == 2 and "training.fp8_attention" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def _cores(model, train, par, gpu, backward=False):
+    """The attention-core ops of one layer (local call, CP calls), by name."""
+    cost = layer_cost(model, train, par, gpu, 0)
+    ops = cost.attn_bwd.ops if backward else cost.attn_fwd.ops
+    return {op.name: op for op in ops if op.name.startswith("attn_core")}
+
+
+@pytest.mark.parametrize("backend", ["fa2", "fa3", "cudnn", "flex"])
+def test_packed_documents_keep_d_over_s_of_the_causal_pairs_at_the_document_length_speed(backend):
+    """8 documents of 1,024 tokens in an 8k sequence: s d / 2 of the s^2 / 2 pairs, so the FLOPs fall to
+    d / s, and the time to d / s of the full call over the kernel's speed at 1,024 keys (not 8,192)."""
+    full = TrainingConfig(seq_length=8192, attention=backend)
+    docs = dataclasses.replace(full, document_tokens=1024)
+    for backward in (False, True):
+        a, b = _core(LLAMA8B, full, ParallelConfig(), H100, backward), _core(LLAMA8B, docs, ParallelConfig(), H100, backward)
+        assert b.flops == pytest.approx(a.flops * 1024 / 8192)
+        direction = "bwd" if backward else "fwd"
+        speed = (peak_fraction(AttentionKernel(attention.resolve_backend(backend, H100.name), direction, True, 128, 1024),
+                               H100.name)
+                 / peak_fraction(AttentionKernel(attention.resolve_backend(backend, H100.name), direction, True, 128, 8192),
+                                 H100.name))
+        compute_a, compute_b = a.time_s - H100.launch_overhead_s, b.time_s - H100.launch_overhead_s
+        assert compute_b == pytest.approx(compute_a * 1024 / 8192 / speed, rel=1e-9)
+        assert speed < 1  # a short document runs the kernel below its long-sequence speed
+    # one document as long as the sequence is the default, to the bit
+    same = dataclasses.replace(full, document_tokens=8192)
+    assert layer_cost(LLAMA8B, same, ParallelConfig(), H100, 0) == layer_cost(LLAMA8B, full, ParallelConfig(), H100, 0)
+
+
+def test_packed_documents_under_context_parallelism_and_sliding_windows():
+    """CP 4: every call keeps d / s of its pairs; a window shorter than the documents sets the pairs,
+    documents shorter than the window do."""
+    full = TrainingConfig(seq_length=32768, attention="fa3")
+    docs = dataclasses.replace(full, document_tokens=2048)
+    par = ParallelConfig(cp=4)
+    a, b = _cores(LLAMA8B, full, par, H100), _cores(LLAMA8B, docs, par, H100)
+    assert set(a) == set(b) == {"attn_core", "attn_core_cp"}
+    for name in a:
+        assert b[name].flops == pytest.approx(a[name].flops * 2048 / 32768)
+        assert b[name].time_s < a[name].time_s
+    windowed = dataclasses.replace(LLAMA8B, sliding_window=1024, layer_types=("sliding_attention",) * 32)
+    w = _core(windowed, full, ParallelConfig(), H100)
+    assert _core(windowed, docs, ParallelConfig(), H100) == w  # 1,024-key window inside 2,048-token documents
+    short = dataclasses.replace(full, document_tokens=512)
+    assert _core(windowed, short, ParallelConfig(), H100).flops == pytest.approx(
+        _core(LLAMA8B, full, ParallelConfig(), H100).flops * 512 / 32768)
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "triton", "unfused"])
+def test_kernels_that_take_a_dense_mask_pay_for_every_pair_and_the_scenario_says_so(backend):
+    from simulator.simulation import run
+    full = TrainingConfig(seq_length=8192, attention=backend)
+    docs = dataclasses.replace(full, document_tokens=1024)
+    assert layer_cost(LLAMA8B, docs, ParallelConfig(), H100, 0) == layer_cost(LLAMA8B, full, ParallelConfig(), H100, 0)
+    r = run("simulator/data/scenarios/tiny.yaml", [f"training.attention={backend}", "training.document_tokens=64"])
+    assert any(w.startswith("training.document_tokens: got 64; attention " + backend) for w in r.warnings)
+    assert not run("simulator/data/scenarios/tiny.yaml", ["training.document_tokens=64"]).warnings
+
+
+@pytest.mark.parametrize("value, says", [(0, "training.document_tokens"), (-5, "training.document_tokens"),
+                                         ("many", "training.document_tokens"), (10**9, "training.document_tokens")])
+def test_bad_document_lengths_are_one_line_errors_with_exit_2(value, says, capsys):
+    from simulator.cli import main
+    code = main(["run", "simulator/data/scenarios/tiny.yaml", "--set", f"training.document_tokens={value}"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.count("\n") == 0 and says in err and "Traceback" not in err

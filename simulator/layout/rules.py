@@ -12,7 +12,7 @@ from simulator.layout.grid import pipeline_counts, scenario_split
 from simulator.layout.schedules import SPLIT_BACKWARD, check_schedule_args
 from simulator.parts.gpus import get_gpu, peak
 from simulator.parts.topology import load_topology, nvlink_GBps, nvlink_generation
-from simulator.scenario.config import (MOE_OFFLOAD_MODULES, QUANTIZED_PRECISIONS, ModelConfig, MoEConfig, ParallelConfig,
+from simulator.scenario.config import (DOCUMENT_MASKED_BACKENDS, MOE_OFFLOAD_MODULES, QUANTIZED_PRECISIONS, ModelConfig, MoEConfig, ParallelConfig,
                                        Scenario)
 from simulator.scenario.load import explain_left_out, scenario_from_dict, scenario_to_dict
 
@@ -52,6 +52,10 @@ def _checked_plan(s: Scenario) -> list[str]:
         raise ConfigError("training.fp8_attention", True,
                           "needs training.precision fp8, mxfp8 or nvfp4 and the fused cuDNN kernel (training.attention "
                           "flash or cudnn): Transformer Engine runs FP8 attention inside an FP8 recipe; valid: false")
+    if t.document_tokens is not None and t.document_tokens > t.seq_length:
+        raise ConfigError("training.document_tokens", t.document_tokens,
+                          f"documents are packed into sequences of training.seq_length ({t.seq_length}) tokens: "
+                          f"valid: 1 to {t.seq_length}, or null")
     scope = s.framework_options.cuda_graph_scope or ()
     if "moe" in scope and m.is_moe and s.moe.capacity_factor is None:
         raise ConfigError("framework_options.cuda_graph_scope", list(scope),
@@ -213,6 +217,10 @@ def _checked_plan(s: Scenario) -> list[str]:
     if p.ep > 1 and c.gpus_per_node % (p.ep * p.expert_tp):
         warnings.append(f"parallelism.ep: got {p.ep}; EP group spans nodes (ep x etp = {p.ep * p.expert_tp} consecutive "
                         f"ranks, {c.gpus_per_node} GPUs per node): its all-to-alls cross {slower}")
+    if t.document_tokens is not None and t.attention not in DOCUMENT_MASKED_BACKENDS:
+        warnings.append(f"training.document_tokens: got {t.document_tokens}; attention {t.attention} computes every "
+                        "pair of the sequence under a document mask, so it costs as one document per sequence "
+                        f"(kernels that skip the masked pairs: {', '.join(DOCUMENT_MASKED_BACKENDS)})")
     return warnings
 
 

@@ -34,6 +34,11 @@ LAYER_TYPES = ("full_attention", "sliding_attention")
 SCORING_FUNCS = ("softmax", "sigmoid")
 # training.attention: the framework's fused kernel (flash) or a named one (simulator.workload.attention)
 ATTENTION_BACKENDS = ("flash", "fa1", "fa2", "sdpa", "fa3", "cudnn", "cudnn91", "flex", "triton", "unfused")
+# Kernels that skip the pairs a document mask leaves out: FlashAttention's variable-length calls
+# (flash_attn_varlen_func, FA1's flash_attn_unpadded), cuDNN's through Transformer Engine's THD
+# format, FlexAttention's block mask. SDPA, the Triton kernel and unfused attention take a dense
+# mask and compute every pair (``training.document_tokens``).
+DOCUMENT_MASKED_BACKENDS = ("flash", "fa1", "fa2", "fa3", "cudnn", "cudnn91", "flex")
 # Megatron-core --recompute-modules (simulator.workload.compute.RECOMPUTE_MODULE_OPS)
 RECOMPUTE_MODULES = ("core_attn", "layernorm", "mla_up_proj", "moe_act", "shared_experts", "mlp", "moe")
 # Megatron-core --offload-modules (simulator.workload.offload)
@@ -284,6 +289,14 @@ class TrainingConfig:
     attention: str = key("flash", Choice(ATTENTION_BACKENDS),
                          help="attention kernel: flash (the framework's fused kernel) or a named one; unfused materialises the scores")
     fp8_attention: bool = key(False, Flag(), help="attention matmuls in FP8 (Transformer Engine, cuDNN); needs an FP8 precision")
+    # Documents packed into each sequence with attention masked to each document (packed SFT with
+    # variable-length attention, pre-training with document masking; ``compute._attn_core``): the
+    # token-weighted mean document length, sum(d^2) / sum(d), which for documents of one length is
+    # that length. null: one document per sequence.
+    document_tokens: int | None = key(None, _dim(limit=limits.SEQ_LENGTH),
+                                      help="packed documents: attention only within documents of this token-weighted "
+                                           "mean length, sum(d^2)/sum(d); null: one document per sequence",
+                                      unit="tokens")
     # Adam's first and second moments: fp32, or bf16 (Megatron-core --use-precision-aware-optimizer
     # --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16; DeepSeek-V3); the master weights stay fp32
     optimizer_state_dtype: str = key("fp32", Choice(OPTIMIZER_STATE_DTYPES),

@@ -27,7 +27,7 @@ from __future__ import annotations
 import functools
 import math
 
-from simulator.scenario.config import (ATTENTION_BACKENDS, QUANTIZED_PRECISIONS, RECOMPUTE, ModelConfig, MoEConfig,
+from simulator.scenario.config import (ATTENTION_BACKENDS, DOCUMENT_MASKED_BACKENDS, QUANTIZED_PRECISIONS, RECOMPUTE, ModelConfig, MoEConfig,
                                        ParallelConfig, TrainingConfig)
 from simulator.common.errors import ConfigError
 from simulator.parts.gpus import GPUSpec, gemm_ceiling, peak
@@ -184,6 +184,18 @@ def _attn_core(
     Attention is compute-bound at these sizes; its HBM bytes are split 1/cp to the local call.
     A sliding-window layer (``window``) is one causal call computing ``mla.window_fraction`` of the
     causal pairs, with key length min(window, s / cp).
+
+    Packed documents (``training.document_tokens`` d < s, attention masked to each document):
+    a kernel that skips the masked pairs (``DOCUMENT_MASKED_BACKENDS``: FlashAttention's
+    variable-length calls, cuDNN through Transformer Engine's THD format, FlexAttention's block
+    mask) computes the s / d documents' causal pairs, s d / 2 of the s^2 / 2, with no query tile
+    streaming more than d keys (Dao et al., FlashAttention-2, Sec. 3.1: a tile's work is its
+    unmasked blocks; ``flash_attn_varlen_func`` treats each document as its own sequence). For
+    documents of several lengths the pairs are sum(d^2) / 2 = s x (sum(d^2) / sum(d)) / 2, so d is
+    that token-weighted mean. Under CP each call keeps the same share (Transformer Engine splits
+    every document over the CP ranks in its THD format). SDPA, the Triton kernel and unfused
+    attention take a dense mask and compute every pair. A window shorter than the documents sets
+    the pairs; documents shorter than the window do.
     """
     b, s = training.micro_batch_size, training.seq_length
     tp, cp = par.tp, par.cp
@@ -198,6 +210,11 @@ def _attn_core(
     reference = _occupancy(attention.REFERENCE_CTAS, gpu.num_sms)
     exp_speedup = 1.0 if backward else attention.forward_speedup(
         gpu.name, gpu.sfu_ex2_per_clk_sm, model.qk_head_dim, model.v_dim, training.fp8_attention)
+    doc = training.document_tokens if backend in DOCUMENT_MASKED_BACKENDS else None
+    if doc is not None and (doc >= s or (window and window < doc)):
+        doc = None  # one document per sequence, or a window shorter than the documents sets the pairs
+    if doc is not None:
+        window = None  # documents shorter than the window set the pairs
     if window:
         seq = min(s / cp, window)
         shape = [(s / cp, seq, True)]
@@ -205,13 +222,20 @@ def _attn_core(
     else:
         shape = attention.cp_attention_calls(s, cp)
         scale = [1.0] * len(shape)
+    keys = [kv_len for _, kv_len, _ in shape]  # keys a query tile streams, which the kernel's speed follows
+    if doc is not None:
+        # s / d documents of d tokens keep s d / 2 of the s^2 / 2 causal pairs; under CP each call
+        # keeps that share (each document is split over the ranks as the sequence is) and no
+        # query tile streams more than a document's keys
+        scale = [k * doc / s for k in scale]
+        keys = [min(kv_len, doc) for kv_len in keys]
     calls = []  # (flops, seconds) per call
-    for (q_len, kv_len, causal), k in zip(shape, scale):
+    for (q_len, kv_len, causal), k, streamed in zip(shape, scale, keys):
         call = 2.0 * b * q_len * kv_len * heads * width / (2.0 if causal else 1.0) * k
         if backward:
             call *= FA_BWD_FLOP_RATIO
         ctas = b * heads * math.ceil(q_len / TILE_M)
-        kernel = attention.AttentionKernel(backend, direction, causal, model.qk_head_dim, kv_len)
+        kernel = attention.AttentionKernel(backend, direction, causal, model.qk_head_dim, streamed)
         eff = attention.peak_fraction(kernel, gpu.name) * _occupancy(ctas, gpu.num_sms) / reference * exp_speedup
         calls.append((call, call / (flop_rate_16 * eff)))
     suffix = "_bwd" if backward else ""
