@@ -168,3 +168,73 @@ def test_flex_backend_and_enable_experimental_are_checked():
         scenario(moe={"token_dispatcher": "flex", "flex_backend": "nccl"})
     with pytest.raises(ConfigError, match="framework_options.enable_experimental"):
         scenario(options={"enable_experimental": "yes"})
+
+
+def _gpt(position_embedding, framework="megatron-core"):
+    model = {"hidden_size": 1024, "num_hidden_layers": 4, "num_attention_heads": 16, "num_key_value_heads": 16,
+             "intermediate_size": 4096, "vocab_size": 50304, "hidden_act": "gelu",
+             "position_embedding": position_embedding}
+    return scenario(model=model, framework=framework)
+
+
+def test_only_rotary_models_rotate_q_and_k_and_a_learned_table_costs_its_gather_and_add():
+    """rope prices the fused rotary kernel in every layer; learned (GPT-2, GPT-3, OPT), alibi (BLOOM,
+    MPT) and none do not. A learned table adds, on the first stage, the gather of its rows and their
+    add into the token rows: 10 bytes per element of the T x h output in two kernels; backward, the
+    gradient read and written (4 bytes per element) and the scatter-add into the seq x h table with
+    its fp32 main gradient (12 bytes per table element)."""
+    rope, _ = ops(_gpt("rope"))
+    assert "rope" in rope and "rope_bwd" in rope
+    for kind in ("learned", "alibi", "none"):
+        o, work = ops(_gpt(kind))
+        assert "rope" not in o and "rope_bwd" not in o
+        names = [op.name for op in work.embedding[0].ops]
+        assert ("position_embedding" in names) == (kind == "learned")
+    _, work = ops(_gpt("learned"))
+    fwd = {op.name: op for op in work.embedding[0].ops}
+    bwd = {op.name: op for op in work.embedding[1].ops}
+    tokens, h = 4096, 1024
+    assert fwd["position_embedding"].bytes == pytest.approx(10 * tokens * h) and fwd["position_embedding"].kernels == 2
+    assert bwd["position_embedding_bwd"].bytes == pytest.approx(4 * tokens * h + 12 * 4096 * h)
+    # the layers are otherwise the same: only the RoPE ops differ
+    learned, _ = ops(_gpt("learned"))
+    assert set(rope) - set(learned) == {"rope", "rope_bwd"}
+    assert all(rope[k] == learned[k] for k in learned)
+
+
+def test_an_eager_framework_pays_its_unfused_rope_only_on_a_rotary_model():
+    rope, work_rope = ops(_gpt("rope", "torchtitan"))
+    learned, work_learned = ops(_gpt("learned", "torchtitan"))
+    extra = {op.name: op for op in work_rope.layer_costs[0].attn_fwd.ops}["unfused_elementwise"]
+    plain = {op.name: op for op in work_learned.layer_costs[0].attn_fwd.ops}["unfused_elementwise"]
+    m = _gpt("rope").model
+    qk = 4096 * (m.num_attention_heads + m.num_key_value_heads) * m.head_dim
+    assert extra.bytes - plain.bytes == pytest.approx(16 * qk)
+
+
+@pytest.mark.parametrize("model_type, expected", [("gpt2", "learned"), ("opt", "learned"), ("gpt_bigcode", "learned"),
+                                                   ("gpt_neo", "learned"), ("bloom", "alibi"), ("mpt", "alibi"),
+                                                   ("llama", "rope"), ("gptj", "rope")])
+def test_a_hugging_face_config_says_how_its_model_places_tokens(tmp_path, model_type, expected):
+    import json
+    config = {"model_type": model_type, "hidden_size": 768, "num_hidden_layers": 2, "num_attention_heads": 12,
+              "intermediate_size": 3072, "vocab_size": 50257, "hidden_act": "gelu_new"}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    s = scenario_from_dict({"model": {"hf_config": "config.json"}}, base_dir=tmp_path)
+    assert s.model.position_embedding == expected
+    # a field written beside the file wins
+    s = scenario_from_dict({"model": {"hf_config": "config.json", "position_embedding": "none"}}, base_dir=tmp_path)
+    assert s.model.position_embedding == "none"
+
+
+@pytest.mark.parametrize("value", ["rotary", 1, True])
+def test_an_unknown_position_embedding_is_a_one_line_error(value, capsys):
+    from simulator.cli import main
+    code = main(["run", "simulator/data/scenarios/tiny.yaml", "--set", f"model.position_embedding={value}"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.count("\n") == 0 and "model.position_embedding" in err and "rope, learned" in err
+    dense = yaml.safe_load((DATA.parent / "nemo-2407-runs.yaml").read_text())["cases"][0]
+    with pytest.raises(ConfigError, match="model.position_embedding"):
+        case_to_scenario_dict({**dense, "model": {**dense["model"], "position_embedding": value}})
+    assert case_to_scenario_dict({**dense, "model": {**dense["model"], "position_embedding": "learned"}})["model"][
+        "position_embedding"] == "learned"

@@ -27,6 +27,11 @@ from simulator.common.schema import (Between, Choice, Counts, Flag, Kind, Names,
 # --- the vocabulary of the format: the values a key may take ---------------------------------
 
 HIDDEN_ACTS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "silu", "swiglu")
+# How a model says where a token is: rotary embeddings on q and k in every layer (Llama, Qwen, ...),
+# a learned table added to the token embeddings (GPT-2, GPT-3, OPT, Megatron-LM's learned_absolute,
+# llm-foundry's MPT by default), ALiBi's bias inside the attention kernel (BLOOM, MPT with alibi),
+# or nothing (``compute.attention_steps``, ``compute.embedding_cost``).
+POSITION_EMBEDDINGS = ("rope", "learned", "alibi", "none")
 PRECISIONS = ("bf16", "fp16", "fp8", "mxfp8", "nvfp4")  # GEMM precision; attention 16-bit unless training.fp8_attention
 RECOMPUTE = ("none", "selective", "full")
 ZERO_STAGES = (0, 1, 2, 3)
@@ -192,6 +197,10 @@ class ModelConfig:
     # its config has no field for; Megatron-core qk_layernorm, which Megatron-Bridge's Qwen3 and
     # Qwen3-MoE bridges set)
     qk_norm: bool = key(False, Flag(), help="RMSNorm on each query and key head before RoPE (Qwen3; set from model_type)")
+    position_embedding: str = key("rope", Choice(POSITION_EMBEDDINGS),
+                                  help="rope (rotary on q and k in every layer), learned (a position table added to the "
+                                       "token embeddings: GPT-2, GPT-3, OPT), alibi (a bias inside the attention kernel: "
+                                       "BLOOM, MPT) or none; set from model_type")
 
     @property
     def head_dim(self) -> int:

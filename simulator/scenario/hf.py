@@ -54,6 +54,11 @@ TIED_BY_DEFAULT = ("gpt2", "bloom")
 
 # Hugging Face model types whose attention normalises each query and key head (``qk_norm``).
 QK_NORM_MODEL_TYPES = ("qwen3", "qwen3_moe")
+# Hugging Face model types without rotary embeddings (``position_embedding``): a learned table
+# (transformers GPT2Model.wpe, OPTLearnedPositionalEmbedding, GPTBigCodeModel.wpe, GPTNeoModel.wpe)
+# or ALiBi (BloomModel build_alibi_tensor, MptModel build_mpt_alibi_tensor).
+POSITION_EMBEDDING_OF_MODEL_TYPE = {"gpt2": "learned", "opt": "learned", "gpt_bigcode": "learned", "gpt_neo": "learned",
+                                    "bloom": "alibi", "mpt": "alibi"}
 
 
 
@@ -160,6 +165,8 @@ def _hf_dict_fields(hf: dict) -> dict:
       config has no field for it): ``expert_bias``;
     - Qwen3 (dense and MoE) normalises each query and key head (HF ``Qwen3Attention.q_norm`` /
       ``k_norm``; no config field): ``qk_norm``;
+    - the GPT-2 family, OPT, GPT-BigCode and GPT-Neo add a learned position table, BLOOM and MPT
+      an ALiBi bias (``POSITION_EMBEDDING_OF_MODEL_TYPE``; no config field): ``position_embedding``;
     - ``rope_scaling`` of type yarn gives ``rope_mscale`` (``yarn_mscale``);
     - the GPT-2 family's own names (``HF_FILE_NAMES``: n_embd, n_layer, n_head, n_inner,
       activation_function, BLOOM's n_embed, OPT's ffn_dim), its 4 x hidden_size MLP when the
@@ -193,6 +200,8 @@ def _hf_dict_fields(hf: dict) -> dict:
         hf.setdefault("expert_bias", True)
     if str(hf.get("model_type", "")).lower() in QK_NORM_MODEL_TYPES:
         hf.setdefault("qk_norm", True)
+    if model_type in POSITION_EMBEDDING_OF_MODEL_TYPE:
+        hf.setdefault("position_embedding", POSITION_EMBEDDING_OF_MODEL_TYPE[model_type])
     mscale = yarn_mscale(hf.get("rope_scaling"))
     if mscale != 1.0:
         hf.setdefault("rope_mscale", mscale)

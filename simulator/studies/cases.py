@@ -16,6 +16,8 @@ only, so predictions are the same with them removed. Documented defaults for unk
   gelu_new, its config's activation; untied embeddings unless the case's model says ``tied: true``
   (the activation is then fitted to the tied parameter count: nanotron's tied 1.34B and 3.57B
   Llamas are SwiGLU models whose untied GeLU twin has the same count).
+- position_embedding: the case's ``model.position_embedding`` (``learned``: GPT-2, GPT-3, OPT,
+  Megatron-LM's default, llm-foundry's MPT; ``alibi``; ``none``); rotary (``rope``) when not stated.
 - micro-batch size 1; zero_stage 1 (Megatron's distributed optimizer, the default of
   Megatron-core and NeMo recipes); precision mxfp8 or nvfp4 when the case names them, else fp8
   when it says fp8 (delayed, current or block scaling), else bf16; dp =
@@ -148,7 +150,7 @@ from simulator.layout.grid import cost_balanced_split
 from simulator.layout.schedules import check_schedule_args
 from simulator.parts.gpus import get_gpu
 from simulator.parts.models import catalog_config, catalog_ids
-from simulator.scenario.config import HIDDEN_ACTS, ModelConfig, QUANTIZED_PRECISIONS, RECOMPUTE_MODULES
+from simulator.scenario.config import HIDDEN_ACTS, POSITION_EMBEDDINGS, ModelConfig, QUANTIZED_PRECISIONS, RECOMPUTE_MODULES
 from simulator.workload.moe import TE_GEMM_STREAMS
 
 
@@ -182,7 +184,16 @@ def _plain_model(m: dict) -> dict:
     """The scenario's model fields of a case's dense shape (no catalog id, no MoE)."""
     return {"hidden_size": m["hidden"], "num_hidden_layers": m["layers"], "num_attention_heads": m["heads"],
             "num_key_value_heads": m.get("kv_heads") or m["heads"], "intermediate_size": m["ffn_hidden"],
-            "vocab_size": m["vocab"], "hidden_act": _hidden_act(m), "tie_word_embeddings": _tied(m)}
+            "vocab_size": m["vocab"], "hidden_act": _hidden_act(m), "tie_word_embeddings": _tied(m),
+            "position_embedding": _position_embedding(m)}
+
+
+def _position_embedding(model: dict) -> str:
+    """The case's ``position_embedding`` (rope, learned, alibi, none); rope when not stated."""
+    stated = model.get("position_embedding", "rope")
+    if stated not in POSITION_EMBEDDINGS:
+        raise ConfigError("model.position_embedding", stated, f"valid: {', '.join(POSITION_EMBEDDINGS)}")
+    return stated
 
 
 def _hidden_act(model: dict) -> str:

@@ -52,7 +52,7 @@ OP_CLASSES: dict[str, str] = {
                      "grad_pass", "grad_accumulate", "eager_gelu"), "elementwise"),
     **dict.fromkeys(("grad_norm", "adam"), "optimizer"),
     "cross_entropy": "loss",
-    "embedding": "embedding",
+    **dict.fromkeys(("embedding", "position_embedding"), "embedding"),
     **dict.fromkeys(("moe_host_sync", "moe_glu_sync", "moe_multihot_sync"), HOST),
 }
 _SUFFIXES = ("_part", "_bwd", "_dgrad", "_wgrad")

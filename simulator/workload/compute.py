@@ -335,8 +335,9 @@ def attention_steps(model: ModelConfig, tokens: float, tokens_norm: float, tp: i
     ]
     if model.qk_norm:
         plan.append(Mem("qk_norm", 2 * ACT_BYTES * qk, 2, QK_NORM_BWD_FACTOR, 4))
+    if model.position_embedding == "rope":
+        plan.append(Mem("rope", 2 * ACT_BYTES * qk, 2, 1.0, 2))
     return plan + [
-        Mem("rope", 2 * ACT_BYTES * qk, 2, 1.0, 2),
         AttnCore(window),
         Gemm("out_proj", tokens, h, q_dim / tp),
         Mem("attn_residual", 3 * ACT_BYTES * tokens_norm * h),
@@ -605,7 +606,10 @@ def embedding_cost(
     Forward gathers T rows of h and writes a T x h output. Backward scatter-adds the T x h
     gradient into a dense (V / tp) x h bf16 weight gradient (PyTorch embedding_dense_backward:
     zero-fill, write) that is then added into the fp32 main gradient (read 2 + 4, write 4):
-    12 bytes per local embedding weight per micro-batch, plus 2x the forward bytes.
+    12 bytes per local embedding weight per micro-batch, plus 2x the forward bytes. A learned
+    position table (``model.position_embedding: learned``) adds its gather and add
+    (``POSITION_GATHER_ADD_BYTES``) and, backward, the same scatter-add into its seq x h table;
+    its parameters (seq x h, 0.01-0.1% of a model's) are left out of counts and memory.
     """
     tokens, _ = local_tokens(training, par)
     h = model.hidden_size
@@ -613,7 +617,20 @@ def embedding_cost(
     weight_grad_bytes = 12.0 * model.vocab_size / par.tp * h
     fwd = BlockCost((mem_op("embedding", fwd_bytes, gpu),))
     bwd = BlockCost((mem_op("embedding_bwd", 2.0 * fwd_bytes + weight_grad_bytes, gpu),))
+    if model.position_embedding == "learned":
+        # the position rows gathered (r2 w2) and added to the token rows (r2 r2 w2), two kernels;
+        # backward the same dense scatter-add into the (seq x h) table and its fp32 main gradient
+        table = training.seq_length * h
+        pos = POSITION_GATHER_ADD_BYTES * tokens * h
+        fwd = BlockCost(fwd.ops + (mem_chain("position_embedding", pos, 2, gpu),))
+        bwd = BlockCost(bwd.ops + (mem_op("position_embedding_bwd", 2 * ACT_BYTES * tokens * h + 12.0 * table, gpu),))
     return fwd, bwd
+
+
+# A learned position table's forward per element of the T x h output: the gather (read 2, write 2)
+# and the add into the token embeddings (read 2 + 2, write 2): Megatron-LM LanguageModelEmbedding,
+# transformers GPT2Model (``inputs_embeds + position_embeds``).
+POSITION_GATHER_ADD_BYTES = 10.0
 
 
 # Megatron-core's vocab_parallel_cross_entropy, unfused (megatron/core/tensor_parallel/cross_entropy.py,
