@@ -12,8 +12,8 @@ from simulator.layout.grid import pipeline_counts, scenario_split
 from simulator.layout.schedules import SPLIT_BACKWARD, check_schedule_args
 from simulator.parts.gpus import get_gpu, peak
 from simulator.parts.topology import load_topology, nvlink_GBps, nvlink_generation
-from simulator.scenario.config import (DOCUMENT_MASKED_BACKENDS, MOE_OFFLOAD_MODULES, QUANTIZED_PRECISIONS, ModelConfig, MoEConfig, ParallelConfig,
-                                       Scenario)
+from simulator.scenario.config import (DOCUMENT_MASKED_BACKENDS, MOE_OFFLOAD_MODULES, QUANTIZED_PRECISIONS, ModelConfig,
+                                       MoEConfig, ParallelConfig, Scenario)
 from simulator.scenario.load import explain_left_out, scenario_from_dict, scenario_to_dict
 
 

@@ -150,7 +150,8 @@ from simulator.layout.grid import cost_balanced_split
 from simulator.layout.schedules import check_schedule_args
 from simulator.parts.gpus import get_gpu
 from simulator.parts.models import catalog_config, catalog_ids
-from simulator.scenario.config import HIDDEN_ACTS, POSITION_EMBEDDINGS, ModelConfig, QUANTIZED_PRECISIONS, RECOMPUTE_MODULES
+from simulator.scenario.config import (HIDDEN_ACTS, POSITION_EMBEDDINGS, QUANTIZED_PRECISIONS, RECOMPUTE_MODULES,
+                                       ModelConfig)
 from simulator.workload.moe import TE_GEMM_STREAMS
 
 
