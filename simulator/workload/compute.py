@@ -305,8 +305,9 @@ def _attn_core_unfused(
 # Between the QKV projection and the attention core (non-MLA attention; MLA's are in mla.py):
 # - ``rope`` (a rotary model's, ``model.position_embedding``): the fused rotary embedding, one
 #   kernel on q and one on k (Megatron-core apply_rotary_pos_emb with apply_rope_fusion, its
-#   default, calling Transformer Engine's fused_apply_rotary_pos_emb; TE pytorch/attention/rope.py FusedRoPEFunc, whose backward is the
-#   same kernel on the gradient): read and write 2 bytes per element of q and k, both ways.
+#   default, calling Transformer Engine's fused_apply_rotary_pos_emb; TE pytorch/attention/rope.py
+#   FusedRoPEFunc, whose backward is the same kernel on the gradient): read and write 2 bytes per
+#   element of q and k, both ways.
 # - ``qk_norm`` (``ModelConfig.qk_norm``, Qwen3): an RMSNorm over each query and key head (Megatron-
 #   core q_layernorm / k_layernorm, TENorm): forward one kernel each for q and k, reading and
 #   writing 2 bytes per element; backward reads x and dy and writes dx (6 bytes, QK_NORM_BWD_FACTOR
