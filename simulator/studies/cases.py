@@ -146,7 +146,7 @@ from simulator.common.errors import ConfigError
 from simulator.common.yamlfile import load_yaml_file
 from simulator.scenario.load import scenario_from_dict
 from simulator.common.schema import optional_whole, whole
-from simulator.layout.grid import cost_balanced_split
+from simulator.layout.grid import framework_counts
 from simulator.layout.schedules import check_schedule_args
 from simulator.parts.gpus import get_gpu
 from simulator.parts.models import catalog_config, catalog_ids
@@ -319,14 +319,9 @@ def pipeline_ends(layers: int, n: int) -> tuple[int | None, int | None]:
 
 
 def nanotron_split(model: dict, pp: int) -> tuple[int, ...]:
-    """Decoder layers per pipeline stage as nanotron places them (``grid.cost_balanced_split`` on
-    its ``get_block_compute_costs``, models/llama.py, qwen.py: a decoder layer 4 x heads x head_dim
-    x hidden + 3 x ffn x hidden, the LM head vocab x hidden; 2 x ffn for the non-gated MLPs of
-    falcon.py, starcoder2.py)."""
-    hidden = model["hidden"]
-    matrices = 3 if _hidden_act(model) == "silu" else 2
-    return cost_balanced_split(4 * hidden * hidden + matrices * model["ffn_hidden"] * hidden,
-                               model["vocab"] * hidden, model["layers"], pp)
+    """Decoder layers per pipeline stage as nanotron places them: its profile's own split
+    (``grid.framework_counts``, profile ``pipeline.split: parameters``) of the case's model."""
+    return framework_counts(ModelConfig(**_plain_model(model)), "nanotron", pp, 1, None, None)
 
 
 def _splits(layers: int, n: int) -> bool:
