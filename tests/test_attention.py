@@ -361,6 +361,20 @@ def test_kernels_that_take_a_dense_mask_pay_for_every_pair_and_the_scenario_says
     assert not run("simulator/data/scenarios/tiny.yaml", ["training.document_tokens=64"]).warnings
 
 
+def test_a_framework_whose_flash_kernel_takes_a_dense_mask_says_so_too():
+    """attention flash runs the framework's kernel: torchtitan's is SDPA, which computes every pair,
+    so its layer costs as without documents and the scenario warns, naming the kernel."""
+    from simulator.simulation import run
+    from simulator.engine.inputs import gpu_of
+    from simulator.workload.workload import build_workload
+    base = ["framework=torchtitan"]
+    docs = run("simulator/data/scenarios/tiny.yaml", base + ["training.document_tokens=64"])
+    assert any("attention sdpa (the torchtitan profile's kernel" in w for w in docs.warnings)
+    plain = run("simulator/data/scenarios/tiny.yaml", base)
+    cost = lambda s: build_workload(s, gpu_of(s.cluster, s.training.precision)).layer_costs[0]
+    assert cost(docs.scenario) == cost(plain.scenario)
+
+
 @pytest.mark.parametrize("value, says", [(0, "training.document_tokens"), (-5, "training.document_tokens"),
                                          ("many", "training.document_tokens"), (10**9, "training.document_tokens")])
 def test_bad_document_lengths_are_one_line_errors_with_exit_2(value, says, capsys):

@@ -10,6 +10,7 @@ from simulator.common import limits
 from simulator.common.errors import ConfigError, yaml_text
 from simulator.layout.grid import pipeline_counts, scenario_split
 from simulator.layout.schedules import SPLIT_BACKWARD, check_schedule_args
+from simulator.parts.frameworks import load_profile
 from simulator.parts.gpus import get_gpu, peak
 from simulator.parts.topology import load_topology, nvlink_GBps, nvlink_generation
 from simulator.scenario.config import (DOCUMENT_MASKED_BACKENDS, MOE_OFFLOAD_MODULES, QUANTIZED_PRECISIONS, ModelConfig,
@@ -217,8 +218,11 @@ def _checked_plan(s: Scenario) -> list[str]:
     if p.ep > 1 and c.gpus_per_node % (p.ep * p.expert_tp):
         warnings.append(f"parallelism.ep: got {p.ep}; EP group spans nodes (ep x etp = {p.ep * p.expert_tp} consecutive "
                         f"ranks, {c.gpus_per_node} GPUs per node): its all-to-alls cross {slower}")
-    if t.document_tokens is not None and t.attention not in DOCUMENT_MASKED_BACKENDS:
-        warnings.append(f"training.document_tokens: got {t.document_tokens}; attention {t.attention} computes every "
+    # the kernel that runs: attention flash is the framework's fused kernel (``Software.attention_kernel``)
+    kernel = load_profile(s.framework)["attention"]["kernel"] if t.attention == "flash" else t.attention
+    if t.document_tokens is not None and kernel not in DOCUMENT_MASKED_BACKENDS:
+        which = f"{kernel} (the {s.framework} profile's kernel for attention flash)" if kernel != t.attention else kernel
+        warnings.append(f"training.document_tokens: got {t.document_tokens}; attention {which} computes every "
                         "pair of the sequence under a document mask, so it costs as one document per sequence "
                         f"(kernels that skip the masked pairs: {', '.join(DOCUMENT_MASKED_BACKENDS)})")
     return warnings
