@@ -194,11 +194,11 @@ def _hf_dict_fields(hf: dict) -> dict:
             hf["sliding_window"] = None
         elif isinstance(hf.get("num_hidden_layers"), int):
             hf["layer_types"] = ["sliding_attention"] * hf["num_hidden_layers"]
-    if str(hf.get("model_type", "")).lower() == "grok-1":
+    if model_type == "grok-1":
         hf.setdefault("mlp_gated", True)
-    if str(hf.get("model_type", "")).lower() == "gpt_oss":
+    if model_type == "gpt_oss":
         hf.setdefault("expert_bias", True)
-    if str(hf.get("model_type", "")).lower() in QK_NORM_MODEL_TYPES:
+    if model_type in QK_NORM_MODEL_TYPES:
         hf.setdefault("qk_norm", True)
     if model_type in POSITION_EMBEDDING_OF_MODEL_TYPE:
         hf.setdefault("position_embedding", POSITION_EMBEDDING_OF_MODEL_TYPE[model_type])
