@@ -48,7 +48,10 @@ class GPUSpec:
     sustained_fraction: float = 1.0
     nvlink_efficiency: float = 1.0
     nvlink_generation: int = 0  # 3 Ampere, 4 Hopper (NVSwitch gen 3: NVLS), 5 Blackwell
-    sfu_ex2_per_clk_sm: int = 16  # MUFU.EX2 results per clock per SM (softmax exponentials; attention.softmax_exp_speedup)
+    sfu_ex2_per_clk_sm: int = 16  # MUFU.EX2 results per clock per SM (softmax exponentials; attention.clock_speedup)
+    # 16-bit dense tensor-core FLOPs per SM per clock when the part's tensor cores run below its
+    # architecture's rate (``H20_MMA16_PER_CLK_SM``); None: the architecture's (attention.MMA16_PER_CLK_SM)
+    mma16_per_clk_sm: float | None = None
     tdp_w: float | None = None  # board power the sustained fraction was fitted at; None: not catalogued
     power_limit_w: float | None = None  # the part's default power limit when below its TDP (``gpu_of`` applies it)
     host_overhead: float = 1.0  # host CPU time per framework op against an x86 DGX host's (``GRACE_HOST_OVERHEAD``)
@@ -186,6 +189,24 @@ HOST_LINK = {"pcie4": 32e9, "pcie5": 64e9, "c2c": 450e9, "c2c_shared": 225e9}
 
 GRACE_HOST_OVERHEAD = 37.08 / 13.48
 GH200_HOST_OVERHEAD = 33.17 / 13.48  # the same benchmark on GH200's Grace
+
+# H20: the GH100 die with 78 SMs whose tensor cores are held to 148 TF 16-bit dense, a quarter of
+# the full Hopper rate per SM: 148e12 / (78 SMs x 1.83 GHz, the clock the H100 SXM datasheet's
+# 989 TF assumes; the H20's own boost clock is not published) = 1,037 FLOPs per SM per clock,
+# against 4,096 (attention.MMA16_PER_CLK_SM). Memory, shared memory and the special function
+# units are not held back, so what a kernel spends outside the tensor cores costs relatively less
+# and its kernels reach a larger share of their peak. Measured (zzc0721/torch-performance-test-data
+# issue 77, 2025-10-17, torch 2.7.0+cu128, square torch.matmul): BF16 138.60 TF at 8192^3 and
+# 142.25 at 10240^3, FP16 142.09, TF32 71.80 of 74: 0.961 of peak against the H100's 0.801. FP8 is
+# not measured on this part: its fraction takes the H100's FP8 / BF16 ratio (0.709 / 0.801).
+# Fused attention (Dao-AILab/flash-attention issue 1310, H20, BF16, forward, seqlen 2048): FA3 and
+# cuDNN reach 0.73 (causal) and 0.85 (non-causal) of 148 TF at head dim 128; the H100 curves reach
+# 0.53 and 0.63 at that length, and ``attention.clock_speedup`` with this MMA rate gives 0.70
+# and 0.84 (FA2: 0.40 and 0.49 against 0.45 and 0.57 measured).
+H20_MMA16_PER_CLK_SM = 148e12 / (78 * 1.83e9)
+_H20_BF16_MAMF = 142.25 / 148
+_H20_GEMM = {"bf16": _H20_BF16_MAMF, "fp16": 142.09 / 148, "tf32": 71.80 / 74,
+             "fp8": _H20_BF16_MAMF * _HOPPER_GEMM["fp8"] / _HOPPER_GEMM["bf16"]}
 
 _B200_GEMM = _blackwell_gemm(1745.0 / 2250, 3432.5 / 4500)
 _B300_GEMM = _blackwell_gemm(1769.0 / 2250, 3353.3 / 4500)
@@ -378,7 +399,7 @@ GPU_CATALOG: dict[str, GPUSpec] = {
         source="NVIDIA H20 product brief (HGX H20): 148 TF BF16 / 296 TF FP8 dense, 96 GB HBM3 at "
         "4.0 TB/s, NVLink4 900 GB/s bidirectional, 400 W TDP; 78 SMs",
         num_sms=78,
-        **{**_HOPPER, "tdp_w": 400.0},
+        **{**_HOPPER, "tdp_w": 400.0, "gemm_efficiency": _H20_GEMM, "mma16_per_clk_sm": H20_MMA16_PER_CLK_SM},
     ),
 }
 # NVIDIA's export-compliant A100 for China: the A100 SXM4 80GB with less NVLink, nothing else changed.

@@ -258,12 +258,16 @@ def peak_fraction(k: AttentionKernel, gpu_name: str) -> float:
 MMA16_PER_CLK_SM = {"hopper": 4096, "blackwell": 8192}
 EX2_PER_CLK_SM = 16
 FP8_MMA_SPEEDUP = 2  # FP8 tensor-core rate over 16-bit, per SM and clock (the datasheets' dense peaks)
+FA_BWD_FLOP_RATIO = 2.5  # backward matmul FLOPs over the forward's (FlashAttention-2: five matmuls to two)
 
 
-def forward_speedup(gpu_name: str, ex2_per_clk_sm: float, qk_dim: float, v_dim: float, fp8: bool = False) -> float:
-    """Forward attention speed relative to the measured 16-bit curve: exponentials at
-    ``ex2_per_clk_sm`` per SM clock (16 on every part up to Blackwell, the curves' own) and the
-    matmuls in FP8 when ``fp8`` (Transformer Engine's fp8_dot_product_attention, cuDNN).
+def clock_speedup(gpu_name: str, ex2_per_clk_sm: float, qk_dim: float, v_dim: float, fp8: bool = False,
+                  mma16_per_clk_sm: float | None = None, backward: bool = False) -> float:
+    """Attention speed relative to the measured 16-bit curve, as a factor on its fraction of the
+    part's 16-bit peak: exponentials at ``ex2_per_clk_sm`` per SM clock (16 on every part up to
+    Blackwell, the curves' own), the matmuls in FP8 when ``fp8`` (Transformer Engine's
+    fp8_dot_product_attention, cuDNN), and tensor cores held below the architecture's rate
+    (``mma16_per_clk_sm``, the H20's: ``gpus.H20_MMA16_PER_CLK_SM``).
 
     Time per pair is matmul plus exponential clocks, m + 1/16 with m = 2 (d_qk + d_v) / mma
     (module constants above), against m + 1/16 for the curve: 1.0 on Hopper and Blackwell in
@@ -273,16 +277,38 @@ def forward_speedup(gpu_name: str, ex2_per_clk_sm: float, qk_dim: float, v_dim: 
     Shah et al. 2024), on GB300 2x. NVIDIA measured about 1.35x on the DeepSeek-V3 FP8 attention
     forward, GB300 over GB200 (same blog), where this gives 1.44. The backward recomputes the
     exponentials too but is bound by shared-memory traffic (FA4), so it keeps the 16-bit curve in
-    either precision (no public FP8 backward measurement): ``_attn_core`` applies this forward only.
+    either precision and at either SFU rate (no public FP8 backward measurement).
     Ampere: 1.0 (FlashAttention-2; no FP8).
+
+    A part whose tensor cores run at ``mma16_per_clk_sm`` below the architecture's ``R`` spends
+    m R / mma16 clocks in them per pair, the exponentials (and everything else outside them) as
+    before, so its fraction of its own peak grows by (m + 1/16) / m x m' / (m' + 1/16), m' = m R /
+    mma16: on the H20 (a quarter of the rate) 1.33x at head dim 128, within -1% to -14% of the
+    FA2 / FA3 forward measurements on that part (``gpus.H20_MMA16_PER_CLK_SM``); the rest of a
+    kernel's time outside the tensor cores does not shrink here, so this errs slow. The backward
+    takes the same factor with its 2.5x matmul clocks per pair (FA_BWD_FLOP_RATIO: five matmuls
+    to the forward's two) and its one exponential: shared-memory traffic, the backward's other
+    bound, does not slow down with the tensor cores either (no backward measurement on the part).
     """
     arch = architecture(gpu_name)
     if arch not in MMA16_PER_CLK_SM:
         return 1.0
+    full = MMA16_PER_CLK_SM[arch]
+    part = mma16_per_clk_sm or full
+    exp = 1.0 / EX2_PER_CLK_SM
+    if part == full:  # the curve's own tensor-core rate
+        if backward:
+            return 1.0
+        pair = 2.0 * (qk_dim + v_dim)
+        return (pair / full + exp) / (pair / (full * (FP8_MMA_SPEEDUP if fp8 else 1)) + 1.0 / ex2_per_clk_sm)
+    if backward:
+        m, held = FA_BWD_FLOP_RATIO * 2.0 * (qk_dim + v_dim) / full, FA_BWD_FLOP_RATIO * 2.0 * (qk_dim + v_dim) / part
+        return (m + exp) / m * held / (held + exp)
     pair = 2.0 * (qk_dim + v_dim)
-    reference = pair / MMA16_PER_CLK_SM[arch] + 1.0 / EX2_PER_CLK_SM
-    this = pair / (MMA16_PER_CLK_SM[arch] * (FP8_MMA_SPEEDUP if fp8 else 1)) + 1.0 / ex2_per_clk_sm
-    return reference / this
+    m = pair / full
+    held = pair / part  # the part's own tensor-core clocks per pair in 16-bit
+    this = held / (FP8_MMA_SPEEDUP if fp8 else 1) + 1.0 / ex2_per_clk_sm
+    return (m + exp) / m * held / this
 
 
 # The measured curves ran 16k tokens x 16 heads of 128: 2048 query tiles of 128 rows, many waves

@@ -38,7 +38,7 @@ from simulator.workload.moe import moe_steps, price_host_sync, recompute_glu_syn
 
 TILE_M, TILE_N = 128, 256
 K_HALF = 64
-FA_BWD_FLOP_RATIO = 2.5
+FA_BWD_FLOP_RATIO = attention.FA_BWD_FLOP_RATIO
 
 
 def _occupancy(ctas: float, num_sms: int) -> float:
@@ -173,7 +173,9 @@ def _attn_core(
     of its query tiles relative to the measured runs'. Backward: 2.5x the forward FLOPs
     (FlashAttention-2) at the measured backward efficiency. The forward's time per pair is matmul
     plus softmax-exponential clocks: Blackwell Ultra's doubled SFU rate and FP8 matmuls
-    (``training.fp8_attention``) speed it up by ``attention.forward_speedup`` (1 otherwise).
+    (``training.fp8_attention``) speed the forward up, and tensor cores held below their
+    architecture's rate (the H20) raise both directions' share of the part's peak, by
+    ``attention.clock_speedup`` (1 otherwise).
 
     Under CP every call after the first merges its partial output into the running one with the
     log-sum-exp correction (Transformer Engine keeps the running output in fp32: read the call's
@@ -208,8 +210,8 @@ def _attn_core(
     direction = "bwd" if backward else "fwd"
     flop_rate_16 = peak(gpu, _attention_precision(training.precision)) * gpu.sustained_fraction
     reference = _occupancy(attention.REFERENCE_CTAS, gpu.num_sms)
-    exp_speedup = 1.0 if backward else attention.forward_speedup(
-        gpu.name, gpu.sfu_ex2_per_clk_sm, model.qk_head_dim, model.v_dim, training.fp8_attention)
+    exp_speedup = attention.clock_speedup(gpu.name, gpu.sfu_ex2_per_clk_sm, model.qk_head_dim, model.v_dim,
+                                          training.fp8_attention and not backward, gpu.mma16_per_clk_sm, backward)
     doc = training.document_tokens if backend in DOCUMENT_MASKED_BACKENDS else None
     if doc is not None and (doc >= s or (window and window < doc)):
         doc = None  # one document per sequence, or a window shorter than the documents sets the pairs
