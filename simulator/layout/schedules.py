@@ -246,7 +246,7 @@ def schedule_peak_in_flight(name: str, stage: int, stages: int, microbatches: in
             return microbatches
         v = chunks if name == "interleaved" else 1
         return min(_warmup(stage, stages, microbatches, v) + 1, microbatches * v)
-    return peak_in_flight(SCHEDULES[name](stage, stages, microbatches, chunks))
+    return peak_in_flight(schedule(name, stage, stages, microbatches, chunks))
 
 
 def peak_in_flight(steps: tuple[Step, ...] | list[Step]) -> int:
@@ -533,6 +533,16 @@ SCHEDULES: dict[str, Callable[..., tuple[Step, ...]]] = {
     "dualpipe": dualpipe,
     "dualpipev": dualpipev,
 }
+
+
+
+@functools.lru_cache(maxsize=4096)
+def schedule(name: str, stage: int, stages: int, microbatches: int, chunks: int = 1) -> tuple[Step, ...]:
+    """``SCHEDULES[name](stage, stages, microbatches, chunks)``, computed once per arguments: a
+    schedule is a pure function of them and its steps are frozen, so the planner's bounds, the
+    memory model and the program builder share one copy across the layouts that ask for it."""
+    return SCHEDULES[name](stage, stages, microbatches, chunks)
+
 
 # Schedules whose backward leaves the weight gradients to a later W step.
 SPLIT_BACKWARD = ("zb-h1", "zb-h2", "zb-v", "dualpipe", "dualpipev")

@@ -38,7 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from simulator.scenario.config import Scenario
-from simulator.layout.schedules import SCHEDULES, Placement, Step, placement
+from simulator.layout.schedules import Placement, Step, placement, schedule
 from simulator.workload.compute import CP_CORE_OPS, CP_LOCAL_OPS, joined, split_around, split_at_gemm, split_weight_grad
 from simulator.workload.kernels import BlockCost
 from simulator.workload.frameworks import fsdp_gathered_once, routing_graphed
@@ -161,7 +161,7 @@ def schedule_steps(s: Scenario, stage: int) -> tuple[Step, ...]:
     k x microbatches_per_pass), one pass after another."""
     par = s.parallelism
     per_pass = s.microbatches_per_pass
-    one = SCHEDULES[s.pipeline_schedule](stage, par.pp, per_pass, par.vp)
+    one = schedule(s.pipeline_schedule, stage, par.pp, per_pass, par.vp)
     if s.training.pipeline_passes == 1:
         return one
     return tuple(replace(st, microbatch=st.microbatch + k * per_pass)

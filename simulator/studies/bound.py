@@ -88,7 +88,7 @@ from collections.abc import Callable
 
 from simulator.scenario.config import Scenario
 from simulator.layout.grid import Plan
-from simulator.layout.schedules import SCHEDULES, placement
+from simulator.layout.schedules import placement, schedule
 from simulator.network.nccl import NCCL_KERNEL_SMS, kernel_sms
 from simulator.program import builder as P
 from simulator.program.builder import grad_reduce_op, schedule_steps
@@ -175,7 +175,7 @@ def _moe_mlp_tp(s: Scenario, w: Workload, collective_time: CollectiveTime) -> fl
 def split_backward(s: Scenario) -> bool:
     """Whether the scenario's schedule splits the backward (a W step takes the weight gradients)."""
     par = s.parallelism
-    return any(st.split for st in SCHEDULES[s.pipeline_schedule](0, par.pp, s.num_microbatches, par.vp))
+    return any(st.split for st in schedule(s.pipeline_schedule, 0, par.pp, s.num_microbatches, par.vp))
 
 
 def overlap_contention_s(s: Scenario, w: Workload, collective_time: CollectiveTime | None,
