@@ -71,7 +71,8 @@ from simulator.layout.schedules import placement
 from simulator.network.collectives import time_collective
 from simulator.parts.gpus import gpu_of
 from simulator.reports.plots import plot_pareto
-from simulator.studies.bound import (blocking_tp_s, schedule_walk_bound, stage_fsdp_busy, step_compute, step_lower_bound)
+from simulator.studies.bound import (LinkSeconds, blocking_tp_s, schedule_walk_bound, stage_fsdp_busy, step_compute,
+                                     step_lower_bound)
 from simulator.studies.sweep import (EXECUTORS, METRICS, Task, _Lock, base_of, evaluate, point_id, read_log, scenario_hash)
 from simulator.common.progress import as_progress
 from simulator.studies.workers import Lost, check_local_workers, local_limit, outcome, process_pool
@@ -244,8 +245,8 @@ def node_collective_time(s: Scenario):
 
 def cluster_collective_time(s: Scenario):
     """(op, ranks, bytes) -> (seconds of a collective over those global ranks alone on ``s``'s idle
-    cluster, seconds each link is busy with its bytes), memoised, the cluster built on first use:
-    what ``bound.fsdp_stage_compute`` and ``bound.fsdp_link_busy`` need."""
+    cluster, seconds each link is busy with its bytes as ``bound.LinkSeconds``), memoised, the
+    cluster built on first use: what ``bound.fsdp_stage_compute`` and ``bound.fsdp_link_busy`` need."""
     cache: dict = {}
     cluster = []
 
@@ -255,7 +256,7 @@ def cluster_collective_time(s: Scenario):
             if not cluster:
                 cluster.append(scenario_cluster(s))
             seconds, net = time_collective(cluster[0], op, ranks, size)
-            cache[key] = (seconds, net.stats.bytes_carried / net.capacity)
+            cache[key] = (seconds, LinkSeconds.of(net.stats.bytes_carried / net.capacity))
         return cache[key]
 
     return group_time
