@@ -83,18 +83,42 @@ class FlowRecord:
     end: float = float("nan")
 
 
-@dataclass(eq=False, slots=True)
 class Template:
     """The links of a transfer: ``links`` and ``mult`` (physical link ids, member flows on each),
-    and the same as link classes, ``cls`` and ``cmult`` (kept up to date as classes split)."""
+    and the same as link classes, ``clist`` and ``mlist`` (Python lists, for the per-class
+    bookkeeping; kept up to date as classes split, which only appends to them) and as arrays,
+    ``cls`` and ``cmult``, built from the lists when next asked for after a split: a cluster whose
+    groups all route differently splits classes thousands of times, and rebuilding every crossing
+    template's arrays at each split cost more than the simulation (1,792 GB200 racks, CP groups
+    across racks)."""
 
-    links: np.ndarray
-    mult: np.ndarray
-    cls: np.ndarray
-    cmult: np.ndarray
-    clist: list  # ``cls`` and ``cmult`` as Python lists, for the per-class bookkeeping
-    mlist: list
-    alone: float | None = None  # bytes/s per member with the links to itself (memo, cleared on a split)
+    __slots__ = ("links", "mult", "clist", "mlist", "alone", "_cls", "_cmult")
+
+    def __init__(self, links: np.ndarray, mult: np.ndarray, cls: np.ndarray, cmult: np.ndarray, clist: list,
+                 mlist: list, alone: float | None = None):
+        self.links, self.mult = links, mult
+        self._cls, self._cmult = cls, cmult
+        self.clist, self.mlist = clist, mlist
+        self.alone = alone  # bytes/s per member with the links to itself (memo, cleared on a split)
+
+    @property
+    def cls(self) -> np.ndarray:
+        if self._cls is None:
+            self._cls = np.array(self.clist, dtype=np.int64)
+        return self._cls
+
+    @property
+    def cmult(self) -> np.ndarray:
+        if self._cmult is None:
+            self._cmult = np.array(self.mlist, dtype=float)
+        return self._cmult
+
+    def extend(self, cls: list, mults: list) -> None:
+        """New classes split off classes it crosses, with its multiplicities on them."""
+        self.clist.extend(cls)
+        self.mlist.extend(mults)
+        self._cls = self._cmult = None
+        self.alone = None
 
 
 @dataclass(eq=False, slots=True)
@@ -132,6 +156,7 @@ class Component:
     id: int
     transfers: dict = field(default_factory=dict)  # Transfer -> None, in insertion order
     dirty: bool = False
+    split: bool = False  # a transfer left it: re-partition it at the next flush (``_flush``)
 
 
 class LinkStats:
@@ -185,7 +210,8 @@ class Network:
         # per class, as Python lists: a transfer updates a few entries of each, which plain lists do
         # faster than numpy's scalar indexing (the same floats: the same products and sums)
         self._bytes = [0.0] * len(self._cap)  # bytes each link of the class carried
-        self._holders: list[list[Template]] = [[] for _ in self._cap]  # templates crossing each class
+        # per class, the templates crossing it with their multiplicity on it
+        self._holders: list[list[tuple[Template, float]]] = [[] for _ in self._cap]
         self._templates: dict = {}
         self._owner = [-1] * len(self._cap)  # component id per class
         self._users = [0] * len(self._cap)  # transfers in flight per class
@@ -221,8 +247,8 @@ class Network:
             self._refine(links, mult)
             cls, first = np.unique(self._cls[links], return_index=True)
             tpl = Template(links, mult, cls, mult[first], cls.tolist(), mult[first].tolist())
-            for c in cls.tolist():
-                self._holders[c].append(tpl)
+            for c, m in zip(tpl.clist, tpl.mlist):
+                self._holders[c].append((tpl, m))
             self._templates[key] = tpl
         return tpl
 
@@ -261,15 +287,14 @@ class Network:
         for p, c in zip(src.tolist(), ids[new].tolist()):
             holders = self._holders[p]
             self._holders.append(list(holders))
-            for tpl in holders:
-                entry = pending.setdefault(id(tpl), (tpl, [], []))
+            for tpl, m in holders:
+                entry = pending.get(id(tpl))
+                if entry is None:
+                    entry = pending[id(tpl)] = (tpl, [], [])
                 entry[1].append(c)
-                entry[2].append(float(tpl.cmult[np.flatnonzero(tpl.cls == p)[0]]))
+                entry[2].append(m)
         for tpl, cls, mults in pending.values():
-            tpl.cls = np.concatenate([tpl.cls, np.array(cls, dtype=np.int64)])
-            tpl.alone = None
-            tpl.cmult = np.concatenate([tpl.cmult, np.array(mults)])
-            tpl.clist, tpl.mlist = tpl.cls.tolist(), tpl.cmult.tolist()
+            tpl.extend(cls, mults)
 
     def transfer(self, routes: Sequence[np.ndarray], size: float, latency: float = 0.0,
                  label: object = None) -> simpy.Event:
@@ -322,6 +347,7 @@ class Network:
                     self._assign(u, comp)
                 other.transfers.clear()
                 other.dirty = False
+                comp.split = comp.split or other.split
                 del self._components[other.id]
         else:
             comp = self._new_component()
@@ -366,12 +392,23 @@ class Network:
             t.done.succeed()
 
     def _flush(self, _event) -> None:
+        """Recompute the rates of every component marked since the last flush, first splitting those
+        that transfers left (``_finish``): once per component and instant, however many of its
+        transfers ended then (a collective phase of thousands of transfers ends at one instant, and
+        a split per ending transfer cost the square of their number). The parts are the connected
+        components of the transfers that remain, whatever the order they left in."""
         self._flush_pending = False
         dirty, self._dirty = self._dirty, []
         for comp in dirty:
             if comp.dirty:
                 comp.dirty = False
-                self._recompute(comp)
+                if comp.split:
+                    comp.split = False
+                    for part in self._split(comp):
+                        part.dirty = False
+                        self._recompute(part)
+                else:
+                    self._recompute(comp)
 
     def _recompute(self, comp: Component) -> None:
         groups = list(comp.transfers)
@@ -435,12 +472,13 @@ class Network:
                 owner[c] = -1
         self._arrive(t)
         if comp.transfers:
-            self._split(comp)
+            comp.split = True
+            self._mark(comp)
         else:
             del self._components[comp.id]
 
-    def _split(self, comp: Component) -> None:
-        """Re-partition a component after a transfer left it, and mark the parts for recompute."""
+    def _split(self, comp: Component) -> list[Component]:
+        """Re-partition a component after transfers left it: its parts, ``comp`` first."""
         groups = list(comp.transfers)
         if len(groups) > 1:
             entry_group = np.repeat(np.arange(len(groups)), [len(t.links) for t in groups])
@@ -463,7 +501,5 @@ class Network:
                 if part is not comp:
                     del comp.transfers[t]
                     self._assign(t, part)
-            for part in parts.values():
-                self._mark(part)
-            return
-        self._mark(comp)
+            return list(parts.values())
+        return [comp]
