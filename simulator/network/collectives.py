@@ -143,6 +143,7 @@ class Collectives:
         self.algorithm = algorithm
         self._prepared: dict = {}
         self._by_id: dict = {}
+        self._alone: dict = {}  # id(one group's phases) -> (the phases, ``_merged`` of that group alone)
         # what depends on the cluster alone, shared by every simulation on it (``cluster_cache``):
         # a plan's or a sweep's layouts route the same rings again otherwise
         shared = cluster_cache(cluster)
@@ -468,7 +469,17 @@ class Collectives:
         per_group = [g for g in per_group if g]
         if not per_group:
             return
-        merged = self._merged(per_group, merge)
+        if len(per_group) == 1:
+            # one group of several run apart (``_run_merged`` without a merge): its transfers' routes
+            # and templates, found once per group rather than at every call (a prepared collective's
+            # phases are the same list objects at every call, held here so their ids stay theirs)
+            g = per_group[0]
+            hit = self._alone.get(id(g))
+            if hit is None or hit[0] is not g:
+                hit = self._alone[id(g)] = (g, self._merged(per_group, merge))
+            merged = hit[1]
+        else:
+            merged = self._merged(per_group, merge)
         yield from self._run_merged(merged, per_group, label)
 
     def _run_merged(self, merged, per_group, label) -> Generator:
