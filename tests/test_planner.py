@@ -797,3 +797,23 @@ def test_plan_check_table_says_why_the_best_is_slower_than_the_published_layout(
     assert "needs 144.7 GiB" in oom and "(OOM)" in oom and "-20.0%" in oom
     assert "not in the planned space" in outside and "-3.0%" in outside
     assert "(published layout is the best)" in same
+
+
+def test_link_seconds_add_and_scale_as_the_dense_arrays_do():
+    """``bound.LinkSeconds`` keeps only busy links; sums over different link sets, scalings and the
+    busiest link equal the dense arrays' to the last bit, and zero plus a load is the load."""
+    import numpy as np
+
+    from simulator.studies.bound import LinkSeconds
+
+    rng = np.random.default_rng(7)
+    a, b = rng.random(400), rng.random(400)
+    a[rng.random(400) < 0.7] = 0.0
+    b[rng.random(400) < 0.6] = 0.0
+    dense = 0.0 + 3 * (2 * a + b) + 5 * b
+    sparse = 0.0 + 3 * (2 * LinkSeconds.of(a) + LinkSeconds.of(b)) + 5 * LinkSeconds.of(b)
+    back = np.zeros(400)
+    back[sparse.links] = sparse.seconds
+    assert np.array_equal(back, dense)
+    assert sparse.max() == float(dense.max())
+    assert LinkSeconds.of(np.zeros(5)).max() == 0.0
