@@ -535,7 +535,6 @@ SCHEDULES: dict[str, Callable[..., tuple[Step, ...]]] = {
 }
 
 
-
 @functools.lru_cache(maxsize=4096)
 def schedule(name: str, stage: int, stages: int, microbatches: int, chunks: int = 1) -> tuple[Step, ...]:
     """``SCHEDULES[name](stage, stages, microbatches, chunks)``, computed once per arguments: a

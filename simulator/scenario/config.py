@@ -214,6 +214,12 @@ class ModelConfig:
         return bool(self.kv_lora_rank)
 
     @property
+    def rotary_qk(self) -> bool:
+        """Whether a rotary kernel runs on the attention's q and k (``compute.attention_steps``):
+        a rotary model outside MLA, whose decoupled rope is priced in ``mla.py``."""
+        return self.position_embedding == "rope" and not self.is_mla
+
+    @property
     def qk_head_dim(self) -> int:
         """Query/key width per head: nope + rope parts under MLA, head_dim otherwise."""
         return self.head_dim

@@ -338,7 +338,7 @@ def attention_steps(model: ModelConfig, tokens: float, tokens_norm: float, tp: i
     ]
     if model.qk_norm:
         plan.append(Mem("qk_norm", 2 * ACT_BYTES * qk, 2, QK_NORM_BWD_FACTOR, 4))
-    if model.position_embedding == "rope":
+    if model.rotary_qk:
         plan.append(Mem("rope", 2 * ACT_BYTES * qk, 2, 1.0, 2))
     return plan + [
         AttnCore(window),

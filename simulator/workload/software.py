@@ -317,7 +317,7 @@ def megatron_layer_extras(cost: LayerCost, model: ModelConfig, training: Trainin
     """``cost`` with Megatron-core's model-specific unfused paths (module docstring): eager RoPE
     under a YaRN attention factor, the GLU clamp and the per-expert bias loop, each its own op."""
     out = cost
-    if model.rope_mscale != 1.0 and sw.fused_rope and not model.is_mla and model.position_embedding == "rope":
+    if model.rope_mscale != 1.0 and sw.fused_rope and model.rotary_qk:
         tokens, _ = local_tokens(training, par)
         elems = _qk_elements(model, tokens, par.tp)
         fb, fk, bb, bk = MEGATRON_ROPE_UNFUSED
@@ -432,7 +432,7 @@ def layer_with_software(cost: LayerCost, model: ModelConfig, training: TrainingC
             elif op.name in ACT_OPS and not sw.fused_activation and swiglu:
                 nbytes += SWIGLU_EXTRA[0] * op.bytes / (3 * ACT_BYTES)
                 kernels += SWIGLU_EXTRA[1]
-        if name == "attn" and not sw.fused_rope and not model.is_mla and model.position_embedding == "rope":
+        if name == "attn" and not sw.fused_rope and model.rotary_qk:
             # beyond the fused kernel the reference prices (compute.py ``rope``: 4 bytes, one kernel
             # on q and one on k)
             nbytes += (ROPE_UNFUSED[0] - ROPE_FUSED_BYTES) * _qk_elements(model, tokens, par.tp)
