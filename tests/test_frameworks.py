@@ -262,10 +262,11 @@ def test_megatron_core_reproduces_todays_tiny_report():
     s before communication kernels' SMs were priced and the Hopper sustained fraction refitted;
     0.007110474883389537 s before the loss was priced as Megatron-core's unfused cross-entropy, 38 / 14
     bytes per logit instead of 12 / 24; 0.007573734584882077 s before the fused RoPE kernels were
-    priced; 0.007725035361001479 s before GEMMs whose output tiles leave SMs idle were split along k)."""
+    priced; 0.007725035361001479 s before GEMMs whose output tiles leave SMs idle were split along k;
+    0.007362295789263101 s before the embedding and LM head communicated over TP)."""
     plain = step_report(simulate(load_scenario("scenarios/tiny.yaml")))
     explicit = step_report(simulate(load_scenario("scenarios/tiny.yaml", ["framework=megatron-core"])))
-    assert plain["step_time_s"] == explicit["step_time_s"] == 0.007362295789263101
+    assert plain["step_time_s"] == explicit["step_time_s"] == 0.00739660000906108
 
 
 def test_validate_reads_framework_and_options():
@@ -779,3 +780,36 @@ def test_torch_ddp_buckets_split_a_layer_past_the_cap_into_equal_collectives():
     assert tenths[0] == pytest.approx(2 * 32000 * 1024 / 10 * 4)
     assert len(dp_sizes(mc, w_mc)) == 1
 
+
+
+@pytest.mark.parametrize("sp, position, fwd, bwd", [
+    (True, "rope", ["reduce_scatter", "all_gather"], ["all_gather", "reduce_scatter", "all_gather"]),
+    (True, "learned", ["all_reduce", "all_gather"], ["all_gather", "reduce_scatter", "all_gather"]),
+    (False, "rope", ["all_reduce"], ["all_reduce"]),
+])
+def test_the_vocabulary_parallel_embedding_and_lm_head_communicate_over_tp(sp, position, fwd, bwd):
+    """Besides each layer's, a TP step sums the vocabulary-sharded embedding (reduce-scattered into
+    the sequence-parallel region, or all-reduced: with learned positions Megatron-core all-reduces
+    and slices), gathers the LM head's input (SP) and, backward, gathers that input again for the
+    weight gradient (SP), reduce-scatters or all-reduces its input gradient and gathers the
+    embedding's: exactly these collectives beyond the layers'."""
+    from collections import Counter
+
+    from simulator.engine.inputs import step_inputs
+    from simulator.program.builder import Launch
+
+    def tp_ops(layers, tp=8, dp=1):
+        model = dataclasses.replace(LLAMA, position_embedding=position, num_hidden_layers=layers)
+        program = step_inputs(scen(dp=dp, tp=tp, sp=sp and tp > 1, model=model)).programs[0]
+        return [op.op for op in program if isinstance(op, Launch) and op.group == "tp"]
+
+    two, four = tp_ops(2), tp_ops(4)
+    per_layer = Counter(four)
+    per_layer.subtract(two)  # two layers' worth
+    extra = Counter(two)
+    extra.subtract(per_layer)
+    assert +extra == Counter(fwd + bwd)
+    assert two[0] == fwd[0]  # the embedding's sum opens the step
+    assert (two[-1] == "all_gather") == sp  # and, with SP, the gather of its gradient closes it
+    one = tp_ops(1, tp=1, dp=8)  # TP 1: no group to sum over, only the layers' (empty) calls
+    assert tp_ops(2, tp=1, dp=8) == one + one

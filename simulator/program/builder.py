@@ -419,38 +419,55 @@ class _Builder:
         self.compute(kind, after, "attention", **at)
         return None
 
-    def column_parallel_backward(self, block, gemm, label, at, cp_ev=None):
+    def embedding_forward_tp(self, at):
+        """The vocabulary-parallel embedding's sum over the TP group: each rank looks up the tokens
+        of its vocabulary shard (zeros elsewhere) and the partial embeddings are reduce-scattered
+        into the sequence-parallel region with sequence parallelism and rotary or no positions,
+        else all-reduced (and, with sequence parallelism, then sliced with no communication).
+        Megatron-core ``VocabParallelEmbedding.forward`` (``reduce_scatter_embeddings``,
+        megatron/core/tensor_parallel/layers.py) and ``LanguageModelEmbedding``
+        (megatron/core/models/common/embeddings/language_model_embedding.py); torchtitan's
+        ``RowwiseParallel`` embedding with ``output_layouts=Shard(1)`` and nanotron's
+        ``TensorParallelEmbedding`` in REDUCE_SCATTER mode do the same."""
+        s = self.s
+        if s.parallelism.tp <= 1:
+            return
+        scatter = self.sp and s.model.position_embedding != "learned"
+        self.collective("tp", "reduce_scatter" if scatter else "all_reduce", self.w.tp_bytes, "tp", **at)
+
+    def column_parallel_backward(self, block, gemm, label, at, cp_ev=None, kind="B"):
         """Backward of a block ending in a column-parallel GEMM. With Megatron-LM's TP overlap
         (``LinearWithGradAccumulationAndAsyncCommunication``, TE's Linear) the input-gradient
         all-reduce (reduce-scatter with SP) runs under the weight-gradient GEMM and the saved
         sequence-sharded input is re-gathered under the input-gradient GEMM; without it
-        (``overlap.tp_comm: false``, e.g. DTensor TP in eager PyTorch) both are exposed."""
+        (``overlap.tp_comm: false``, e.g. DTensor TP in eager PyTorch) both are exposed. ``kind``: the
+        trace kind of its compute (``head`` for the LM head)."""
         w = self.w
         before, dgrad, wgrad, after = self.split(split_at_gemm, block, gemm)
         reduce = "reduce_scatter" if self.sp else "all_reduce"
         if not (self.sw.tp_comm or (self.sp and self.sw.async_tp)):
-            self.compute("B", before, label, **at)
+            self.compute(kind, before, label, **at)
             if self.sp:
                 self.collective("tp", "all_gather", w.tp_bytes, "tp", **at)
-            self.compute("B", joined(dgrad, wgrad), label, **at)
+            self.compute(kind, joined(dgrad, wgrad), label, **at)
             if cp_ev is not None:
                 self.wait((cp_ev,), "cp", **at)
             self.collective("tp", reduce, w.tp_bytes, "tp", **at)
-            self.compute("B", after, label, **at)
+            self.compute(kind, after, label, **at)
             return
         if self.sp:
-            self.compute("B", before, label, **at)
+            self.compute(kind, before, label, **at)
             gather = self.launch("tp", "all_gather", w.tp_bytes, "tp")
-            self.compute("B", dgrad, label, **at)
+            self.compute(kind, dgrad, label, **at)
             self.wait((gather,), "tp", "all_gather", **at)
         else:
-            self.compute("B", joined(before, dgrad), label, **at)
+            self.compute(kind, joined(before, dgrad), label, **at)
         if cp_ev is not None:
             self.wait((cp_ev,), "cp", **at)
         grad = self.launch("tp", reduce, w.tp_bytes, "tp")
-        self.compute("B", wgrad, label, **at)
+        self.compute(kind, wgrad, label, **at)
         self.wait((grad,), "tp", reduce, **at)
-        self.compute("B", after, label, **at)
+        self.compute(kind, after, label, **at)
 
     # data parallelism -------------------------------------------------------------------------
 
@@ -565,6 +582,7 @@ class _Builder:
                 self.ops.append(StepBegin())
                 if vs == 0 and self.extras:
                     self.compute("embed", w.embedding[0], "embedding", **at)
+                    self.embedding_forward_tp(at)
                 def fkey(x, mb=mb):
                     return ("U", x) if self.unsharded else ("F", mb, x)
 
@@ -581,6 +599,9 @@ class _Builder:
                     self.layer_forward(layer, mb, chunk)
                     off.after_forward(mb, chunk, layer, layers, steps, i)
                 if vs == nvs - 1 and self.extras:
+                    if self.sp:
+                        # the LM head's input, gathered from the sequence-parallel region
+                        self.collective("tp", "all_gather", w.tp_bytes, "tp", **at)
                     self.compute("head", w.head[0], "lm_head+loss", **at)
                 self.ops.append(StepEnd("F", mb, chunk))
                 if vs < nvs - 1:
@@ -591,7 +612,10 @@ class _Builder:
                     self.ops.append(Recv(vs, mb, "B", chunk))
                 self.ops.append(StepBegin())
                 if vs == nvs - 1 and self.extras:
-                    self.compute("head", w.head[1], "lm_head+loss", **at)
+                    if s.parallelism.tp > 1:
+                        self.column_parallel_backward(w.head[1], "lm_head", "lm_head+loss", at, kind="head")
+                    else:
+                        self.compute("head", w.head[1], "lm_head+loss", **at)
                 for layer in reversed(layers):
                     if zero == 3 and not self.unsharded:
                         fsdp_gather(layer, ("B", mb, layer))
@@ -607,6 +631,9 @@ class _Builder:
                 for op in self.flush_replica():
                     grads(*op)
                 if vs == 0 and self.extras:
+                    if self.sp:
+                        # the gradient of the embedding's scatter into the sequence-parallel region
+                        self.collective("tp", "all_gather", w.tp_bytes, "tp", **at)
                     self.compute("embed", w.embedding[1], "embedding", **at)
                 if final:
                     self.unlayered_grads(vs, grads)
