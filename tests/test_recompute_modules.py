@@ -117,3 +117,27 @@ def test_moe_recompute_runs_the_dispatch_and_combine_again():
     t_moe, n_moe = run(["moe"])
     assert n_act == 48 * 4 and n_moe == 48 * 6  # 48 MoE layers, one micro-batch per rank
     assert t_moe > t_act
+
+
+@pytest.mark.parametrize("stated, recompute", [("full", "full"), ("selective (attention core)", "selective"),
+                                               ("none", "none"), ("Full, every layer", "full")])
+def test_a_cases_activation_checkpointing_sets_the_recompute(stated, recompute):
+    case = {"id": "x", "source": "2024", "model": {"layers": 4, "hidden": 1024, "ffn_hidden": 4096, "heads": 8,
+                                                   "vocab": 32000, "seq_len": 2048},
+            "hardware": {"gpu": "A100-SXM4-80GB", "count": 8}, "framework_options": {"activation_checkpointing": stated},
+            "parallelism": {"tp": 1, "pp": 1, "gbs": 8, "recompute": "none"}}
+    assert case_to_scenario_dict(case)["training"]["recompute"] == recompute
+
+
+def test_an_activation_checkpointing_statement_it_cannot_read_is_a_one_line_error_not_no_recompute():
+    """A flag list such as '--checkpoint-activations' used to fall through to no recompute at all."""
+    case = {"id": "x", "source": "2022", "model": {"layers": 4, "hidden": 1024, "ffn_hidden": 4096, "heads": 8,
+                                                   "vocab": 32000, "seq_len": 2048},
+            "hardware": {"gpu": "A100-SXM4-80GB", "count": 8},
+            "framework_options": {"activation_checkpointing": "--checkpoint-activations (recipe)"},
+            "parallelism": {"tp": 1, "pp": 1, "gbs": 8, "recompute": "full"}}
+    with pytest.raises(ConfigError) as err:
+        case_to_scenario_dict(case)
+    message = str(err.value)
+    assert "framework_options.activation_checkpointing" in message and "--checkpoint-activations" in message
+    assert "none, selective or full" in message and "\n" not in message

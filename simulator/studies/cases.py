@@ -570,6 +570,10 @@ def case_to_scenario_dict(case: dict, notes: list[str] | None = None) -> dict:
     gpu = hw["gpu"]
     gpn = gpus_per_domain(hw, notes)
     checkpointing = (case.get("framework_options") or {}).get("activation_checkpointing")
+    if checkpointing and not str(checkpointing).lower().startswith(("none", "selective", "full")):
+        raise ConfigError("framework_options.activation_checkpointing", checkpointing,
+                          "must start with none, selective or full (a statement of the source may follow, or go "
+                          "in another key)")
     recompute_text = str(checkpointing or par.get("recompute") or "").lower()
     sp_text = str(par.get("recompute") or "").lower()
     if recompute_text.startswith("full"):
