@@ -1,6 +1,8 @@
 """ZeRO-3 under pipeline parallelism: per micro-batch (stepsim's reference) or gathered once per
 step as torch pipelining runs FSDP2 (``fsdp.pipeline_unsharded``, torchtitan)."""
 import dataclasses
+
+import pytest
 from collections import Counter
 
 
@@ -65,3 +67,39 @@ def test_gathered_once_holds_the_stage_unsharded():
     # the stage's layers (and their unsharded gradients) stay on the GPU: more than two units in flight
     assert a["stages"][0]["other_gib"] > b["stages"][0]["other_gib"]
     assert "under a pipeline" in a["assumptions"]["comm_buffers"]
+
+
+def test_deepspeed_releases_modules_whose_backward_is_further_than_the_reuse_distance():
+    """DeepSpeed ZeRO-3 (stage3_max_reuse_distance 1e9): between module i's recompute and its
+    backward run the recompute and backward of every later module of the layer, 2 x their
+    parameters. GPT-3 175B's layer (qkv 453M, proj 151M, fc1 604M, fc2 604M): only fc2 stays; a
+    Llama-70B layer (qkv 84M, o 67M, gate/up 470M, down 235M): the two attention projections go."""
+    from simulator.workload.compute import regathered_params
+    assert regathered_params((453e6, 151e6, 604e6, 604e6), 1e9) == 453e6 + 151e6 + 604e6
+    assert regathered_params((84e6, 67e6, 470e6, 235e6), 1e9) == 84e6 + 67e6
+    assert regathered_params((50e6, 17e6, 117e6, 59e6), 1e9) == 0  # an 8B layer: nothing is far enough
+    assert regathered_params((453e6, 151e6, 604e6, 604e6), 0) == 0  # FSDP: the unit stays gathered
+    assert regathered_params((100.0, 100.0), 200.0) == 100.0  # at the distance exactly, released
+
+
+def test_under_full_recompute_a_deepspeed_backward_gathers_the_released_modules_again():
+    """The backward gather of a ZeRO-3 layer carries the re-gathered modules under DeepSpeed with
+    full recompute, and only then: not without recompute, not under an FSDP stack."""
+    from simulator.workload.compute import forward_weights, regathered_params
+
+    big = dataclasses.replace(MODEL, hidden_size=12288, num_attention_heads=96, num_key_value_heads=96,
+                              intermediate_size=4 * 12288, hidden_act="gelu", num_hidden_layers=2)
+
+    def gathers(framework, recompute):
+        s = dataclasses.replace(scenario(framework, pp=1), model=big,
+                                training=TrainingConfig(seq_length=1024, global_batch_size=8, recompute=recompute))
+        work = step_inputs(s).workload
+        ops = build_program(s, work, 0)
+        return [op.nbytes for op in ops if isinstance(op, Launch) and op.axis == "fsdp" and op.op == "all_gather"], work
+
+    (plain, work), (ds, _) = gathers("torchtitan", "full"), gathers("deepspeed", "full")
+    again = regathered_params(forward_weights(work.layer_costs[0], False), 1e9)
+    assert again == pytest.approx(3 * 12288 ** 2 + 12288 ** 2 + 4 * 12288 ** 2)  # qkv, proj, fc1
+    forward, backward = plain[:2], plain[2:]
+    assert ds[:2] == forward and ds[2:] == [b + 2 * again for b in backward]  # 16-bit parameters
+    assert gathers("deepspeed", "none")[0] == gathers("torchtitan", "none")[0]

@@ -66,7 +66,8 @@ OPTIONAL_KEYS = {("optimizer", "weight_cast_bytes_per_param"): 0.0,
                  ("data_parallel", "ddp_bucket_params"): 0.0,
                  ("fusion", "gelu_new"): "kernel",
                  ("attention", "unfused_softmax"): "fused",
-                 ("pipeline", "split"): "layers"}
+                 ("pipeline", "split"): "layers",
+                 ("fsdp", "release_reuse_distance"): 0.0}
 
 
 
@@ -141,7 +142,7 @@ PROFILE_KEYS = {
             "saves_quantized_inputs": _FLAG},
     "optimizer": {k: _BYTES for k in OPTIMIZER_KEYS},
     "recompute": {"selective": Choice(SELECTIVE_POLICIES)},
-    "fsdp": {"pipeline_unsharded": _FLAG, "replica_combine_bytes": _BYTES},
+    "fsdp": {"pipeline_unsharded": _FLAG, "replica_combine_bytes": _BYTES, "release_reuse_distance": _BYTES},
     "data_parallel": {"grad_collective": Choice(GRAD_COLLECTIVES), "zero2_reduce_every_microbatch": _FLAG,
                       "ddp_bucket_params": _BYTES},
     "pipeline": {"split": Choice(PIPELINE_SPLITS)},

@@ -39,7 +39,8 @@ from dataclasses import dataclass, replace
 
 from simulator.scenario.config import Scenario
 from simulator.layout.schedules import Placement, Step, placement, schedule
-from simulator.workload.compute import CP_CORE_OPS, CP_LOCAL_OPS, joined, split_around, split_at_gemm, split_weight_grad
+from simulator.workload.compute import (CP_CORE_OPS, CP_LOCAL_OPS, forward_weights, joined, regathered_params, split_around,
+                                        split_at_gemm, split_weight_grad)
 from simulator.workload.kernels import BlockCost
 from simulator.workload.frameworks import fsdp_gathered_once, routing_graphed
 from simulator.workload.moe import split_moe_block
@@ -561,7 +562,9 @@ class _Builder:
             if zero == 3 and key not in fsdp_ready and layer not in gathered:
                 # dense weights over the DP x CP shard group, an MoE layer's experts over their
                 # expert-data-parallel group (FSDP2 / Megatron-FSDP shard experts over EDP)
-                fsdp_ready[key] = tuple(self.launch(group, "all_gather", n * PARAM_BYTES, "fsdp")
+                again = self.regathered(layer) if key[0] == "B" else 0.0
+                fsdp_ready[key] = tuple(self.launch(group, "all_gather", (n + again * (group == "dpcp")) * PARAM_BYTES,
+                                                    "fsdp")
                                         for group, n in self.fsdp_units(layer))
                 if self.unsharded:
                     gathered.add(layer)
@@ -716,6 +719,16 @@ class _Builder:
         if self.replica_held + nbytes > limit:
             ops += self.flush_replica()
         return ops
+
+    def regathered(self, layer):
+        """Dense parameters per GPU a ZeRO-3 layer's backward gathers a second time under full
+        recompute, released after their recompute forward (``compute.regathered_params``): they
+        travel with the gather before the layer's backward."""
+        distance = self.sw.fsdp_release_reuse_distance
+        if distance <= 0 or self.s.training.recompute != "full":
+            return 0.0
+        moe = self.s.model.is_moe_layer(layer)
+        return regathered_params(forward_weights(self.w.layer_costs[layer], moe), distance)
 
     def fsdp_units(self, layer):
         """(group, parameters per GPU) ZeRO-3 gathers and reduce-scatters for one layer: its dense

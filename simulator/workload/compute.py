@@ -579,6 +579,35 @@ def split_weight_grad(block: BlockCost) -> tuple[BlockCost, BlockCost]:
     return BlockCost(tuple(op for op in block.ops if not op.name.endswith("_wgrad"))), BlockCost(wgrad)
 
 
+def forward_weights(cost: LayerCost, moe_layer: bool) -> tuple[float, ...]:
+    """Parameters per GPU of each weight GEMM of a layer's forward, in the order they run (the
+    attention projections, then the dense MLP's; an MoE layer's experts are left out)."""
+    blocks = (cost.attn_fwd,) if moe_layer else (cost.attn_fwd, cost.mlp_fwd)
+    return tuple(op.shape[1] * op.shape[2] * op.shape[3] for b in blocks for op in b.ops if op.shape is not None)
+
+
+def regathered_params(weights: tuple[float, ...], reuse_distance: float) -> float:
+    """Parameters per GPU gathered a second time in a ZeRO-3 layer's backward under full recompute.
+
+    DeepSpeed's ZeRO-3 gathers each module's parameters before it runs and, after it runs,
+    releases those it will not use again within ``stage3_max_reuse_distance`` parameters (default
+    1e9) of the modules that come next in the step's recorded module order
+    (deepspeed/runtime/zero/partitioned_param_coordinator.py ``__params_to_release``; the default in
+    deepspeed/runtime/zero/config.py). Under full recompute the layer's modules re-run forward
+    inside its backward, then run backward in reverse order, so between module i's recompute and
+    its backward come the recompute and the backward of every later module: 2 x (their
+    parameters). Module i is released and gathered again when that reaches the distance. 0: no
+    module is released there (an FSDP unit stays gathered through its recompute and backward)."""
+    if reuse_distance <= 0:
+        return 0.0
+    again, later = 0.0, 0.0
+    for p in reversed(weights):
+        if 2 * later >= reuse_distance:
+            again += p
+        later += p
+    return again
+
+
 CP_CORE_OPS = ("attn_core", "attn_core_cp", "attn_cp_merge", "attn_core_bwd", "attn_core_cp_bwd", "attn_cp_merge_bwd")
 CP_LOCAL_OPS = ("attn_core", "attn_core_bwd")
 

@@ -69,6 +69,11 @@ class Software:
     # hybrid sharding: the cross-copy gradient all-reduces combined into groups of up to this many
     # bytes per GPU, each launched when its last gradient exists (0: one all-reduce per FSDP unit)
     fsdp_replica_combine_bytes: float = 0.0
+    # ZeRO-3 with full recompute: after its recompute forward a module's gathered parameters are
+    # released unless they are used again within this many parameters, and gathered again for its
+    # backward (DeepSpeed's stage3_max_reuse_distance); 0: the unit stays gathered from the gather
+    # before its recompute through its backward (FSDP)
+    fsdp_release_reuse_distance: float = 0.0
     megatron_layers: bool = True  # the layers are Megatron-core's (profile model.code)
     te_op_fuser: bool = False  # framework_options.te_op_fuser: the experts as one TE fused op
     # framework_options.moe_router_fusion / moe_permute_fusion (Megatron-core's, off by default)
@@ -132,6 +137,7 @@ def resolve(s) -> Software:
         cp_merge=prof["attention"]["cp_merge"],
         fsdp_pipeline_unsharded=bool(prof["fsdp"]["pipeline_unsharded"]),
         fsdp_replica_combine_bytes=float(_pick(opt.replica_combine_bytes, prof["fsdp"]["replica_combine_bytes"])),
+        fsdp_release_reuse_distance=float(prof["fsdp"]["release_reuse_distance"]),
         megatron_layers=prof["model"]["code"] == "megatron-core",
         te_op_fuser=bool(opt.te_op_fuser),
         moe_router_fusion=bool(opt.moe_router_fusion),
