@@ -141,3 +141,29 @@ def test_an_activation_checkpointing_statement_it_cannot_read_is_a_one_line_erro
     message = str(err.value)
     assert "framework_options.activation_checkpointing" in message and "--checkpoint-activations" in message
     assert "none, selective or full" in message and "\n" not in message
+
+
+@pytest.mark.parametrize("stated, kernel", [("fa2", "fa2"), ("sdpa (F.scaled_dot_product_attention)", "sdpa"),
+                                            ("eager (materialised scores)", "unfused"),
+                                            ("FlashAttention-1 (flash-attn 1.0.4)", "fa1"),
+                                            ("cudnn_flash_te", "cudnn"), ("flash", "flash")])
+def test_a_cases_attention_statement_names_the_kernel(stated, kernel):
+    case = {"id": "x", "source": "2024", "model": {"layers": 4, "hidden": 1024, "ffn_hidden": 4096, "heads": 8,
+                                                   "vocab": 32000, "seq_len": 2048},
+            "hardware": {"gpu": "A100-SXM4-80GB", "count": 8}, "framework_options": {"attention": stated},
+            "parallelism": {"tp": 1, "pp": 1, "gbs": 8}}
+    assert case_to_scenario_dict(case)["training"]["attention"] == kernel
+
+
+def test_an_attention_statement_naming_no_priced_kernel_is_a_one_line_error_not_the_default():
+    """'Megatron fused softmax (no FlashAttention)' used to run the framework's flash kernel."""
+    case = {"id": "x", "source": "2022", "model": {"layers": 4, "hidden": 1024, "ffn_hidden": 4096, "heads": 8,
+                                                   "vocab": 32000, "seq_len": 2048},
+            "hardware": {"gpu": "A100-SXM4-80GB", "count": 8},
+            "framework_options": {"attention": "Megatron fused softmax (no FlashAttention)"},
+            "parallelism": {"tp": 1, "pp": 1, "gbs": 8}}
+    with pytest.raises(ConfigError) as err:
+        case_to_scenario_dict(case)
+    message = str(err.value)
+    assert "framework_options.attention" in message and "Megatron fused softmax" in message
+    assert "must start with fa2" in message and "\n" not in message

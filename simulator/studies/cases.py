@@ -54,7 +54,9 @@ only, so predictions are the same with them removed. Documented defaults for unk
   read from its first word, so a note may follow ("sdpa (F.scaled_dot_product_attention)"); a
   statement of eager attention ("eager", materialised scores) runs ``unfused``, and of
   FlashAttention (v1) ("FlashAttention-1", flash_attn 0.x or 1.x) runs ``fa1``, and of flash
-  attention with no version the framework's fused kernel (``flash``), whatever the year.
+  attention with no version the framework's fused kernel (``flash``), whatever the year; MaxText's
+  ``cudnn_flash_te`` runs ``cudnn``. Any other statement is a one-line error (it used to fall back to
+  the defaults below without a word).
 - layers not divisible by pp x vp: the first and last stages get f layers each and the others the
   rest evenly, f the largest value <= ceil(layers / (pp x vp)) that makes this possible (how
   Megatron-DeepSpeed balanced BLOOM, whose first and last stages also carry the embedding). When
@@ -386,6 +388,8 @@ def stated_attention(stated: str) -> str | None:
     first = re.split(r"[\s(;,]", stated, maxsplit=1)[0]
     if first in STATED_ATTENTION:
         return first
+    if first == "cudnn_flash_te":  # MaxText's name for Transformer Engine's cuDNN fused attention
+        return "cudnn"
     if first == "eager" or "materialised scores" in stated or "materialized scores" in stated:
         return "unfused"
     if _FA1.search(stated):
@@ -395,9 +399,17 @@ def stated_attention(stated: str) -> str | None:
     return None
 
 
+STATED_ATTENTION_HELP = ("must start with fa2, sdpa, fa3, cudnn, cudnn91, flex, flash, eager (materialised scores) "
+                         "or FlashAttention-1 / flash_attn 1.x; the source's own words may follow, or go in another key")
+
+
 def _attention_of(case: dict) -> str:
-    """The scenario's ``training.attention`` for a case (module docstring, ``ATTN_IMPL``)."""
-    named = stated_attention(str((case.get("framework_options") or {}).get("attention") or ""))
+    """The scenario's ``training.attention`` for a case (module docstring, ``ATTN_IMPL``); a
+    statement that names no kernel stepsim prices is a one-line error, not the default."""
+    stated = (case.get("framework_options") or {}).get("attention")
+    named = stated_attention(str(stated or ""))
+    if stated and not named:
+        raise ConfigError("framework_options.attention", stated, STATED_ATTENTION_HELP)
     if named:
         return named
     impl = _attn_impl(case)
