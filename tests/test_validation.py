@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from simulator.common.errors import ConfigError
 from simulator.network.collectives import bus_factor, time_collective
 from simulator.network.cluster import build_cluster
 from simulator.parts.topology import load_topology
@@ -221,14 +222,16 @@ def test_expert_parallelism_wider_than_dp_x_cp_folds_over_tp_ranks():
 
 
 def test_a_stated_attention_kernel_is_the_one_that_runs():
-    """AutoModel's ``attn: flex`` (framework_options.attention) runs FlexAttention; an unpriced
-    or absent name keeps the default (flash, or unfused before 2023)."""
+    """AutoModel's ``attn: flex`` (framework_options.attention) runs FlexAttention; an absent
+    name keeps the default (flash, or unfused before 2023); an unpriced one is a one-line error
+    (it used to keep the default without a word)."""
     case = next(c for c in yaml.safe_load(Path("tests/data/moe-runs.yaml").read_text())["cases"]
                 if c["id"] == "automodel-h100-gpt-oss-20b-bf16-8")
     assert case_to_scenario_dict(case)["training"]["attention"] == "flex"
     case = copy.deepcopy(case)
     case["framework_options"]["attention"] = "something-else"
-    assert case_to_scenario_dict(case)["training"]["attention"] == "flash"
+    with pytest.raises(ConfigError, match="framework_options.attention: got 'something-else'; must start with fa2"):
+        case_to_scenario_dict(case)
     del case["framework_options"]["attention"]
     assert case_to_scenario_dict(case)["training"]["attention"] == "flash"
 
@@ -290,8 +293,6 @@ def test_llm_foundry_attn_impl_picks_the_kernel_and_an_unpriced_one_is_said():
 
 
 def test_a_case_states_sequence_parallelism_beside_its_recompute_text():
-    from simulator.common.errors import ConfigError
-    from simulator.studies.cases import case_to_scenario_dict
 
     case = {"id": "x", "precision": "bf16",
             "model": {"hf_id": "meta-llama/Llama-3.1-405B", "layers": 126, "hidden": 16384, "ffn_hidden": 53248,
