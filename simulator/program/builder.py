@@ -562,10 +562,11 @@ class _Builder:
             if zero == 3 and key not in fsdp_ready and layer not in gathered:
                 # dense weights over the DP x CP shard group, an MoE layer's experts over their
                 # expert-data-parallel group (FSDP2 / Megatron-FSDP shard experts over EDP)
+                # a backward gather also brings the dense modules released after their recompute
                 again = self.regathered(layer) if key[0] == "B" else 0.0
-                fsdp_ready[key] = tuple(self.launch(group, "all_gather", (n + again * (group == "dpcp")) * PARAM_BYTES,
-                                                    "fsdp")
-                                        for group, n in self.fsdp_units(layer))
+                fsdp_ready[key] = tuple(
+                    self.launch(group, "all_gather", (n + (again if group == "dpcp" else 0.0)) * PARAM_BYTES, "fsdp")
+                    for group, n in self.fsdp_units(layer))
                 if self.unsharded:
                     gathered.add(layer)
 
