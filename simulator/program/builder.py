@@ -50,8 +50,11 @@ from simulator.workload.workload import GRAD_BYTES, PARAM_BYTES, Workload
 
 # The ops. ``group`` names a process group of the rank: tp, cp, dpcp, ep, edp, etp. ``axis`` is the
 # parallelism the trace charges the communication to. ``handle`` numbers a launch within a program.
+# Ops are values: hashed and compared by their fields, never changed once built (``dataclasses.replace``
+# makes a changed copy). They are not declared frozen because a frozen dataclass sets each field
+# through object.__setattr__, four times slower to build, and a step builds hundreds of thousands.
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class Compute:
     kind: str  # F, B, W, R (recompute), embed, head, opt
     block: BlockCost
@@ -62,7 +65,7 @@ class Compute:
     graphed: bool = False  # replayed from a CUDA graph (``framework_options.cuda_graph_scope``): one host launch
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class Launch:
     """Start the rank's part of a collective; it runs while the rank goes on."""
     handle: int
@@ -73,7 +76,7 @@ class Launch:
     stamp: bool = False  # remember when it completes (it is later waited for among others)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class Enqueue:
     """Queue a collective on the rank's data-parallel stream, which runs them one after another."""
     handle: int
@@ -83,7 +86,7 @@ class Enqueue:
     axis: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class Wait:
     """Block the compute stream until every handle is done (a ``wait`` row when it blocks)."""
     handles: tuple[int, ...]
@@ -94,7 +97,7 @@ class Wait:
     layer: int = -1
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class Copy:
     """Copy activations between the GPU and host memory (CPU offloading, ``workload.offload``) on
     the rank's copy stream for ``direction`` (d2h, h2d), which runs its copies one after another
@@ -108,7 +111,7 @@ class Copy:
     layer: int = -1
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class Send:
     """Post activations (kind F) or gradients (B) of ``vstage`` for micro-batch ``microbatch``."""
     dst_stage: int
@@ -117,7 +120,7 @@ class Send:
     kind: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class Recv:
     vstage: int
     microbatch: int
@@ -125,30 +128,30 @@ class Recv:
     chunk: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class StepBegin:
     """A schedule step starts (after its receive)."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class StepEnd:
     kind: str
     microbatch: int
     chunk: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class HostStart:
     """Where the host's kernel-issue clock starts, relative to the step (0 or earlier)."""
     time_s: float
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class CloseStream:
     """No more collectives for the data-parallel stream; the rank waits for it to drain."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class JoinStream:
     pass
 
