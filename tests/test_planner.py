@@ -817,3 +817,23 @@ def test_link_seconds_add_and_scale_as_the_dense_arrays_do():
     assert np.array_equal(back, dense)
     assert sparse.max() == float(dense.max())
     assert LinkSeconds.of(np.zeros(5)).max() == 0.0
+
+
+def test_a_framework_that_refuses_zero_2_or_3_under_a_pipeline_gets_no_such_layout():
+    """DeepSpeed's pipeline engine asserts ZeRO stage 0 or 1 (profile pipeline.max_zero_stage): a
+    scenario asking for more is a one-line error, and the planner prunes those layouts by that rule
+    instead of ranking them first (it did: TP4 PP4 Z2 came out best for DeepSpeed)."""
+    s = load_scenario("scenarios/llama3-70b-64xh100.yaml", ["framework=deepspeed"])
+    from simulator.layout.rules import validate_plan
+
+    with pytest.raises(ConfigError) as err:
+        validate_plan(load_scenario("scenarios/llama3-70b-64xh100.yaml",
+                                    ["framework=deepspeed", "parallelism.zero_stage=2"]))
+    assert "deepspeed runs ZeRO stage 1 at most under pipeline parallelism (pp 4)" in str(err.value)
+    values = parse_space(["tp=4,8", "pp=1,2,4", "zero_stage=1,2,3"], s)
+    enum = enumerate_layouts(s, values)
+    assert enum.valid and all(x.zero_stage <= 1 for x in enum.valid if x.pp > 1)
+    assert any(x.zero_stage == 3 for x in enum.valid if x.pp == 1)  # without a pipeline all stages run
+    assert any("at most under pipeline parallelism" in reason for reason in enum.pruned_rules)
+    megatron = enumerate_layouts(load_scenario("scenarios/llama3-70b-64xh100.yaml"), values)
+    assert any(x.zero_stage == 2 for x in megatron.valid if x.pp > 1)  # Megatron-core has no such rule

@@ -88,6 +88,7 @@ def _checked_plan(s: Scenario) -> list[str]:
     layers = m.num_hidden_layers
     if p.vp > 1 and p.pp == 1:
         raise ConfigError("parallelism.vp", p.vp, "virtual pipeline stages need pp > 1: set vp to 1")
+    check_pipeline_zero(s.framework, p.pp, p.zero_stage)
     uneven = p.first_pipeline_num_layers is not None or p.last_pipeline_num_layers is not None
     if p.pipeline_layers is not None and uneven:
         raise ConfigError("parallelism.pipeline_layers", list(p.pipeline_layers),
@@ -226,6 +227,17 @@ def _checked_plan(s: Scenario) -> list[str]:
                         "pair of the sequence under a document mask, so it costs as one document per sequence "
                         f"(kernels that skip the masked pairs: {', '.join(DOCUMENT_MASKED_BACKENDS)})")
     return warnings
+
+
+def check_pipeline_zero(framework: str | None, pp: int, zero_stage: int) -> None:
+    """The framework's highest ZeRO stage under pipeline parallelism (profile ``pipeline.max_zero_stage``:
+    DeepSpeed's pipeline engine asserts stage 0 or 1); a one-line error above it."""
+    if pp > 1:
+        highest = load_profile(framework)["pipeline"]["max_zero_stage"]
+        if zero_stage > highest:
+            raise ConfigError("parallelism.zero_stage", zero_stage,
+                              f"{framework or 'the generic profile'} runs ZeRO stage {highest} at most under pipeline "
+                              f"parallelism (pp {pp}): valid: {', '.join(map(str, range(highest + 1)))}, or pp 1")
 
 
 def _check_tp_splits(m: ModelConfig, p: ParallelConfig) -> None:
