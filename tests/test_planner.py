@@ -837,3 +837,20 @@ def test_a_framework_that_refuses_zero_2_or_3_under_a_pipeline_gets_no_such_layo
     assert any("at most under pipeline parallelism" in reason for reason in enum.pruned_rules)
     megatron = enumerate_layouts(load_scenario("scenarios/llama3-70b-64xh100.yaml"), values)
     assert any(x.zero_stage == 2 for x in megatron.valid if x.pp > 1)  # Megatron-core has no such rule
+
+
+def test_nanotron_has_zero_1_at_most_with_or_without_a_pipeline():
+    """nanotron builds its ZeRO-1 optimizer for any zero_stage > 0 (profile data_parallel.max_zero_stage):
+    stage 2 or 3 is a one-line error and no planned layout has it; stage 1 runs."""
+    from simulator.layout.rules import validate_plan
+
+    def nanotron(*sets):
+        return load_scenario("scenarios/llama3-70b-64xh100.yaml", ["framework=nanotron", *sets])
+
+    with pytest.raises(ConfigError, match="nanotron runs ZeRO stage 1 at most: valid: 0, 1"):
+        validate_plan(nanotron("parallelism.zero_stage=3", "parallelism.pp=1", "parallelism.vp=1",
+                               "parallelism.dp=16"))
+    validate_plan(nanotron("parallelism.zero_stage=1"))
+    s = nanotron()
+    enum = enumerate_layouts(s, parse_space(["tp=4,8", "pp=1,2", "zero_stage=0,1,2,3"], s))
+    assert enum.valid and max(x.zero_stage for x in enum.valid) == 1

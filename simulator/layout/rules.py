@@ -88,7 +88,7 @@ def _checked_plan(s: Scenario) -> list[str]:
     layers = m.num_hidden_layers
     if p.vp > 1 and p.pp == 1:
         raise ConfigError("parallelism.vp", p.vp, "virtual pipeline stages need pp > 1: set vp to 1")
-    check_pipeline_zero(s.framework, p.pp, p.zero_stage)
+    check_zero_stage(s.framework, p.pp, p.zero_stage)
     uneven = p.first_pipeline_num_layers is not None or p.last_pipeline_num_layers is not None
     if p.pipeline_layers is not None and uneven:
         raise ConfigError("parallelism.pipeline_layers", list(p.pipeline_layers),
@@ -229,14 +229,22 @@ def _checked_plan(s: Scenario) -> list[str]:
     return warnings
 
 
-def check_pipeline_zero(framework: str | None, pp: int, zero_stage: int) -> None:
-    """The framework's highest ZeRO stage under pipeline parallelism (profile ``pipeline.max_zero_stage``:
-    DeepSpeed's pipeline engine asserts stage 0 or 1); a one-line error above it."""
+def check_zero_stage(framework: str | None, pp: int, zero_stage: int) -> None:
+    """The framework's highest ZeRO stage (profile ``data_parallel.max_zero_stage``: nanotron's
+    optimizer is ZeRO-1 whatever stage is asked) and its highest under pipeline parallelism
+    (``pipeline.max_zero_stage``: DeepSpeed's pipeline engine asserts stage 0 or 1); a one-line
+    error above either."""
+    profile = load_profile(framework)
+    name = framework or "the generic profile"
+    highest = profile["data_parallel"]["max_zero_stage"]
+    if zero_stage > highest:
+        raise ConfigError("parallelism.zero_stage", zero_stage, f"{name} runs ZeRO stage {highest} at most: valid: "
+                          f"{', '.join(map(str, range(highest + 1)))}")
     if pp > 1:
-        highest = load_profile(framework)["pipeline"]["max_zero_stage"]
+        highest = profile["pipeline"]["max_zero_stage"]
         if zero_stage > highest:
             raise ConfigError("parallelism.zero_stage", zero_stage,
-                              f"{framework or 'the generic profile'} runs ZeRO stage {highest} at most under pipeline "
+                              f"{name} runs ZeRO stage {highest} at most under pipeline "
                               f"parallelism (pp {pp}): valid: {', '.join(map(str, range(highest + 1)))}, or pp 1")
 
 

@@ -68,7 +68,8 @@ OPTIONAL_KEYS = {("optimizer", "weight_cast_bytes_per_param"): 0.0,
                  ("attention", "unfused_softmax"): "fused",
                  ("pipeline", "split"): "layers",
                  ("fsdp", "release_reuse_distance"): 0.0,
-                 ("pipeline", "max_zero_stage"): 3}
+                 ("pipeline", "max_zero_stage"): 3,
+                 ("data_parallel", "max_zero_stage"): 3}
 
 
 
@@ -145,7 +146,7 @@ PROFILE_KEYS = {
     "recompute": {"selective": Choice(SELECTIVE_POLICIES)},
     "fsdp": {"pipeline_unsharded": _FLAG, "replica_combine_bytes": _BYTES, "release_reuse_distance": _BYTES},
     "data_parallel": {"grad_collective": Choice(GRAD_COLLECTIVES), "zero2_reduce_every_microbatch": _FLAG,
-                      "ddp_bucket_params": _BYTES},
+                      "ddp_bucket_params": _BYTES, "max_zero_stage": Choice((0, 1, 2, 3))},
     "pipeline": {"split": Choice(PIPELINE_SPLITS), "max_zero_stage": Choice((0, 1, 2, 3))},
 }
 SECTIONS = {section: tuple(keys) for section, keys in PROFILE_KEYS.items()}

@@ -38,7 +38,7 @@ from simulator.common.yamlfile import yaml_value
 from simulator.workload.offload import layer_offload_runs, module_offload_runs
 from simulator.scenario.load import scenario_from_dict, scenario_to_dict
 from simulator.scenario.config import RECOMPUTE, ZERO_STAGES
-from simulator.layout.rules import check_pipeline_zero, validate_plan
+from simulator.layout.rules import check_zero_stage, validate_plan
 from simulator.layout.schedules import SCHEDULES
 from simulator.studies.cases import pipeline_ends
 
@@ -379,7 +379,7 @@ def _enumerate_shape(s: Scenario, space: Mapping[str, tuple], shape: Layout, dp:
         for rc, zero in itertools.product(space["recompute"], space["zero_stage"] if r == 1 else sharded):
             layout = replace(shape, dp=dp, recompute=rc, zero_stage=zero, dp_replicate=r)
             try:  # the one rule that reads the ZeRO stage (validate_plan's own check)
-                check_pipeline_zero(s.framework, shape.pp, zero)
+                check_zero_stage(s.framework, shape.pp, zero)
             except ConfigError as err:
                 reasons[_reason(err)] += 1
                 _note(examples, _reason(err), layout, err)
