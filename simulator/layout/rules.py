@@ -235,17 +235,14 @@ def check_zero_stage(framework: str | None, pp: int, zero_stage: int) -> None:
     (``pipeline.max_zero_stage``: DeepSpeed's pipeline engine asserts stage 0 or 1); a one-line
     error above either."""
     profile = load_profile(framework)
-    name = framework or "the generic profile"
-    highest = profile["data_parallel"]["max_zero_stage"]
-    if zero_stage > highest:
-        raise ConfigError("parallelism.zero_stage", zero_stage, f"{name} runs ZeRO stage {highest} at most: valid: "
-                          f"{', '.join(map(str, range(highest + 1)))}")
+    caps = [(profile["data_parallel"]["max_zero_stage"], "", "")]
     if pp > 1:
-        highest = profile["pipeline"]["max_zero_stage"]
+        caps.append((profile["pipeline"]["max_zero_stage"], f" under pipeline parallelism (pp {pp})", ", or pp 1"))
+    for highest, where, otherwise in caps:
         if zero_stage > highest:
             raise ConfigError("parallelism.zero_stage", zero_stage,
-                              f"{name} runs ZeRO stage {highest} at most under pipeline "
-                              f"parallelism (pp {pp}): valid: {', '.join(map(str, range(highest + 1)))}, or pp 1")
+                              f"{framework or 'the generic profile'} runs ZeRO stage {highest} at most{where}: valid: "
+                              f"{', '.join(map(str, range(highest + 1)))}{otherwise}")
 
 
 def _check_tp_splits(m: ModelConfig, p: ParallelConfig) -> None:

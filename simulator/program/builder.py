@@ -212,6 +212,7 @@ class _Builder:
         self.held_grads: list = []  # layers whose reduce-scatter waits for the chunk's last backward
         self.replica_held = 0.0  # bytes of cross-copy all-reduce not yet launched (``fsdp_grad_ops``)
         self._splits: dict = {}  # (split function, id(block), args) -> (block, its parts)
+        self._regathered: dict[int, float] = {}  # layer -> ``regathered``, the same at every micro-batch
         # ZeRO-2 reducing in every micro-batch's backward (DeepSpeed's partitioned gradients)
         self.every_microbatch = par.zero_stage == 2 and self.sw.zero2_reduce_every_microbatch
 
@@ -728,11 +729,15 @@ class _Builder:
         """Dense parameters per GPU a ZeRO-3 layer's backward gathers a second time under full
         recompute, released after their recompute forward (``compute.regathered_params``): they
         travel with the gather before the layer's backward."""
-        distance = self.sw.fsdp_release_reuse_distance
-        if distance <= 0 or self.s.training.recompute != "full":
-            return 0.0
-        moe = self.s.model.is_moe_layer(layer)
-        return regathered_params(forward_weights(self.w.layer_costs[layer], moe), distance)
+        hit = self._regathered.get(layer)
+        if hit is None:
+            distance = self.sw.fsdp_release_reuse_distance
+            hit = 0.0
+            if distance > 0 and self.s.training.recompute == "full":
+                moe = self.s.model.is_moe_layer(layer)
+                hit = regathered_params(forward_weights(self.w.layer_costs[layer], moe), distance)
+            self._regathered[layer] = hit
+        return hit
 
     def fsdp_units(self, layer):
         """(group, parameters per GPU) ZeRO-3 gathers and reduce-scatters for one layer: its dense
