@@ -119,23 +119,24 @@ def test_moe_recompute_runs_the_dispatch_and_combine_again():
     assert t_moe > t_act
 
 
+def small_case(source, options, **parallelism):
+    """A published-run case of a small dense model on 8 A100s, with these framework options."""
+    return {"id": "x", "source": source, "model": {"layers": 4, "hidden": 1024, "ffn_hidden": 4096, "heads": 8,
+                                                   "vocab": 32000, "seq_len": 2048},
+            "hardware": {"gpu": "A100-SXM4-80GB", "count": 8}, "framework_options": options,
+            "parallelism": {"tp": 1, "pp": 1, "gbs": 8, **parallelism}}
+
+
 @pytest.mark.parametrize("stated, recompute", [("full", "full"), ("selective (attention core)", "selective"),
                                                ("none", "none"), ("Full, every layer", "full")])
 def test_a_cases_activation_checkpointing_sets_the_recompute(stated, recompute):
-    case = {"id": "x", "source": "2024", "model": {"layers": 4, "hidden": 1024, "ffn_hidden": 4096, "heads": 8,
-                                                   "vocab": 32000, "seq_len": 2048},
-            "hardware": {"gpu": "A100-SXM4-80GB", "count": 8}, "framework_options": {"activation_checkpointing": stated},
-            "parallelism": {"tp": 1, "pp": 1, "gbs": 8, "recompute": "none"}}
+    case = small_case("2024", {"activation_checkpointing": stated}, recompute="none")
     assert case_to_scenario_dict(case)["training"]["recompute"] == recompute
 
 
 def test_an_activation_checkpointing_statement_it_cannot_read_is_a_one_line_error_not_no_recompute():
     """A flag list such as '--checkpoint-activations' used to fall through to no recompute at all."""
-    case = {"id": "x", "source": "2022", "model": {"layers": 4, "hidden": 1024, "ffn_hidden": 4096, "heads": 8,
-                                                   "vocab": 32000, "seq_len": 2048},
-            "hardware": {"gpu": "A100-SXM4-80GB", "count": 8},
-            "framework_options": {"activation_checkpointing": "--checkpoint-activations (recipe)"},
-            "parallelism": {"tp": 1, "pp": 1, "gbs": 8, "recompute": "full"}}
+    case = small_case("2022", {"activation_checkpointing": "--checkpoint-activations (recipe)"}, recompute="full")
     with pytest.raises(ConfigError) as err:
         case_to_scenario_dict(case)
     message = str(err.value)
@@ -148,20 +149,12 @@ def test_an_activation_checkpointing_statement_it_cannot_read_is_a_one_line_erro
                                             ("FlashAttention-1 (flash-attn 1.0.4)", "fa1"),
                                             ("cudnn_flash_te", "cudnn"), ("flash", "flash")])
 def test_a_cases_attention_statement_names_the_kernel(stated, kernel):
-    case = {"id": "x", "source": "2024", "model": {"layers": 4, "hidden": 1024, "ffn_hidden": 4096, "heads": 8,
-                                                   "vocab": 32000, "seq_len": 2048},
-            "hardware": {"gpu": "A100-SXM4-80GB", "count": 8}, "framework_options": {"attention": stated},
-            "parallelism": {"tp": 1, "pp": 1, "gbs": 8}}
-    assert case_to_scenario_dict(case)["training"]["attention"] == kernel
+    assert case_to_scenario_dict(small_case("2024", {"attention": stated}))["training"]["attention"] == kernel
 
 
 def test_an_attention_statement_naming_no_priced_kernel_is_a_one_line_error_not_the_default():
     """'Megatron fused softmax (no FlashAttention)' used to run the framework's flash kernel."""
-    case = {"id": "x", "source": "2022", "model": {"layers": 4, "hidden": 1024, "ffn_hidden": 4096, "heads": 8,
-                                                   "vocab": 32000, "seq_len": 2048},
-            "hardware": {"gpu": "A100-SXM4-80GB", "count": 8},
-            "framework_options": {"attention": "Megatron fused softmax (no FlashAttention)"},
-            "parallelism": {"tp": 1, "pp": 1, "gbs": 8}}
+    case = small_case("2022", {"attention": "Megatron fused softmax (no FlashAttention)"})
     with pytest.raises(ConfigError) as err:
         case_to_scenario_dict(case)
     message = str(err.value)
