@@ -103,3 +103,69 @@ def test_under_full_recompute_a_deepspeed_backward_gathers_the_released_modules_
     forward, backward = plain[:2], plain[2:]
     assert ds[:2] == forward and ds[2:] == [b + 2 * again for b in backward]  # 16-bit parameters
     assert gathers("deepspeed", "none")[0] == gathers("torchtitan", "none")[0]
+
+
+def test_deepspeed_prefetch_and_reduce_buckets_count_the_calls_of_a_layer():
+    """DeepSpeed ZeRO-3 prefetches the next parameters in one all-gather until the call holds at
+    least 5e7 elements, and reduce-scatters a gradient bucket when the next gradient would take it
+    past 5e8: GPT-3 175B's weights (453M, 151M, 604M, 604M) each go in a call of their own, four
+    per pass; an 8B Llama layer (50M, 17M, 117M, 59M) in three; tiny layers share calls across
+    layers, counted as one per layer (the unit gather every other stack makes)."""
+    from simulator.workload.compute import bucket_reduce_calls, module_gather_calls, released_weights
+    gpt3 = (453e6, 151e6, 604e6, 604e6)
+    assert module_gather_calls(gpt3, 5e7) == 4
+    assert module_gather_calls((50e6, 17e6, 117e6, 59e6), 5e7) == 3  # 50 | 17+117 | 59
+    assert module_gather_calls((1e6, 2e6), 5e7) == 1.0
+    assert module_gather_calls(gpt3, 0) == 1.0  # FSDP: one call per unit
+    assert bucket_reduce_calls(tuple(reversed(gpt3)), 5e8) == 4  # 604 | 604 | 151 | 453 (+ the next layer's 604 > 500)
+    assert bucket_reduce_calls((100e6,) * 4, 5e8) == 1.0  # 400M per layer: a bucket spans layers
+    assert bucket_reduce_calls(gpt3, 0) == 1.0
+    assert released_weights(gpt3, 1e9) == (453e6, 151e6, 604e6)  # in forward order
+    assert released_weights(gpt3, 0) == ()
+
+
+def test_a_call_count_is_that_many_calls_of_the_share_back_to_back():
+    """A collective of ``calls`` calls takes ``calls`` times one call of ``size / calls`` alone."""
+    from simulator.network.cluster import build_cluster
+    from simulator.network.collectives import time_collective
+    from simulator.parts.topology import load_topology
+    cluster = build_cluster(load_topology("dgx-a100"), 4)
+    for op in ("all_gather", "reduce_scatter"):
+        one, _ = time_collective(cluster, op, range(32), 2**28 / 4)
+        four, _ = time_collective(cluster, op, range(32), 2**28, calls=4)
+        assert four == pytest.approx(4 * one, rel=1e-9)
+        assert time_collective(cluster, op, range(32), 2**28, calls=1.0)[0] == time_collective(cluster, op, range(32), 2**28)[0]
+
+
+def test_deepspeed_zero3_pays_a_call_latency_per_module_that_grows_with_the_ranks(tmp_path):
+    """The same GPT-3-shaped ZeRO-3 layer under DeepSpeed gathers in four calls per forward and
+    seven per backward under full recompute (qkv, proj and fc1 again), and reduces in four, where
+    torchtitan's FSDP2 gathers and reduces once. Against the same profile with one call per unit
+    the step is longer, and more so on more ranks: each ring call waits n - 1 steps."""
+    import yaml
+    from simulator import run
+    from simulator.common import resources
+
+    big = dataclasses.replace(MODEL, hidden_size=12288, num_attention_heads=96, num_key_value_heads=96,
+                              intermediate_size=4 * 12288, hidden_act="gelu", num_hidden_layers=2)
+
+    def case(framework, nodes):
+        return Scenario(name="t", model=big, cluster=ClusterConfig(topology="dgx-a100", num_nodes=nodes),
+                        training=TrainingConfig(seq_length=1024, global_batch_size=8 * nodes, recompute="full"),
+                        parallelism=ParallelConfig(tp=1, pp=1, dp=8 * nodes, zero_stage=3), framework=framework)
+
+    ops = build_program(case("deepspeed", 2), step_inputs(case("deepspeed", 2)).workload, 0)
+    calls = [op.calls for op in ops if isinstance(op, Launch) and op.axis == "fsdp" and op.op == "all_gather"]
+    assert calls == [4, 4, 7, 7]
+    scatters = [op.calls for op in ops if isinstance(op, (Launch, Enqueue)) and op.op == "reduce_scatter"]
+    assert scatters == [4, 4]
+    plain = build_program(case("torchtitan", 2), step_inputs(case("torchtitan", 2)).workload, 0)
+    assert {op.calls for op in plain if isinstance(op, (Launch, Enqueue))} == {1.0}
+
+    prof = yaml.safe_load(resources.entry("frameworks", "deepspeed").read_text())
+    prof["fsdp"]["gather_bucket_params"]["value"] = 0
+    prof["fsdp"]["reduce_bucket_params"]["value"] = 0
+    unit = tmp_path / "deepspeed-unit-calls.yaml"
+    unit.write_text(yaml.safe_dump(prof))
+    extra = {n: run(case("deepspeed", n)).step_time_s - run(case(str(unit), n)).step_time_s for n in (2, 16)}
+    assert 0 < extra[2] < extra[16]

@@ -37,7 +37,7 @@ class Snapshot:
     """Where a simulation in progress is at ``now_s``: ``at``: rank -> (index of the op it is at,
     when it began); ``posted``: mailbox key -> when that pipeline send was posted; ``ended``: rank ->
     end of its finished program; ``streams``: rank -> (whether its data-parallel stream is running a
-    collective, the (group, op, bytes) queued behind it)."""
+    collective, the (group, op, bytes, calls) queued behind it)."""
 
     now_s: float
     at: dict
@@ -151,10 +151,12 @@ class StepEngine:
             hit = self._group_of[key] = self._group_of.setdefault(members, (members, (members,)))
         return hit
 
-    def launch(self, rank: int, group: str, op: str, size: float, axis: str, here: tuple | None = None) -> simpy.Event:
-        """Start this rank's part of a collective; the event fires when its group is done. Its
-        ``origin`` is the (rank, stream, time) that started it (the last rank to arrive), which
-        the critical path follows back."""
+    def launch(self, rank: int, group: str, op: str, size: float, axis: str, here: tuple | None = None,
+               calls: float = 1.0) -> simpy.Event:
+        """Start this rank's part of a collective (as ``calls`` calls back to back,
+        ``Collectives.prepare``); the event fires when its group is done. Its ``origin`` is the
+        (rank, stream, time) that started it (the last rank to arrive), which the critical path
+        follows back."""
         if not self.opt.communication or size <= 0:
             return self._done()
         if self.lanes is not None:
@@ -163,12 +165,13 @@ class StepEngine:
             groups, lanes, name, width = self._lane_class(rank, group)
             if width < 2:
                 return self._done()
-            return self._rendezvous_start(rank, group, name, lanes, op, groups, size, self.opt.merge, axis, here)
+            return self._rendezvous_start(rank, group, name, lanes, op, groups, size, self.opt.merge, axis, here,
+                                          calls)
         if self.opt.fold:
             groups = self._stage_groups(self.stage_of(rank), group)
             if len(groups[0]) < 2:
                 return self._done()
-            proc = self.coll.start(op, groups, size, self.opt.merge, axis)
+            proc = self.coll.start(op, groups, size, self.opt.merge, axis, calls=calls)
             proc.origin = here or (rank, "compute", self.env.now)
             self.called(rank, op, axis, size, proc)
             return proc
@@ -176,10 +179,10 @@ class StepEngine:
         if len(members) < 2:
             return self._done()
         return self._rendezvous_start(rank, group, (group, members), len(members), op, groups, size, False, axis,
-                                      here)
+                                      here, calls)
 
     def _rendezvous_start(self, rank: int, group: str, name: tuple, parties: int, op: str, groups: tuple,
-                          size: float, merge: bool, axis: str, here: tuple | None) -> simpy.Event:
+                          size: float, merge: bool, axis: str, here: tuple | None, calls: float = 1.0) -> simpy.Event:
         """This rank's arrival at its ``group`` collective, met by the ``parties`` simulated ranks
         named ``name`` (the members of an unfolded group, or the lanes of folded stragglers): the
         last to arrive starts the flows of ``groups``; each arrival gets the event they share."""
@@ -195,7 +198,7 @@ class StepEngine:
         if entry[0] == parties:
             del self._rendezvous[key]
             event.origin = here or (rank, "compute", self.env.now)
-            self.coll.start(op, groups, size, merge, axis, done=event)
+            self.coll.start(op, groups, size, merge, axis, done=event, calls=calls)
         self.called(rank, op, axis, size, event)
         return event
 
@@ -326,13 +329,13 @@ class StepEngine:
             if item is None:
                 return
             state[0] = True
-            group, op, size, axis, done = item
+            group, op, size, axis, calls, done = item
             start = self.env.now
             lag = self.var.replica_lag(rank) if self.varies and group in ("dpcp", "edp") else 0.0
             if lag > 0:  # the slowest data-parallel replica arrives later (jitter, folded)
                 yield self.env.timeout(lag)
             here = free if free is not None and free[2] == start and done.queued[2] < start else done.queued
-            ev = self.launch(rank, group, op, size, axis, here)
+            ev = self.launch(rank, group, op, size, axis, here, calls)
             yield ev
             self.trace.add(Row(rank, self.stage_of(rank), "dp", "comm", axis, start, self.env.now,
                                label=op, nbytes=size, dep=getattr(ev, "origin", None)))
@@ -410,7 +413,7 @@ class StepEngine:
                                            op.chunk, op.layer, op.label, 0.0, block.flops, None, max(0.0, slowed),
                                            block.host_wait_s)))
             elif kind is Launch:
-                ev = launch(rank, op.group, op.op, op.nbytes, op.axis)
+                ev = launch(rank, op.group, op.op, op.nbytes, op.axis, None, op.calls)
                 events[op.handle] = stamp(ev) if op.stamp else ev
             elif kind is Wait:
                 now = env.now
@@ -464,7 +467,7 @@ class StepEngine:
             elif kind is Enqueue:
                 done = env.event()
                 done.queued = (rank, "compute", env.now)
-                queue.put((op.group, op.op, op.nbytes, op.axis, done))
+                queue.put((op.group, op.op, op.nbytes, op.axis, op.calls, done))
                 events[op.handle] = stamp(done)
             elif kind is HostStart:
                 host = op.time_s
@@ -512,7 +515,7 @@ class StepEngine:
     def snapshot(self) -> Snapshot:
         """Where each rank is now (``Snapshot``), for a caller that bounds the step in progress."""
         posted = {k: box[1] for k, box in self._mail.items() if box[1] is not None}
-        streams = {r: (busy, [item[:3] for item in queue.items if item is not None])
+        streams = {r: (busy, [item[:3] + (item[4],) for item in queue.items if item is not None])
                    for r, (busy, queue) in self.streams.items()}
         return Snapshot(self.env.now, dict(self.at), posted, dict(self.stage_end), streams)
 

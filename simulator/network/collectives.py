@@ -439,25 +439,33 @@ class Collectives:
             out.append(transfers)
         return out
 
-    def prepare(self, op: str, groups: Sequence[Sequence[int]], size: float, merge: bool):
-        """The planned transfers of ``op`` over ``groups`` (cached: steps repeat the same collectives)."""
-        fast = (op, id(groups), size, merge)  # the engine passes the same tuple object every time
+    def prepare(self, op: str, groups: Sequence[Sequence[int]], size: float, merge: bool, calls: float = 1.0):
+        """The planned transfers of ``op`` over ``groups`` (cached: steps repeat the same collectives).
+
+        ``calls`` > 1: the collective is that many calls of ``size / calls`` back to back on one
+        stream (a stack that fetches each module's parameters with its own call, DeepSpeed ZeRO-3):
+        each call in the protocol fastest for its own size, so the transfer carries ``calls`` times
+        one call's bytes and latency."""
+        fast = (op, id(groups), size, merge, calls)  # the engine passes the same tuple object every time
         hit = self._by_id.get(fast)
         if hit is not None and hit[0] is groups:
             return hit[1]
-        key = (op, groups if isinstance(groups, tuple) else tuple(tuple(g) for g in groups), size, merge)
+        key = (op, groups if isinstance(groups, tuple) else tuple(tuple(g) for g in groups), size, merge, calls)
         hit = self._prepared.get(key)
         if hit is None:
-            if op == "send_recv" and merge:
+            if op == "send_recv" and merge and calls == 1:
                 hit = self._prepare_send_recv(groups, size)
                 self._prepared[key] = hit
                 self._by_id[fast] = (groups, hit)
                 return hit
             if op == "send_recv":
-                per_group = [ph for ph in self._send_recv_phases(groups, size) if ph]
+                per_group = [ph for ph in self._send_recv_phases(groups, size / calls) if ph]
             else:
                 self._prefetch(op, groups)
-                per_group = [ph for ph in (self.phases(op, list(g), size) for g in groups) if ph]
+                per_group = [ph for ph in (self.phases(op, list(g), size / calls) for g in groups) if ph]
+            if calls != 1:
+                per_group = [[[Spec(sp.edges, sp.size * calls, sp.latency * calls) for sp in ph] for ph in g]
+                             for g in per_group]
             merged = self._merged(per_group, merge) if per_group else []
             hit = (merged, per_group)
             self._prepared[key] = hit
@@ -493,19 +501,20 @@ class Collectives:
                 yield self.env.all_of(events)
 
     def run_groups(self, op: str, groups: Sequence[Sequence[int]], size: float, merge: bool = False,
-                   label=None) -> Generator:
+                   label=None, calls: float = 1.0) -> Generator:
         """One op over several groups at once (for example every TP group of a pipeline stage)."""
-        merged, per_group = self.prepare(op, groups, size, merge)
+        merged, per_group = self.prepare(op, groups, size, merge, calls)
         if per_group:
             yield from self._run_merged(merged, per_group, label)
 
     def start(self, op: str, groups: Sequence[Sequence[int]], size: float, merge: bool = False,
-              label=None, done: simpy.Event | None = None) -> simpy.Event:
+              label=None, done: simpy.Event | None = None, calls: float = 1.0) -> simpy.Event:
         """Start ``op`` over ``groups``; the event fires when every group is done. A one-phase op
         of one transfer returns the network's own event, with no process around it (most
         collectives of a step). ``done``: the event to fire (the network fires it itself when it
-        can), for a caller that handed it out before the collective could start."""
-        merged, per_group = self.prepare(op, groups, size, merge)
+        can), for a caller that handed it out before the collective could start; ``calls``: see
+        ``prepare``."""
+        merged, per_group = self.prepare(op, groups, size, merge, calls)
         if not per_group:
             done = done or self.env.event()
             done.succeed()
@@ -524,8 +533,8 @@ class Collectives:
         ev.callbacks.append(lambda _e: done.succeed())
         return done
 
-    def run(self, op: str, ranks: Sequence[int], size: float, label=None) -> Generator:
-        yield from self.run_groups(op, [ranks], size, False, label)
+    def run(self, op: str, ranks: Sequence[int], size: float, label=None, calls: float = 1.0) -> Generator:
+        yield from self.run_groups(op, [ranks], size, False, label, calls)
 
     def all_reduce(self, ranks: Sequence[int], size: float, label=None) -> Generator:
         return self.run("all_reduce", ranks, size, label)
@@ -602,11 +611,12 @@ def algorithm_used(cluster: Cluster, op: str, ranks: Sequence[int], size: float,
 
 
 def time_collective(cluster: Cluster, op: str, ranks: Sequence[int], size: float,
-                    algorithm: str = "auto") -> tuple[float, Network]:
-    """Simulate one collective alone on an idle cluster: (time in s, the network after it)."""
+                    algorithm: str = "auto", calls: float = 1.0) -> tuple[float, Network]:
+    """Simulate one collective alone on an idle cluster (as ``calls`` calls back to back,
+    ``Collectives.prepare``): (time in s, the network after it)."""
     env = simpy.Environment()
     net = Network(env, cluster.link_bw)
     coll = Collectives(env, net, cluster, algorithm)
-    env.process(coll.run(op, list(ranks), size))
+    env.process(coll.run(op, list(ranks), size, calls=calls))
     env.run()
     return env.now, net

@@ -68,6 +68,8 @@ OPTIONAL_KEYS = {("optimizer", "weight_cast_bytes_per_param"): 0.0,
                  ("attention", "unfused_softmax"): "fused",
                  ("pipeline", "split"): "layers",
                  ("fsdp", "release_reuse_distance"): 0.0,
+                 ("fsdp", "gather_bucket_params"): 0.0,
+                 ("fsdp", "reduce_bucket_params"): 0.0,
                  ("pipeline", "max_zero_stage"): 3,
                  ("data_parallel", "max_zero_stage"): 3}
 
@@ -144,7 +146,8 @@ PROFILE_KEYS = {
             "saves_quantized_inputs": _FLAG},
     "optimizer": {k: _BYTES for k in OPTIMIZER_KEYS},
     "recompute": {"selective": Choice(SELECTIVE_POLICIES)},
-    "fsdp": {"pipeline_unsharded": _FLAG, "replica_combine_bytes": _BYTES, "release_reuse_distance": _BYTES},
+    "fsdp": {"pipeline_unsharded": _FLAG, "replica_combine_bytes": _BYTES, "release_reuse_distance": _BYTES,
+             "gather_bucket_params": _BYTES, "reduce_bucket_params": _BYTES},
     "data_parallel": {"grad_collective": Choice(GRAD_COLLECTIVES), "zero2_reduce_every_microbatch": _FLAG,
                       "ddp_bucket_params": _BYTES, "max_zero_stage": Choice((0, 1, 2, 3))},
     "pipeline": {"split": Choice(PIPELINE_SPLITS), "max_zero_stage": Choice((0, 1, 2, 3))},

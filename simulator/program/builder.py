@@ -39,7 +39,8 @@ from dataclasses import dataclass, replace
 
 from simulator.scenario.config import Scenario
 from simulator.layout.schedules import Placement, Step, placement, schedule
-from simulator.workload.compute import (CP_CORE_OPS, CP_LOCAL_OPS, forward_weights, joined, regathered_params, split_around,
+from simulator.workload.compute import (CP_CORE_OPS, CP_LOCAL_OPS, bucket_reduce_calls, forward_weights, joined,
+                                        module_gather_calls, regathered_params, released_weights, split_around,
                                         split_at_gemm, split_weight_grad)
 from simulator.workload.kernels import BlockCost
 from simulator.workload.frameworks import fsdp_gathered_once, routing_graphed
@@ -67,23 +68,29 @@ class Compute:
 
 @dataclass(slots=True, unsafe_hash=True)
 class Launch:
-    """Start the rank's part of a collective; it runs while the rank goes on."""
+    """Start the rank's part of a collective; it runs while the rank goes on. ``calls`` > 1: the
+    bytes go as that many equal calls back to back on one stream, each paying its own latency
+    (``network.collectives.Collectives.prepare``): a stack that fetches each module's parameters
+    with its own call (``compute.module_gather_calls``)."""
     handle: int
     group: str
     op: str
     nbytes: float
     axis: str
     stamp: bool = False  # remember when it completes (it is later waited for among others)
+    calls: float = 1.0
 
 
 @dataclass(slots=True, unsafe_hash=True)
 class Enqueue:
-    """Queue a collective on the rank's data-parallel stream, which runs them one after another."""
+    """Queue a collective on the rank's data-parallel stream, which runs them one after another
+    (``calls`` as for ``Launch``)."""
     handle: int
     group: str
     op: str
     nbytes: float
     axis: str
+    calls: float = 1.0
 
 
 @dataclass(slots=True, unsafe_hash=True)
@@ -213,6 +220,7 @@ class _Builder:
         self.replica_held = 0.0  # bytes of cross-copy all-reduce not yet launched (``fsdp_grad_ops``)
         self._splits: dict = {}  # (split function, id(block), args) -> (block, its parts)
         self._regathered: dict[int, float] = {}  # layer -> ``regathered``, the same at every micro-batch
+        self._calls: dict = {}  # (layer, pass) -> ``gather_calls`` / ``reduce_calls``
         # ZeRO-2 reducing in every micro-batch's backward (DeepSpeed's partitioned gradients)
         self.every_microbatch = par.zero_stage == 2 and self.sw.zero2_reduce_every_microbatch
 
@@ -235,17 +243,17 @@ class _Builder:
                 graphed = GRAPHED_LABELS.get(label, "") in self.sw.graph_scope
             self.ops.append(Compute(kind, block, label, microbatch, chunk, layer, graphed))
 
-    def launch(self, group, op, nbytes, axis) -> int:
+    def launch(self, group, op, nbytes, axis, calls=1.0) -> int:
         h = self.next_handle
         self.next_handle += 1
         self.launch_at[h] = len(self.ops)
-        self.ops.append(Launch(h, group, op, nbytes, axis))
+        self.ops.append(Launch(h, group, op, nbytes, axis, False, calls))
         return h
 
-    def enqueue(self, group, op, nbytes, axis) -> int:
+    def enqueue(self, group, op, nbytes, axis, calls=1.0) -> int:
         h = self.next_handle
         self.next_handle += 1
-        self.ops.append(Enqueue(h, group, op, nbytes, axis))
+        self.ops.append(Enqueue(h, group, op, nbytes, axis, calls))
         return h
 
     def wait(self, handles, axis, label="", microbatch=-1, chunk=-1, layer=-1):
@@ -528,11 +536,11 @@ class _Builder:
         pending: list[int] = []  # handles the rank waits for before its optimizer step
         deferred: list[tuple] = []  # gradient collectives held until the backward ends
 
-        def grads(kind, op, size, axis):
+        def grads(kind, op, size, axis, calls=1.0):
             if sw.grad_reduce:
-                pending.append(self.enqueue(kind, op, size, axis))
+                pending.append(self.enqueue(kind, op, size, axis, calls))
             else:
-                deferred.append((kind, op, size, axis))
+                deferred.append((kind, op, size, axis, calls))
 
         if sw.host_issue_s and self.extras:
             # The host issued this step's first kernels while the previous step's optimizer ran on
@@ -567,9 +575,11 @@ class _Builder:
                 # dense weights over the DP x CP shard group, an MoE layer's experts over their
                 # expert-data-parallel group (FSDP2 / Megatron-FSDP shard experts over EDP)
                 # a backward gather also brings the dense modules released after their recompute
-                again = self.regathered(layer) if key[0] == "B" else 0.0
+                backward = key[0] == "B"
+                again = self.regathered(layer) if backward else 0.0
                 fsdp_ready[key] = tuple(
-                    self.launch(group, "all_gather", (n + (again if group == "dpcp" else 0.0)) * PARAM_BYTES, "fsdp")
+                    self.launch(group, "all_gather", (n + (again if group == "dpcp" else 0.0)) * PARAM_BYTES, "fsdp",
+                                self.gather_calls(layer, backward) if group == "dpcp" else 1.0)
                     for group, n in self.fsdp_units(layer))
                 if self.unsharded:
                     gathered.add(layer)
@@ -686,8 +696,8 @@ class _Builder:
             for op in self.fsdp_grad_ops(layer):
                 grads(*op)
         elif zero == 3:  # no copies: just the reduce-scatters, launched from the compute stream
-            for group, op, nbytes, axis in self.fsdp_grad_ops(layer):
-                pending.append(self.launch(group, op, nbytes, axis))
+            for group, op, nbytes, axis, calls in self.fsdp_grad_ops(layer):
+                pending.append(self.launch(group, op, nbytes, axis, calls))
         elif grads_of[layer].layers[-1] == layer and (final or self.every_microbatch):
             for kind, op, nbytes in self.grad_ops(grads_of[layer], zero):
                 if final:
@@ -714,7 +724,8 @@ class _Builder:
         the group is launched with the layer after which the next one (a stack's layers are the
         same size) would not fit, the rest by ``flush_replica`` when the backward pass ends."""
         size = self.w.layer_dense_params[layer] * GRAD_BYTES
-        ops = [(group, "reduce_scatter", n * GRAD_BYTES, "fsdp") for group, n in self.fsdp_units(layer)]
+        ops = [(group, "reduce_scatter", n * GRAD_BYTES, "fsdp", self.reduce_calls(layer) if group == "dpcp" else 1.0)
+               for group, n in self.fsdp_units(layer)]
         limit = self.sw.fsdp_replica_combine_bytes
         replica = self.replica_reduce(size)
         if not (replica and limit > 0):
@@ -737,6 +748,39 @@ class _Builder:
                 moe = self.s.model.is_moe_layer(layer)
                 hit = regathered_params(forward_weights(self.w.layer_costs[layer], moe), distance)
             self._regathered[layer] = hit
+        return hit
+
+    def gather_calls(self, layer, backward):
+        """All-gather calls in which a ZeRO-3 layer's dense parameters arrive for one pass
+        (``compute.module_gather_calls``; 1 for a stack that gathers a whole unit in one call): a
+        backward under full recompute fetches them for the recompute forward, then the released
+        modules again (``regathered``)."""
+        key = (layer, backward)
+        hit = self._calls.get(key)
+        if hit is None:
+            bucket = self.sw.fsdp_gather_bucket_params
+            hit = 1.0
+            if bucket > 0:
+                weights = forward_weights(self.w.layer_costs[layer], self.s.model.is_moe_layer(layer))
+                hit = module_gather_calls(weights, bucket)
+                if backward and self.regathered(layer) > 0:
+                    again = released_weights(weights, self.sw.fsdp_release_reuse_distance)
+                    hit += module_gather_calls(again, bucket)
+            self._calls[key] = hit
+        return hit
+
+    def reduce_calls(self, layer):
+        """Reduce-scatter calls in which a ZeRO-3 layer's dense gradients leave
+        (``compute.bucket_reduce_calls``; 1: one per unit)."""
+        key = (layer, "reduce")
+        hit = self._calls.get(key)
+        if hit is None:
+            bucket = self.sw.fsdp_reduce_bucket_params
+            hit = 1.0
+            if bucket > 0:
+                weights = forward_weights(self.w.layer_costs[layer], self.s.model.is_moe_layer(layer))
+                hit = bucket_reduce_calls(tuple(reversed(weights)), bucket)
+            self._calls[key] = hit
         return hit
 
     def fsdp_units(self, layer):

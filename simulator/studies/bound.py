@@ -681,11 +681,11 @@ class ProgressBound:
             elif kind is P.Send:
                 entries.append((SEND, op.dst_stage, (op.vstage, op.microbatch, op.kind)))
             elif kind is P.Launch:
-                entries.append((LAUNCH, op.handle, op.group, op.op, op.nbytes, self.sms_of(op.op, op.axis)))
+                entries.append((LAUNCH, op.handle, op.group, op.op, op.nbytes, self.sms_of(op.op, op.axis), op.calls))
             elif kind is P.Wait:
                 entries.append((WAIT, op.handles))
             elif kind is P.Enqueue:
-                entries.append((ENQUEUE, op.handle, op.group, op.op, op.nbytes))
+                entries.append((ENQUEUE, op.handle, op.group, op.op, op.nbytes, op.calls))
             elif kind is P.JoinStream:
                 entries.append((JOIN,))
         if run:
@@ -696,7 +696,7 @@ class ProgressBound:
         """``at``: rank -> (index of the op it is at, time it began); ``posted``: mailbox key ->
         time the engine posted that send; ``ended``: rank -> end of its finished program;
         ``streams``: rank -> (whether its data-parallel stream is running a collective, the
-        (group, op, bytes) queued behind it)."""
+        (group, op, bytes, calls) queued behind it)."""
         least, least_pp, S = self.least, self.least_pp, self.num_sms
         best = max(ended.values(), default=0.0)
         # (receiving rank, vstage, micro-batch, kind) -> least arrival: the sends the engine posted
@@ -723,8 +723,8 @@ class ProgressBound:
                     k += 1  # a wait in progress ends no earlier than now
             busy, queued = streams.get(r, (False, ()))
             free = now if busy or queued else 0.0
-            for group, op_name, size in queued:
-                free += least(r, group, op_name, size)
+            for group, op_name, size, calls in queued:
+                free += least(r, group, op_name, size, calls)
             state.append([r, ops, k, clock, {}, free, {}])
         while state:
             blocked = []
@@ -759,7 +759,7 @@ class ProgressBound:
                         dst = peers[op[1]]
                         arrive[(dst,) + op[2]] = clock + least_pp(r, dst)
                     elif code == LAUNCH:
-                        end = clock + least(r, op[2], op[3], op[4])
+                        end = clock + least(r, op[2], op[3], op[4], op[6])
                         ends[op[1]] = end
                         if op[5] and end > clock:
                             running[op[1]] = (end, op[5])
@@ -770,7 +770,7 @@ class ProgressBound:
                                 clock = t
                             running.pop(h, None)
                     elif code == ENQUEUE:
-                        free = max(free, clock) + least(r, op[2], op[3], op[4])
+                        free = max(free, clock) + least(r, op[2], op[3], op[4], op[5])
                         ends[op[1]] = free
                     else:  # JOIN
                         if free > clock:
@@ -821,20 +821,20 @@ def _run_checked(engine: StepEngine, ranks: list[int], cutoff: float) -> int:
     """Run until the last of ``STOP_CHECKS``, asking ``ProgressBound`` at each whether the step
     already exceeds ``cutoff`` (then raise ``StepAbove``); the events run."""
     opt, plan, cluster, work = engine.opt, engine.plan, engine.cluster, engine.work
-    times: dict = {}  # (rank, group, op, bytes) -> seconds of that collective alone
+    times: dict = {}  # (rank, group, op, bytes, calls) -> seconds of that collective alone
     pp_times: dict = {}  # (source, destination) -> seconds of a pipeline transfer alone
     alone_on_cluster = cluster_cache(cluster).setdefault("alone", {})  # shared by a plan's layouts
 
-    def least(rank: int, group: str, op: str, size: float) -> float:
+    def least(rank: int, group: str, op: str, size: float, calls: float = 1.0) -> float:
         if not opt.communication:
             return 0.0
-        key = (rank, group, op, size)
+        key = (rank, group, op, size, calls)
         hit = times.get(key)
         if hit is None:
             members = plan.group_of(rank, group)
-            alone = (op, size, members, opt.algorithm)
+            alone = (op, size, members, opt.algorithm, calls)
             if alone not in alone_on_cluster:
-                alone_on_cluster[alone] = (time_collective(cluster, op, members, size, opt.algorithm)[0]
+                alone_on_cluster[alone] = (time_collective(cluster, op, members, size, opt.algorithm, calls)[0]
                                            if size > 0 and len(members) > 1 else 0.0)
             hit = times[key] = alone_on_cluster[alone]
         return hit

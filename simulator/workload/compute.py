@@ -598,14 +598,65 @@ def regathered_params(weights: tuple[float, ...], reuse_distance: float) -> floa
     its backward come the recompute and the backward of every later module: 2 x (their
     parameters). Module i is released and gathered again when that reaches the distance. 0: no
     module is released there (an FSDP unit stays gathered through its recompute and backward)."""
+    return sum(released_weights(weights, reuse_distance))
+
+
+def released_weights(weights: tuple[float, ...], reuse_distance: float) -> tuple[float, ...]:
+    """The weights of ``regathered_params``, in the order the layer's forward runs them."""
     if reuse_distance <= 0:
-        return 0.0
-    again, later = 0.0, 0.0
+        return ()
+    again, later = [], 0.0
     for p in reversed(weights):
         if 2 * later >= reuse_distance:
-            again += p
+            again.append(p)
         later += p
-    return again
+    return tuple(reversed(again))
+
+
+# Layers over which the per-layer call counts below are averaged: the grouping of a stack of equal
+# layers into calls repeats with a period of at most this many layers for the bucket sizes in use.
+_CALL_LAYERS = 64
+
+
+def module_gather_calls(weights: tuple[float, ...], bucket: float) -> float:
+    """All-gather calls per pass over a ZeRO-3 layer whose modules each fetch their own
+    parameters: DeepSpeed's parameter coordinator, after a module's parameters are in, prefetches
+    the next parameters of the recorded module order in one call, adding them until the call holds
+    at least ``stage3_prefetch_bucket_size`` elements (5e7 by default;
+    deepspeed/runtime/zero/partitioned_param_coordinator.py ``fetch_sub_module``, ``__all_gather_params``
+    issues one coalesced all-gather per set; deepspeed/runtime/zero/config.py). In a stack of equal
+    layers every weight above the bucket is a call of its own (GPT-3 175B: qkv, proj, fc1 and fc2,
+    four per pass), and smaller weights share calls, across layers if need be. Biases and norms
+    (a few thousand elements) travel inside these calls and are left out. At least one call per
+    layer, the unit gather every other stack makes (so a bound priced at one call stays below)."""
+    if bucket <= 0 or not weights:
+        return 1.0
+    calls, held = 0, 0.0
+    for _ in range(_CALL_LAYERS):
+        for p in weights:
+            held += p
+            if held >= bucket:
+                calls, held = calls + 1, 0.0
+    return max(1.0, calls / _CALL_LAYERS)
+
+
+def bucket_reduce_calls(weights: tuple[float, ...], bucket: float) -> float:
+    """Reduce-scatter calls per ZeRO-3 layer whose gradients are reduced in buckets, in the order
+    the backward produces them: DeepSpeed adds each gradient to its bucket and first reduces the
+    bucket when the gradient would take it past ``reduce_bucket_size`` elements (5e8 by default;
+    deepspeed/runtime/zero/stage3.py ``reduce_independent_p_g_buckets_and_remove_grads``: 'if
+    bucket.elements + param.ds_numel > self.reduce_bucket_size and bucket.elements > 0'), one
+    reduce-scatter per bucket. At least one call per layer, as for ``module_gather_calls``."""
+    if bucket <= 0 or not weights:
+        return 1.0
+    calls, held = 0, 0.0
+    for _ in range(_CALL_LAYERS):
+        for p in weights:
+            if held > 0 and held + p > bucket:
+                calls, held = calls + 1, 0.0
+            held += p
+    calls += held > 0  # the last bucket, reduced when the backward ends
+    return max(1.0, calls / _CALL_LAYERS)
 
 
 CP_CORE_OPS = ("attn_core", "attn_core_cp", "attn_cp_merge", "attn_core_bwd", "attn_core_cp_bwd", "attn_cp_merge_bwd")

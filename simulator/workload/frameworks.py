@@ -74,6 +74,13 @@ class Software:
     # backward (DeepSpeed's stage3_max_reuse_distance); 0: the unit stays gathered from the gather
     # before its recompute through its backward (FSDP)
     fsdp_release_reuse_distance: float = 0.0
+    # ZeRO-3 parameters fetched module by module, the upcoming ones prefetched in all-gather calls of
+    # at least this many parameters (DeepSpeed's stage3_prefetch_bucket_size); 0: one all-gather
+    # per unit (FSDP, Megatron-FSDP) (``compute.module_gather_calls``)
+    fsdp_gather_bucket_params: float = 0.0
+    # ZeRO-3 gradients reduce-scattered in buckets of at most this many parameters (DeepSpeed's
+    # reduce_bucket_size); 0: one reduce-scatter per unit (``compute.bucket_reduce_calls``)
+    fsdp_reduce_bucket_params: float = 0.0
     megatron_layers: bool = True  # the layers are Megatron-core's (profile model.code)
     te_op_fuser: bool = False  # framework_options.te_op_fuser: the experts as one TE fused op
     # framework_options.moe_router_fusion / moe_permute_fusion (Megatron-core's, off by default)
@@ -138,6 +145,8 @@ def resolve(s) -> Software:
         fsdp_pipeline_unsharded=bool(prof["fsdp"]["pipeline_unsharded"]),
         fsdp_replica_combine_bytes=float(_pick(opt.replica_combine_bytes, prof["fsdp"]["replica_combine_bytes"])),
         fsdp_release_reuse_distance=float(prof["fsdp"]["release_reuse_distance"]),
+        fsdp_gather_bucket_params=float(prof["fsdp"]["gather_bucket_params"]),
+        fsdp_reduce_bucket_params=float(prof["fsdp"]["reduce_bucket_params"]),
         megatron_layers=prof["model"]["code"] == "megatron-core",
         te_op_fuser=bool(opt.te_op_fuser),
         moe_router_fusion=bool(opt.moe_router_fusion),
