@@ -171,6 +171,32 @@ def test_measured_step_falls_back_to_tokens_then_tflops_then_mfu():
     assert measured_step(case, 4.4e15, 989e12) == (None, None)
 
 
+def test_a_causal_tflops_figure_is_read_with_the_attention_term_halved():
+    """Megatron-LM's logged TFLOP/s halve the attention term since 2025-03 (``flops_convention:
+    causal``): the same figure then means fewer FLOPs, a shorter measured step, and the prediction
+    does not change. An unknown convention is a one-line row error."""
+    from simulator.scenario.load import scenario_from_dict
+    from simulator.workload.compute import model_flops_per_token
+
+    case = _case(gbs=64)
+    case.pop("derived", None)
+    case["measured"] = {"tflops_per_gpu": 400.0}
+    full = predict(case)
+    case["measured"]["flops_convention"] = "causal"
+    causal = predict(case)
+    s = scenario_from_dict(case_to_scenario_dict(case))
+    seq = s.training.seq_length
+    share = model_flops_per_token(s.model, seq, causal=True) / model_flops_per_token(s.model, seq)
+    assert 0.5 < share < 1
+    assert causal["predicted"]["step_time_s"] == full["predicted"]["step_time_s"]
+    assert causal["measured"]["step_time_s"] == pytest.approx(full["measured"]["step_time_s"] * share)
+    assert (full["measured"]["basis"], causal["measured"]["basis"]) == ("tflops_model_flops", "tflops_model_flops_causal")
+    case["measured"]["flops_convention"] = "half"
+    row = predict(case)
+    assert "predicted" not in row and "measured.flops_convention" in row["error"] and "full, causal" in row["error"]
+    assert "\n" not in row["error"]
+
+
 def test_a_file_without_measurements_still_prints_its_predictions(tmp_path):
     from simulator.studies.validate import format_table
 

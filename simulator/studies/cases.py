@@ -794,8 +794,9 @@ def measured_step(case: dict, flops_per_gpu: float | None = None, peak_flops: fl
                   ) -> tuple[float | None, str | None]:
     """(measured step time, what it came from). In order: ``measured.step_time_s``,
     ``derived.step_time_s``, tokens per second per GPU (global batch x sequence / (rate x GPUs),
-    convention-free), then TFLOP/s per GPU or MFU converted with stepsim's own model FLOPs per
-    step (``flops_per_gpu``; the source's FLOP convention may differ: noted as the basis)."""
+    convention-free), then TFLOP/s per GPU or MFU converted with stepsim's model FLOPs per step
+    (``flops_per_gpu``, in the convention the case's ``measured.flops_convention`` states: the
+    caller, ``studies.validate.predict``, counts them so; noted as the basis)."""
     meas = case.get("measured") or {}
     if meas.get("step_time_s"):
         return meas["step_time_s"], "step_time"

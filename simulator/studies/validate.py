@@ -7,7 +7,9 @@ left out of the summary's MAPE and signed mean, which are also given with it
 ``selection:``); moe-runs.yaml uses it only for a number its publisher filed as a regression.
 
 Predicted TFLOP/s per GPU are the measured ones scaled by measured / predicted step time, i.e.
-the source's own FLOP convention (model or hardware FLOPs) applied to the predicted step.
+the source's own FLOP convention (model or hardware FLOPs) applied to the predicted step. A
+measured TFLOP/s or MFU becomes a step time through stepsim's model FLOPs of the run, in the
+convention the case states (``measured.flops_convention``: ``full`` unless it says ``causal``).
 """
 
 from __future__ import annotations
@@ -19,6 +21,13 @@ from simulator.studies.workers import Lost, check_local_workers, outcome, proces
 from simulator.scenario.load import scenario_from_dict
 from simulator.simulation import run
 from simulator.studies.cases import case_to_scenario_dict, groups_of, load_cases, measured_step
+from simulator.workload.compute import model_flops_per_token
+
+# How a case's measured TFLOP/s or MFU counted FLOPs (``measured.flops_convention``): ``full``,
+# stepsim's model FLOPs (attention not halved, Megatron-LM's convention until 2025 and NeMo's
+# published MFU); ``causal``, the attention term halved (Megatron-LM's logged TFLOP/s since
+# 8873b55d, 2025-03-06: ``compute.model_flops_per_token``).
+FLOP_CONVENTIONS = ("full", "causal")
 
 
 def predict(case: dict) -> dict:
@@ -33,15 +42,26 @@ def predict(case: dict) -> dict:
         row["assumed"] = notes
     if case.get("excluded_from_score"):
         row["excluded"] = str(case["excluded_from_score"])
+    meas = case.get("measured") or {}
+    convention = meas.get("flops_convention", "full")
+    if convention not in FLOP_CONVENTIONS:
+        row["error"] = str(ConfigError(f"{case['id']}: measured.flops_convention", convention,
+                                       f"must be one of {', '.join(FLOP_CONVENTIONS)}"))
+        return row
     try:
-        rep = run(scenario_from_dict(d), allow_oom=True, record_flows=False).report.to_dict()
+        scenario = scenario_from_dict(d)
+        rep = run(scenario, allow_oom=True, record_flows=False).report.to_dict()
     except ConfigError as err:
         row["error"] = str(err)
         return row
-    meas = case.get("measured") or {}
     flops = rep["model_tflops_per_gpu"] * 1e12 * rep["step_time_s"]
     peak_flops = rep["model_tflops_per_gpu"] * 1e12 / rep["mfu"] if rep["mfu"] else None
+    if convention == "causal":  # the source's FLOPs: the same step with the attention term halved
+        seq = scenario.training.seq_length
+        flops *= model_flops_per_token(scenario.model, seq, causal=True) / model_flops_per_token(scenario.model, seq)
     step, basis = measured_step(case, flops, peak_flops)
+    if convention == "causal" and basis in ("tflops_model_flops", "mfu_model_flops"):
+        basis += "_causal"
     row["predicted"] = {"step_time_s": rep["step_time_s"], "mfu": rep["mfu"],
                         "model_tflops_per_gpu": rep["model_tflops_per_gpu"]}
     row["measured"] = {"step_time_s": step, "tflops_per_gpu": meas.get("tflops_per_gpu"), "basis": basis}

@@ -794,7 +794,7 @@ def param_counts(model: ModelConfig) -> dict:
     }
 
 
-def model_flops_per_token(model: ModelConfig, seq_length: int) -> float:
+def model_flops_per_token(model: ModelConfig, seq_length: int, causal: bool = False) -> float:
     """Training model FLOPs per token: 6 * N + 12 * L * h_attn * s (PaLM, Chowdhery et al. 2022, App. B).
 
     N = active non-embedding weight parameters plus the LM head matrix (V * h, counted even when
@@ -806,12 +806,17 @@ def model_flops_per_token(model: ModelConfig, seq_length: int) -> float:
     Attention per layer in general: 6 * nq * (qk_head_dim + v_dim) * s * f, which is
     12 * h_attn * s when both widths are head_dim; f = ``mla.window_fraction`` on sliding-window
     layers, 1 otherwise. MTP modules are not counted (DeepSeek-V3 quotes 37B active without them).
+
+    ``causal``: the attention term halved, the convention of the TFLOP/s Megatron-LM has logged
+    since 8873b55d (2025-03-06, megatron/training/training.py ``num_floating_point_operations``:
+    "Only half of the attention matrix is non-zero"; its MLA formula the same since d4f9a6f7),
+    for reading such a figure as a step time (``studies.validate``), never for stepsim's own.
     """
     counts = param_counts(model)
     n = counts["active"] - counts["embedding"] - counts["lm_head"] + model.vocab_size * model.hidden_size
     width = model.num_attention_heads * (model.qk_head_dim + model.v_dim)
     layers = sum(window_fraction(seq_length, model.attention_window(layer)) for layer in range(model.num_hidden_layers))
-    return 6.0 * n + 6.0 * layers * width * seq_length
+    return 6.0 * n + (3.0 if causal else 6.0) * layers * width * seq_length
 
 
 def recompute_flops_per_token(model: ModelConfig, seq_length: int, recompute: str) -> float:
