@@ -169,3 +169,9 @@ def test_deepspeed_zero3_pays_a_call_latency_per_module_that_grows_with_the_rank
     unit.write_text(yaml.safe_dump(prof))
     extra = {n: run(case("deepspeed", n)).step_time_s - run(case(str(unit), n)).step_time_s for n in (2, 16)}
     assert 0 < extra[2] < extra[16]
+
+    # the communication map counts the calls, not the collectives that carry them: 4 + 4 + 7 + 7 gathers
+    # and 4 + 4 reduce-scatters per rank over the two layers
+    counts = {(axis, op): calls for rank, axis, op, calls, _, _ in run(case("deepspeed", 2)).result.comm_calls
+              if rank == 0 and axis == "fsdp"}
+    assert counts == {("fsdp", "all_gather"): 22, ("fsdp", "reduce_scatter"): 8}

@@ -173,7 +173,7 @@ class StepEngine:
                 return self._done()
             proc = self.coll.start(op, groups, size, self.opt.merge, axis, calls=calls)
             proc.origin = here or (rank, "compute", self.env.now)
-            self.called(rank, op, axis, size, proc)
+            self.called(rank, op, axis, size, proc, calls)
             return proc
         members, groups = self._members(rank, group)
         if len(members) < 2:
@@ -199,7 +199,7 @@ class StepEngine:
             del self._rendezvous[key]
             event.origin = here or (rank, "compute", self.env.now)
             self.coll.start(op, groups, size, merge, axis, done=event, calls=calls)
-        self.called(rank, op, axis, size, event)
+        self.called(rank, op, axis, size, event, calls)
         return event
 
     def _lane_class(self, rank: int, group: str) -> tuple:
@@ -217,12 +217,13 @@ class StepEngine:
             hit = self._group_of[key] = (touched, len(met), (group, min(met)), len(groups[0]) if groups else 0)
         return hit
 
-    def called(self, rank: int, op: str, axis: str, size: float, event: simpy.Event) -> None:
-        """Count the call (``CommCalls``) and, with ``SimOptions.contention``, hold the SMs of its
-        communication kernel on ``rank`` from now until ``event`` (``nccl.kernel_sms``); compute
-        running meanwhile gets the rest (``gpu_time``). One callback does both."""
+    def called(self, rank: int, op: str, axis: str, size: float, event: simpy.Event, calls: float = 1.0) -> None:
+        """Count the call (``CommCalls``; a collective of ``calls`` back-to-back calls counts that
+        many) and, with ``SimOptions.contention``, hold the SMs of its communication kernel on
+        ``rank`` from now until ``event`` (``nccl.kernel_sms``); compute running meanwhile gets the
+        rest (``gpu_time``). One callback does both."""
         rec = self.comm_calls.record(rank, axis, op)
-        rec[0] += 1
+        rec[0] += 1 if calls == 1 else calls
         rec[1] += size
         now = self.env.now
         sms = self._kernel_sms[(op, axis)] if self.opt.contention and not event.triggered else 0
