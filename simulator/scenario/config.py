@@ -399,12 +399,15 @@ class OverlapConfig:
     """Which communication the framework hides under compute; null takes the framework profile's
     default (``simulator/data/frameworks/<name>.yaml``)."""
 
-    tp_comm: bool | None = key(None, _MAYBE, help="backward TP all-reduce / reduce-scatter under the weight-gradient GEMM")
+    tp_comm: bool | None = key(None, _MAYBE, help="backward TP all-reduce / reduce-scatter under the weight-gradient GEMM "
+                               "(Megatron's default; Megatron-core's --tp-comm-overlap is async_tp)")
     grad_reduce: bool | None = key(None, _MAYBE, help="DP gradient buckets reduced during the last backward")
     param_gather: bool | None = key(None, _MAYBE, help="ZeRO-1/2 parameter all-gather under the forward; FSDP prefetch")
     param_prefetch_depth: int | None = key(None, Whole(0, limits.PREFETCH_DEPTH, optional=True),
                                            help="FSDP (ZeRO-3) layers gathered ahead of the one computing", unit="layers")
-    async_tp: bool | None = key(None, _MAYBE, help="forward TP all-gather / reduce-scatter pipelined with the GEMMs")
+    async_tp: bool | None = key(None, _MAYBE, help="forward TP all-gather / reduce-scatter pipelined with the GEMMs "
+                                "(Megatron-core --tp-comm-overlap / NeMo tp_comm_overlap: TE userbuffers; torchtitan "
+                                "enable_async_tensor_parallel)")
     cp_comm: bool | None = key(None, _MAYBE, help="context-parallel K/V exchange under the attention core")
 
 
