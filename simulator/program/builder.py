@@ -40,7 +40,7 @@ from dataclasses import dataclass, replace
 from simulator.scenario.config import Scenario
 from simulator.layout.schedules import Placement, Step, placement, schedule
 from simulator.workload.compute import (CP_CORE_OPS, CP_LOCAL_OPS, bucket_reduce_calls, forward_weights, joined,
-                                        module_gather_calls, regathered_params, released_weights, split_around,
+                                        module_gather_calls, released_weights, split_around,
                                         split_at_gemm, split_weight_grad)
 from simulator.workload.kernels import BlockCost
 from simulator.workload.frameworks import fsdp_gathered_once, routing_graphed
@@ -219,8 +219,7 @@ class _Builder:
         self.held_grads: list = []  # layers whose reduce-scatter waits for the chunk's last backward
         self.replica_held = 0.0  # bytes of cross-copy all-reduce not yet launched (``fsdp_grad_ops``)
         self._splits: dict = {}  # (split function, id(block), args) -> (block, its parts)
-        self._regathered: dict[int, float] = {}  # layer -> ``regathered``, the same at every micro-batch
-        self._calls: dict = {}  # (layer, pass) -> ``gather_calls`` / ``reduce_calls``
+        self._memo_cache: dict = {}  # per-layer figures (``_memo``)
         # ZeRO-2 reducing in every micro-batch's backward (DeepSpeed's partitioned gradients)
         self.every_microbatch = par.zero_stage == 2 and self.sw.zero2_reduce_every_microbatch
 
@@ -736,52 +735,56 @@ class _Builder:
             ops += self.flush_replica()
         return ops
 
+    def _memo(self, key, compute):
+        """``compute()``, once per key: a layer's figures are the same at every micro-batch."""
+        hit = self._memo_cache.get(key)
+        if hit is None:
+            hit = self._memo_cache[key] = compute()
+        return hit
+
+    def dense_weights(self, layer):
+        """Parameters per GPU of the layer's weight GEMMs in forward order (``compute.forward_weights``)."""
+        return self._memo(("weights", layer), lambda: forward_weights(self.w.layer_costs[layer],
+                                                                       self.s.model.is_moe_layer(layer)))
+
+    def released(self, layer):
+        """The weights a ZeRO-3 layer's modules release after their recompute forward under full
+        recompute and gather again for their backward (``compute.released_weights``); none
+        without a reuse distance or full recompute."""
+        distance = self.sw.fsdp_release_reuse_distance
+        if distance <= 0 or self.s.training.recompute != "full":
+            return ()
+        return self._memo(("released", layer), lambda: released_weights(self.dense_weights(layer), distance))
+
     def regathered(self, layer):
         """Dense parameters per GPU a ZeRO-3 layer's backward gathers a second time under full
-        recompute, released after their recompute forward (``compute.regathered_params``): they
-        travel with the gather before the layer's backward."""
-        hit = self._regathered.get(layer)
-        if hit is None:
-            distance = self.sw.fsdp_release_reuse_distance
-            hit = 0.0
-            if distance > 0 and self.s.training.recompute == "full":
-                moe = self.s.model.is_moe_layer(layer)
-                hit = regathered_params(forward_weights(self.w.layer_costs[layer], moe), distance)
-            self._regathered[layer] = hit
-        return hit
+        recompute (``compute.regathered_params``, the sum of ``released``): they travel with the
+        gather before the layer's backward."""
+        return float(sum(self.released(layer)))
 
     def gather_calls(self, layer, backward):
         """All-gather calls in which a ZeRO-3 layer's dense parameters arrive for one pass
         (``compute.module_gather_calls``; 1 for a stack that gathers a whole unit in one call): a
         backward under full recompute fetches them for the recompute forward, then the released
-        modules again (``regathered``)."""
-        key = (layer, backward)
-        hit = self._calls.get(key)
-        if hit is None:
-            bucket = self.sw.fsdp_gather_bucket_params
-            hit = 1.0
-            if bucket > 0:
-                weights = forward_weights(self.w.layer_costs[layer], self.s.model.is_moe_layer(layer))
-                hit = module_gather_calls(weights, bucket)
-                if backward and self.regathered(layer) > 0:
-                    again = released_weights(weights, self.sw.fsdp_release_reuse_distance)
-                    hit += module_gather_calls(again, bucket)
-            self._calls[key] = hit
-        return hit
+        modules again."""
+        bucket = self.sw.fsdp_gather_bucket_params
+        if bucket <= 0:
+            return 1.0
+
+        def count():
+            calls = module_gather_calls(self.dense_weights(layer), bucket)
+            again = self.released(layer) if backward else ()
+            return calls + module_gather_calls(again, bucket) if again else calls
+        return self._memo(("gather", layer, backward), count)
 
     def reduce_calls(self, layer):
-        """Reduce-scatter calls in which a ZeRO-3 layer's dense gradients leave
-        (``compute.bucket_reduce_calls``; 1: one per unit)."""
-        key = (layer, "reduce")
-        hit = self._calls.get(key)
-        if hit is None:
-            bucket = self.sw.fsdp_reduce_bucket_params
-            hit = 1.0
-            if bucket > 0:
-                weights = forward_weights(self.w.layer_costs[layer], self.s.model.is_moe_layer(layer))
-                hit = bucket_reduce_calls(tuple(reversed(weights)), bucket)
-            self._calls[key] = hit
-        return hit
+        """Reduce-scatter calls in which a ZeRO-3 layer's dense gradients leave, in the order the
+        backward produces them (``compute.bucket_reduce_calls``; 1: one per unit)."""
+        bucket = self.sw.fsdp_reduce_bucket_params
+        if bucket <= 0:
+            return 1.0
+        return self._memo(("reduce", layer),
+                          lambda: bucket_reduce_calls(tuple(reversed(self.dense_weights(layer))), bucket))
 
     def fsdp_units(self, layer):
         """(group, parameters per GPU) ZeRO-3 gathers and reduce-scatters for one layer: its dense
