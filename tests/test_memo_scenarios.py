@@ -8,9 +8,6 @@ memo takes seconds."""
 
 from __future__ import annotations
 
-import contextlib
-import io
-import json
 import re
 from html.parser import HTMLParser
 from pathlib import Path
@@ -138,7 +135,7 @@ def test_slow_memo_says_what_the_layout_is_and_nothing_it_is_not(memos, name):
     gpus = run["num_gpus"]
     nodes = gpus // GPUS_PER_NODE.get(name, 8)
     subtitle = re.search(r"\n([^\n]*the design worksheet answered by simulation\.)", text).group(1)
-    assert (f"one H100-SXM5-80GB GPU;" in subtitle if gpus == 1 else
+    assert ("one H100-SXM5-80GB GPU;" in subtitle if gpus == 1 else
             subtitle.startswith(f"{gpus:,} H100-SXM5-80GB GPUs in {nodes:,} node"))
     layout = f"TP{lay['tp']:,} PP{lay['pp']:,} DP{lay['dp']:,}"
     assert layout in subtitle and f"ZeRO-{lay['zero_stage']}" in subtitle

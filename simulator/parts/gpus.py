@@ -467,14 +467,14 @@ def _lookup(name: str) -> str | None:
         return _LOOKUP[text]
     if "gh200" in text and "pcie" not in text:  # before the families: "gh200" contains "h200"
         return "GH200-144GB" if "144" in text or "hbm3e" in text else "GH200-96GB"
-    for family, key in _SUPERCHIPS:
+    for family, catalog_key in _SUPERCHIPS:
         if family in text and "pcie" not in text:
-            return key
+            return catalog_key
     if "pcie" in text or "nvl" in text or "94gb" in text or "gh200" in text:
         return None
-    for family, detail, key in _FAMILIES:
+    for family, detail, catalog_key in _FAMILIES:
         if family in text and detail in text:
-            return key
+            return catalog_key
     return None
 
 
