@@ -255,6 +255,41 @@ def test_head_and_embedding_costs():
     assert e_fwd.flops == 0 and e_bwd.time_s > e_fwd.time_s
 
 
+def test_the_lm_head_stays_16_bit_under_low_precision_unless_the_profile_quantizes_it():
+    """Megatron-core's output layer is a PyTorch ColumnParallelLinear outside Transformer Engine and
+    torchtitan filters ``output`` from float8: under fp8, mxfp8 and nvfp4 the head's GEMMs take the
+    bf16 time and no quantize kernel; a profile with ``fp8.lm_head_quantized`` runs them like the
+    layers' (at the low-precision rate, after a quantize)."""
+    par = ParallelConfig(tp=1)
+    bf16 = head_cost(LLAMA31_8B, TrainingConfig(seq_length=8192), par, H100)
+    for precision in ("fp8", "mxfp8", "nvfp4"):
+        gpu = H100 if precision == "fp8" else get_gpu("B200")
+        train = TrainingConfig(seq_length=8192, precision=precision)
+        ref = head_cost(LLAMA31_8B, TrainingConfig(seq_length=8192), par, gpu)
+        plain = head_cost(LLAMA31_8B, train, par, gpu)
+        quant = head_cost(LLAMA31_8B, train, par, gpu, quantized=True)
+        for got, want in ((plain[0], ref[0]), (plain[1], ref[1])):
+            assert [(op.name, op.time_s) for op in got.ops] == [(op.name, op.time_s) for op in want.ops]
+        # the output gradient's quantize (the forward's is fused into the final norm, but for NVFP4)
+        assert "lm_head_quantize_bwd" in [op.name for op in quant[1].ops]
+        assert not [op.name for op in plain[0].ops + plain[1].ops if "quantize" in op.name]
+        lm = {op.name: op.time_s for op in quant[0].ops}["lm_head"]
+        assert lm < 0.8 * {op.name: op.time_s for op in plain[0].ops}["lm_head"]
+    assert {op.name: op.time_s for op in bf16[0].ops}["lm_head"] > 0
+
+
+def test_the_moe_router_gemm_runs_16_bit_under_fp8():
+    """The router's gating GEMM runs in plain PyTorch (Megatron-core TopKRouter): under fp8 it takes
+    the bf16 time, while the experts' GEMMs take the FP8 rate."""
+    train16 = TrainingConfig(seq_length=4096, micro_batch_size=1)
+    train8 = TrainingConfig(seq_length=4096, micro_batch_size=1, precision="fp8")
+    par = ParallelConfig(tp=1)
+    t16 = {op.name: op.time_s for op in layer_cost(MOE, train16, par, H100, 2).mlp_fwd.ops}
+    t8 = {op.name: op.time_s for op in layer_cost(MOE, train8, par, H100, 2).mlp_fwd.ops}
+    assert t8["router"] == t16["router"]
+    assert t8["expert_up"] < t16["expert_up"]
+
+
 def test_korthikanti_22b_layer_in_range():
     """Table 4 measured 7.7 / 11.9 ms including ~1.0-1.5 ms of TP all-reduce per direction,
     with unfused softmax attention and dropout 0.1; this model uses flash attention and no

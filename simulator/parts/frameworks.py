@@ -43,7 +43,8 @@ CUDA_GRAPH_SCOPES = ("attn", "mlp", "moe_router", "moe_preprocess", "moe")
 
 
 
-FP8_KEYS = ("recipe", "casts_fused_into_producers", "weight_cast_once_per_step", "saves_quantized_inputs")
+FP8_KEYS = ("recipe", "casts_fused_into_producers", "weight_cast_once_per_step", "saves_quantized_inputs",
+            "lm_head_quantized")
 
 
 
@@ -71,7 +72,10 @@ OPTIONAL_KEYS = {("optimizer", "weight_cast_bytes_per_param"): 0.0,
                  ("fsdp", "gather_bucket_params"): 0.0,
                  ("fsdp", "reduce_bucket_params"): 0.0,
                  ("pipeline", "max_zero_stage"): 3,
-                 ("data_parallel", "max_zero_stage"): 3}
+                 ("data_parallel", "max_zero_stage"): 3,
+                 # the LM head stays 16-bit under FP8 unless a profile says otherwise (Megatron-core's
+                 # output layer is not a Transformer Engine module; torchtitan filters "output")
+                 ("fp8", "lm_head_quantized"): False}
 
 
 
@@ -143,7 +147,7 @@ PROFILE_KEYS = {
                "cross_entropy_compiled": Choice(CROSS_ENTROPY_IMPLS), "gelu_new": Choice(GELU_NEW_IMPLS)},
     "execution": {"compile": _FLAG, "cuda_graphs": _FLAG, "host_issue_us": _BYTES, "compiled_host_issue_us": _BYTES},
     "fp8": {"recipe": Choice(FP8_RECIPES), "casts_fused_into_producers": _FLAG, "weight_cast_once_per_step": _FLAG,
-            "saves_quantized_inputs": _FLAG},
+            "saves_quantized_inputs": _FLAG, "lm_head_quantized": _FLAG},
     "optimizer": {k: _BYTES for k in OPTIMIZER_KEYS},
     "recompute": {"selective": Choice(SELECTIVE_POLICIES)},
     "fsdp": {"pipeline_unsharded": _FLAG, "replica_combine_bytes": _BYTES, "release_reuse_distance": _BYTES,

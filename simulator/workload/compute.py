@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import math
+from dataclasses import replace
 
 from simulator.scenario.config import (ATTENTION_BACKENDS, DOCUMENT_MASKED_BACKENDS, QUANTIZED_PRECISIONS, RECOMPUTE,
                                        ModelConfig, MoEConfig, ParallelConfig, TrainingConfig)
@@ -406,10 +407,22 @@ def _quantize_op(name: str, elements: float, precision: str, gpu: GPUSpec) -> Op
     return Op(name, 0.0, op.bytes, op.time_s + (kernels - 1) * gpu.launch_overhead_s, kernels)
 
 
+# GEMMs that stay 16-bit under a low-precision recipe, at the 16-bit rate with no quantize: the MoE
+# router (Megatron-core's TopKRouter runs its gating GEMM in plain PyTorch, outside Transformer Engine,
+# megatron/core/transformer/moe/router.py) and, unless the profile quantizes it
+# (``fp8.lm_head_quantized``), the LM head (``head_cost``).
+SIXTEEN_BIT_GEMMS = ("router",)
+
+
 def _quantized(step: Gemm, precision: str) -> bool:
-    if precision not in QUANTIZED_PRECISIONS or step.name == "router":
+    if precision not in QUANTIZED_PRECISIONS or step.name in SIXTEEN_BIT_GEMMS:
         return False
     return not (precision == "fp8" and step.name.startswith("expert_"))
+
+
+def _gemm_precision(step: Gemm, precision: str) -> str:
+    """The precision ``step`` runs at: 16-bit for ``SIXTEEN_BIT_GEMMS``, else the training's."""
+    return _attention_precision(precision) if step.name in SIXTEEN_BIT_GEMMS else precision
 
 
 def _run(
@@ -431,15 +444,15 @@ def _run(
             if backward:
                 if quantize:
                     ops.append(_quantize_op(f"{step.name}_quantize_bwd", step.groups * step.m * step.n, precision, gpu))
-                ops.extend(gemm_bwd_ops(step.name, step.m, step.n, step.k, gpu, precision, step.groups,
-                                     step.streams, wgrad_bytes))
+                ops.extend(gemm_bwd_ops(step.name, step.m, step.n, step.k, gpu, _gemm_precision(step, precision),
+                                        step.groups, step.streams, wgrad_bytes))
             else:
                 fused = (isinstance(previous, Mem) and previous.name.endswith("norm")
                          and precision not in QUANTIZE_AMAX_PASSES)
                 if quantize and not fused:
                     ops.append(_quantize_op(f"{step.name}_quantize", step.groups * step.m * step.k, precision, gpu))
-                ops.append(gemm_op(step.name, step.m, step.n, step.k, gpu, precision, step.groups,
-                                 step.streams))
+                ops.append(gemm_op(step.name, step.m, step.n, step.k, gpu, _gemm_precision(step, precision),
+                                   step.groups, step.streams))
         elif isinstance(step, Latency):
             if not backward:
                 ops.append(Op(step.name, 0.0, 0.0, step.time_s))
@@ -736,9 +749,17 @@ def mem_chain(name: str, nbytes: float, kernels: int, gpu: GPUSpec) -> Op:
 def head_cost(
     model: ModelConfig, training: TrainingConfig, par: ParallelConfig, gpu: GPUSpec,
     loss: tuple[float, int, float, int, float] = MEGATRON_CROSS_ENTROPY, wgrad_bytes: float = ACT_BYTES,
+    quantized: bool = False,
 ) -> tuple[BlockCost, BlockCost]:
     """Final norm, LM head GEMM (T x h) @ (h x V / tp) and the vocab-parallel cross-entropy
     (``wgrad_bytes``: the LM head's weight-gradient output, ``gemm_bwd_ops``).
+
+    Under a low-precision recipe the LM head runs 16-bit unless ``quantized`` (the profile's
+    ``fp8.lm_head_quantized``): Megatron-core builds its output layer as
+    ``tensor_parallel.ColumnParallelLinear`` (megatron/core/models/gpt/gpt_model.py), a PyTorch
+    matmul that Transformer Engine's FP8 autocast does not touch, and torchtitan's float8 and MX
+    converters skip the module named ``output`` (its configs' ``filter_fqns = ["output"]``; the MX
+    converter's default), so the head's GEMMs take the 16-bit rate and no quantize kernel.
 
     The cross-entropy is memory-bound over the T x V / tp logits, ``loss`` bytes and kernels per
     logit forward and backward (``MEGATRON_CROSS_ENTROPY`` by default; a framework's implementation
@@ -752,6 +773,8 @@ def head_cost(
     ]
     fwd_bytes, fwd_kernels, bwd_bytes, bwd_kernels, _kept = loss
     logits = tokens * vocab
+    if training.precision in QUANTIZED_PRECISIONS and not quantized:
+        training = replace(training, precision=_attention_precision(training.precision))
     fwd = _run(plan, model, training, par, gpu, backward=False)
     bwd = _run(plan, model, training, par, gpu, backward=True, wgrad_bytes=wgrad_bytes)
     return (

@@ -58,6 +58,8 @@ class Software:
     grad_accumulate_bytes_per_param: float = 0.0
     # FP8 GEMMs keep their quantized input for the backward (1 byte per element, memory.layer_activation_bytes)
     fp8_saves_quantized_inputs: bool = False
+    # the LM head's GEMMs quantized like the layers' (False: they run 16-bit, ``compute.head_cost``)
+    fp8_lm_head_quantized: bool = False
     selective_recompute: str = "attention_core"  # what training.recompute: selective re-runs (SELECTIVE_POLICIES)
     attention_kernel: str = "cudnn"  # the fused kernel training.attention: flash runs (simulator.workload.attention)
     cp_comm_type: str = "p2p"  # how K/V cross the CP group: ring (p2p) or gathered first (all_gather)
@@ -130,6 +132,7 @@ def resolve(s) -> Software:
         fp8_casts_fused=bool(f8["casts_fused_into_producers"]),
         fp8_weight_cast_once=bool(f8["weight_cast_once_per_step"]),
         fp8_saves_quantized_inputs=bool(f8["saves_quantized_inputs"]),
+        fp8_lm_head_quantized=bool(f8["lm_head_quantized"]),
         adam_bytes_per_param=float(op["adam_bytes_per_param"]),
         clip_bytes_per_param=float(op["clip_bytes_per_param"]),
         zero_grad_bytes_per_param=float(op["zero_grad_bytes_per_param"]),

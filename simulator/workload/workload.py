@@ -222,7 +222,7 @@ def _head_with_mtp(s: Scenario, t: TrainingConfig, gpu: GPUSpec, sw: Software) -
     kernel resolved."""
     m, par = s.model, s.parallelism
     loss = CROSS_ENTROPY[sw.cross_entropy]
-    fwd, bwd = head_cost(m, t, par, gpu, loss, sw.wgrad_bytes_per_param)
+    fwd, bwd = head_cost(m, t, par, gpu, loss, sw.wgrad_bytes_per_param, sw.fp8_lm_head_quantized)
     if not m.num_nextn_predict_layers:
         return fwd, bwd
     tokens = t.micro_batch_size * t.seq_length / par.cp
@@ -241,7 +241,7 @@ def _head_with_mtp(s: Scenario, t: TrainingConfig, gpu: GPUSpec, sw: Software) -
         layer_b = BlockCost(tuple(Op(f"mtp_{op.name}", op.flops, op.bytes, op.time_s)
                                   for blk in (layer.mlp_recompute, layer.attn_recompute, layer.mlp_bwd, layer.attn_bwd)
                                   for op in blk.ops))
-        head_f, head_b = head_cost(m, t, par, gpu, loss, sw.wgrad_bytes_per_param)
+        head_f, head_b = head_cost(m, t, par, gpu, loss, sw.wgrad_bytes_per_param, sw.fp8_lm_head_quantized)
         fwd = joined(joined(joined(fwd, proj_f), layer_f), head_f)
         bwd = joined(joined(joined(head_b, layer_b), proj_b), bwd)
     return fwd, bwd
