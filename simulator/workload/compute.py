@@ -15,6 +15,8 @@ Conventions:
   (``GEMM_OPERAND_BYTES``); elementwise kernels stay 16-bit, attention too unless
   ``training.fp8_attention`` (its forward's matmuls at the FP8 rate, ``_attn_core``). Low-precision GEMMs
   also pay the kernels that quantize their operands (``QUANTIZED_PRECISIONS``, ``quantize_bytes``).
+  The MoE router and, unless the profile says otherwise, the LM head stay 16-bit
+  (``SIXTEEN_BIT_GEMMS``, ``head_cost``).
 - Backward: a GEMM Y = X W becomes dgrad dX = dY W^T and wgrad dW = X^T dY, each with the
   forward's FLOPs; flash-attention backward is 2.5x its forward FLOPs (5 matmuls vs 2,
   FlashAttention-2, Dao 2023) at 63/73 of the forward's efficiency; memory-bound kernels move 2x
@@ -154,7 +156,8 @@ def mem_op(name: str, nbytes: float, gpu: GPUSpec) -> Op:
     return Op(name, 0.0, nbytes, _roofline(0.0, nbytes, gpu, 1.0))
 
 
-def _attention_precision(precision: str) -> str:
+def _sixteen_bit(precision: str) -> str:
+    """The 16-bit type a run of ``precision`` computes in outside its low-precision GEMMs."""
     return "fp16" if precision == "fp16" else "bf16"
 
 
@@ -209,7 +212,7 @@ def _attn_core(
     nbytes = ACT_BYTES * (tokens * heads * width + b * s * kv_heads * width) * (2.0 if backward else 1.0)
     backend = attention.resolve_backend(training.attention, gpu.name)
     direction = "bwd" if backward else "fwd"
-    flop_rate_16 = peak(gpu, _attention_precision(training.precision)) * gpu.sustained_fraction
+    flop_rate_16 = peak(gpu, _sixteen_bit(training.precision)) * gpu.sustained_fraction
     reference = _occupancy(attention.REFERENCE_CTAS, gpu.num_sms)
     exp_speedup = attention.clock_speedup(gpu.name, gpu.sfu_ex2_per_clk_sm, model.qk_head_dim, model.v_dim,
                                           training.fp8_attention and not backward, gpu.mma16_per_clk_sm, backward)
@@ -289,7 +292,7 @@ def _attn_core_unfused(
     q = s / cp
     d = model.head_dim
     scores = unfused_scores(model, training, par)
-    prec = _attention_precision(training.precision)
+    prec = _sixteen_bit(training.precision)
     if not backward:
         return [
             gemm_op("attn_scores", q, s, d, gpu, prec, groups),
@@ -422,7 +425,7 @@ def _quantized(step: Gemm, precision: str) -> bool:
 
 def _gemm_precision(step: Gemm, precision: str) -> str:
     """The precision ``step`` runs at: 16-bit for ``SIXTEEN_BIT_GEMMS``, else the training's."""
-    return _attention_precision(precision) if step.name in SIXTEEN_BIT_GEMMS else precision
+    return _sixteen_bit(precision) if step.name in SIXTEEN_BIT_GEMMS else precision
 
 
 def _run(
@@ -774,7 +777,7 @@ def head_cost(
     fwd_bytes, fwd_kernels, bwd_bytes, bwd_kernels, _kept = loss
     logits = tokens * vocab
     if training.precision in QUANTIZED_PRECISIONS and not quantized:
-        training = replace(training, precision=_attention_precision(training.precision))
+        training = replace(training, precision=_sixteen_bit(training.precision))
     fwd = _run(plan, model, training, par, gpu, backward=False)
     bwd = _run(plan, model, training, par, gpu, backward=True, wgrad_bytes=wgrad_bytes)
     return (
