@@ -60,6 +60,17 @@ def test_korthikanti_full_over_selective_recompute_ratio_within_5pct(result, mod
     assert predicted == pytest.approx(measured, rel=0.05)
 
 
+def test_a_case_without_a_framework_runs_nemo_when_its_source_is_a_nemo_recipe():
+    """The calibration runs predate the ``framework:`` key: the dgxc-benchmarking NeMo rows run the
+    nemo profile (TE userbuffers' TP overlap, as their recipe sets ``ub_tp_comm_overlap: true``), the
+    Megatron-LM paper's rows megatron-core (async TP off)."""
+    cases = {c["id"]: c for c in yaml.safe_load((VALIDATION / "public-runs.yaml").read_text())["cases"]}
+    nemo = case_to_scenario_dict(cases["dgxc-gpt3-175b-bf16-128"])
+    assert "framework" not in cases["dgxc-gpt3-175b-bf16-128"] and nemo["framework"] == "nemo"
+    megatron = [c for c in cases.values() if "framework" not in c and "nemo" not in str(c["source"]).lower()]
+    assert megatron and {case_to_scenario_dict(c)["framework"] for c in megatron} == {"megatron-core"}
+
+
 def test_predictions_do_not_read_the_measured_values():
     cases = yaml.safe_load((VALIDATION / "public-runs.yaml").read_text())["cases"]
     case = next(c for c in cases if c["id"] == "dgxc-llama31-8b-bf16-8")

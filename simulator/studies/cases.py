@@ -72,8 +72,9 @@ only, so predictions are the same with them removed. Documented defaults for unk
   ``parallelism.pipeline_layers``) whether or not pp divides the layers, and no interleaving
   (nanotron's 1f1b and afab engines have none).
 - framework: the case's ``framework:`` when a profile of that name ships (``simulator/data/frameworks/``);
-  ``megatron-core`` when the case has no such key (the stack of the calibration runs); the generic
-  profile, in a note, when it is null or names a stack without a profile (``framework_of``).
+  when the case has no such key (the stacks of the calibration runs), ``nemo`` if its source names
+  NeMo (whose recipes run TE userbuffers' TP overlap), else ``megatron-core``; the generic profile,
+  in a note, when it is null or names a stack without a profile (``framework_of``).
 - framework_options (each absent key takes the profile's default): ``compile``, ``cuda_graphs``,
   ``fp8_recipe`` (delayed, tensorwise, rowwise, blockwise, mxfp8), ``cross_entropy``, ``selective_recompute``,
   ``replica_combine_bytes`` (hybrid sharding's combined cross-copy all-reduces) and ``grad_collective``
@@ -470,12 +471,15 @@ def _training_options(case: dict) -> dict:
 
 
 def framework_of(case: dict, notes: list[str]) -> str:
-    """The case's profile: its ``framework:`` when stepsim ships one of that name; ``megatron-core``
-    when the case has no such key (the format's convention: the calibration runs of
-    shared/validation are Megatron-LM and NeMo, and predate the key); the generic profile, noted,
-    when the case says null or names a stack stepsim has no profile for."""
+    """The case's profile: its ``framework:`` when stepsim ships one of that name; when the case has
+    no such key (the format's convention: the calibration runs of shared/validation are Megatron-LM
+    and NeMo, and predate the key), ``nemo`` if its source names NeMo (NVIDIA's NeMo performance
+    tables and recipes, dgxc-benchmarking's ``nemo_megatron``, Megatron-Bridge: they run TE
+    userbuffers' TP overlap, e.g. dgxc-benchmarking 35a9aec ``nemo_megatron/gpt3_175b_hydra.yaml``
+    ``ub_tp_comm_overlap: true``), else ``megatron-core``; the generic profile, noted, when the case
+    says null or names a stack stepsim has no profile for."""
     if "framework" not in case:
-        return "megatron-core"
+        return "nemo" if "nemo" in str(case.get("source", "")).lower() else "megatron-core"
     name = case["framework"]
     if name is None:
         notes.append("framework not stated: the generic profile")
