@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import replace
 
 from simulator.scenario.config import (ATTENTION_BACKENDS, DOCUMENT_MASKED_BACKENDS, QUANTIZED_PRECISIONS, RECOMPUTE,
                                        ModelConfig, MoEConfig, ParallelConfig, TrainingConfig)
@@ -413,19 +412,19 @@ def _quantize_op(name: str, elements: float, precision: str, gpu: GPUSpec) -> Op
 # GEMMs that stay 16-bit under a low-precision recipe, at the 16-bit rate with no quantize: the MoE
 # router (Megatron-core's TopKRouter runs its gating GEMM in plain PyTorch, outside Transformer Engine,
 # megatron/core/transformer/moe/router.py) and, unless the profile quantizes it
-# (``fp8.lm_head_quantized``), the LM head (``head_cost``).
+# (``fp8.lm_head_quantized``), the LM head (``head_cost`` adds ``lm_head``).
 SIXTEEN_BIT_GEMMS = ("router",)
 
 
-def _quantized(step: Gemm, precision: str) -> bool:
-    if precision not in QUANTIZED_PRECISIONS or step.name in SIXTEEN_BIT_GEMMS:
+def _quantized(step: Gemm, precision: str, sixteen_bit: tuple[str, ...]) -> bool:
+    if precision not in QUANTIZED_PRECISIONS or step.name in sixteen_bit:
         return False
     return not (precision == "fp8" and step.name.startswith("expert_"))
 
 
-def _gemm_precision(step: Gemm, precision: str) -> str:
-    """The precision ``step`` runs at: 16-bit for ``SIXTEEN_BIT_GEMMS``, else the training's."""
-    return _sixteen_bit(precision) if step.name in SIXTEEN_BIT_GEMMS else precision
+def _gemm_precision(step: Gemm, precision: str, sixteen_bit: tuple[str, ...]) -> str:
+    """The precision ``step`` runs at: 16-bit for the ``sixteen_bit`` GEMMs, else the training's."""
+    return _sixteen_bit(precision) if step.name in sixteen_bit else precision
 
 
 def _run(
@@ -436,6 +435,7 @@ def _run(
     gpu: GPUSpec,
     backward: bool,
     wgrad_bytes: float = ACT_BYTES,
+    sixteen_bit: tuple[str, ...] = SIXTEEN_BIT_GEMMS,
 ) -> BlockCost:
     ops: list[Op] = []
     steps = reversed(plan) if backward else plan
@@ -443,18 +443,18 @@ def _run(
     previous = None
     for step in steps:
         if isinstance(step, Gemm):
-            quantize = _quantized(step, precision)
+            quantize = _quantized(step, precision, sixteen_bit)
             if backward:
                 if quantize:
                     ops.append(_quantize_op(f"{step.name}_quantize_bwd", step.groups * step.m * step.n, precision, gpu))
-                ops.extend(gemm_bwd_ops(step.name, step.m, step.n, step.k, gpu, _gemm_precision(step, precision),
+                ops.extend(gemm_bwd_ops(step.name, step.m, step.n, step.k, gpu, _gemm_precision(step, precision, sixteen_bit),
                                         step.groups, step.streams, wgrad_bytes))
             else:
                 fused = (isinstance(previous, Mem) and previous.name.endswith("norm")
                          and precision not in QUANTIZE_AMAX_PASSES)
                 if quantize and not fused:
                     ops.append(_quantize_op(f"{step.name}_quantize", step.groups * step.m * step.k, precision, gpu))
-                ops.append(gemm_op(step.name, step.m, step.n, step.k, gpu, _gemm_precision(step, precision),
+                ops.append(gemm_op(step.name, step.m, step.n, step.k, gpu, _gemm_precision(step, precision, sixteen_bit),
                                    step.groups, step.streams))
         elif isinstance(step, Latency):
             if not backward:
@@ -776,10 +776,9 @@ def head_cost(
     ]
     fwd_bytes, fwd_kernels, bwd_bytes, bwd_kernels, _kept = loss
     logits = tokens * vocab
-    if training.precision in QUANTIZED_PRECISIONS and not quantized:
-        training = replace(training, precision=_sixteen_bit(training.precision))
-    fwd = _run(plan, model, training, par, gpu, backward=False)
-    bwd = _run(plan, model, training, par, gpu, backward=True, wgrad_bytes=wgrad_bytes)
+    sixteen_bit = SIXTEEN_BIT_GEMMS if quantized else SIXTEEN_BIT_GEMMS + ("lm_head",)
+    fwd = _run(plan, model, training, par, gpu, backward=False, sixteen_bit=sixteen_bit)
+    bwd = _run(plan, model, training, par, gpu, backward=True, wgrad_bytes=wgrad_bytes, sixteen_bit=sixteen_bit)
     return (
         BlockCost(fwd.ops + (mem_chain("cross_entropy", fwd_bytes * logits, fwd_kernels, gpu),)),
         BlockCost((mem_chain("cross_entropy_bwd", bwd_bytes * logits, bwd_kernels, gpu),) + bwd.ops),
