@@ -281,6 +281,32 @@ def test_overlapped_tp_contention_keeps_the_bound_below_the_step(kw):
         assert extra[False] > 0 and bound > without
 
 
+@pytest.mark.parametrize("kw", [
+    dict(tp=2, sequence_parallel=True), dict(tp=4, pp=1, dp=2, sequence_parallel=True),
+    dict(tp=2, sequence_parallel=True, recompute="full"), dict(tp=2, vp=2, schedule="interleaved", sequence_parallel=True),
+    dict(tp=2, sequence_parallel=True, schedule="zb-h1"),
+])
+def test_async_tp_forward_keeps_the_bound_below_the_step(kw):
+    """With async TP the forward's all-gather and reduce-scatter run beside the first and last GEMMs
+    (``bound.async_tp_forward_s``): the term raises the bound, never above the simulated step, and
+    is zero without async TP."""
+    from simulator.studies.bound import async_tp_forward_s
+
+    plain = _tiny_on_two_nodes(**kw)
+    raw = scenario_to_dict(plain)
+    raw.setdefault("overlap", {})["async_tp"] = True
+    s = scenario_from_dict(raw)
+    gpu = gpu_of(s.cluster, s.training.precision)
+    node, cluster = planner.node_collective_time(s), planner.cluster_collective_time(s)
+    w = build_workload(s, gpu)
+    assert async_tp_forward_s(plain, build_workload(plain, gpu), node, gpu.num_sms) == {False: 0.0, True: 0.0}
+    extra = async_tp_forward_s(s, w, node, gpu.num_sms)
+    assert extra[False] > 0
+    assert async_tp_forward_s(s, w, node, None)[False] <= extra[False]
+    bound = step_lower_bound(s, w, node, cluster, gpu.num_sms)
+    assert bound <= simulate(s).step_time_s
+
+
 def test_fsdp_contention_bound_is_its_closed_form_and_below_the_step():
     """Llama 3 70B, TP2 CP2 ZeRO-3 over 32 GPUs on 64 H100 (the gathers cross the network, hidden
     by the prefetch): the SMs the FSDP collectives hold lift the bound to C + (24/132) L +

@@ -41,7 +41,9 @@ the longest path of that chain rather than the plain sum of its layers.
 The backward's overlapped TP collectives are not free either: each holds its kernel's SMs for at
 least its time alone while the GEMM launched after it runs on the rest, so with the GPU's SM count
 each layer's ``B`` also carries ``overlap_contention_s``: the collective's exposed remainder or the
-GEMM's slowdown, whichever is larger (zero for split backwards).
+GEMM's slowdown, whichever is larger (zero for split backwards). With async TP the forward's
+all-gather and reduce-scatter run beside its first and last GEMMs in the same way, so each layer's
+``F`` carries ``async_tp_forward_s`` (and, under full recompute, its ``B`` again).
 
 The same collectives also bound the step from the links' side: every all-gather (one per layer
 in each forward and backward) and gradient reduce-scatter (one per layer in each backward) of
@@ -94,7 +96,7 @@ from simulator.layout.schedules import placement, schedule
 from simulator.network.nccl import NCCL_KERNEL_SMS, kernel_sms
 from simulator.program import builder as P
 from simulator.program.builder import grad_reduce_op, schedule_steps
-from simulator.workload.compute import split_at_gemm, split_weight_grad
+from simulator.workload.compute import split_around, split_at_gemm, split_weight_grad
 from simulator.workload.frameworks import fsdp_gathered_once
 from simulator.workload.workload import GRAD_BYTES, PARAM_BYTES, Workload
 from simulator.engine.engine import StepEngine
@@ -266,6 +268,52 @@ def overlap_contention_s(s: Scenario, w: Workload, collective_time: CollectiveTi
         if costs:
             out[moe] = min(block_s(c.attn_bwd, "qkv_proj") + (0.0 if moe else block_s(c.mlp_bwd, "mlp_up"))
                            for c in costs.values())
+    return out
+
+
+def async_tp_forward_s(s: Scenario, w: Workload, collective_time: CollectiveTime | None,
+                       num_sms: int | None) -> dict[bool, float]:
+    """Least seconds per layer and forward pass that async TP's overlapped collectives add to the
+    GEMMs under them, {is MoE layer: seconds} (``program._Builder.async_tp_forward``).
+
+    The forward launches the input's all-gather, runs the block's first GEMM (QKV, the MLP's up
+    projection) and waits for the gather; later it launches the output's reduce-scatter, runs the
+    last GEMM (the output projection, the MLP's down projection) and waits for it. As in
+    ``overlap_contention_s``, a GEMM of ``g`` seconds beside a collective of at least ``a`` seconds
+    alone, whose kernel leaves ``r`` of the SMs, takes from the launch to the end of the wait at
+    least ``g + max(a - g, a (1 - r))``; without ``num_sms`` (no contention) ``g + max(a - g, 0)``.
+    The attention block of every layer and the dense MLP run so (an MoE MLP waits at once, which
+    ``blocking_tp_s`` counts); zero without async TP and sequence parallelism, for TP groups wider
+    than a node and without ``collective_time``. Full recompute runs the forward again in the
+    backward: the caller adds it there."""
+    par, sw = s.parallelism, w.software
+    tp = par.tp
+    zero = {False: 0.0, True: 0.0}
+    if (collective_time is None or tp < 2 or tp > s.cluster.gpus_per_node or not par.sequence_parallel
+            or sw is None or not sw.async_tp):
+        return zero
+    a_gather = collective_time("all_gather", tp, w.tp_bytes)
+    a_scatter = collective_time("reduce_scatter", tp, w.tp_bytes)
+
+    def under(g: float, a: float, op: str) -> float:
+        if a <= 0:
+            return 0.0
+        if num_sms is None:
+            return max(a - g, 0.0)
+        r = max(num_sms - kernel_sms(op, "tp", s.moe.token_dispatcher), 1) / num_sms
+        return max(a - g, a * (1 - r))
+
+    def block_s(block, first: str, last: str) -> float:
+        _, head, rest = split_around(block, (first,))
+        _, tail, _ = split_around(rest, (last,))
+        return under(head.time_s, a_gather, "all_gather") + under(tail.time_s, a_scatter, "reduce_scatter")
+
+    out = dict(zero)
+    for moe in (False, True):
+        costs = {id(c): c for x, c in w.layer_costs.items() if s.model.is_moe_layer(x) == moe}
+        if costs:
+            out[moe] = min(block_s(c.attn_fwd, "qkv_proj", "out_proj")
+                           + (0.0 if moe else block_s(c.mlp_fwd, "mlp_up", "mlp_down")) for c in costs.values())
     return out
 
 
@@ -553,9 +601,14 @@ def step_compute(s: Scenario, w: Workload, blocking: dict[bool, tuple[float, flo
     if group_time is not None and s.parallelism.zero_stage == 3 and not fsdp_gathered_once(s, w.software):
         return fsdp_stage_compute(s, w, blocking, group_time)
     fwd, bwd = stage_compute(w, blocking)
+    moe_layer = s.model.is_moe_layer
     extra = overlap_contention_s(s, w, collective_time, num_sms)
+    forward = async_tp_forward_s(s, w, collective_time, num_sms)
+    if forward[False] or forward[True]:
+        fwd = [f + sum(forward[moe_layer(x)] for x in w.layers(vs)) for vs, f in enumerate(fwd)]
+        if s.training.recompute == "full":
+            extra = {moe: extra[moe] + forward[moe] for moe in extra}
     if extra[False] or extra[True]:
-        moe_layer = s.model.is_moe_layer
         bwd = [b + sum(extra[moe_layer(x)] for x in w.layers(vs)) for vs, b in enumerate(bwd)]
     return fwd, bwd
 
