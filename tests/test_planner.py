@@ -284,7 +284,8 @@ def test_overlapped_tp_contention_keeps_the_bound_below_the_step(kw):
 @pytest.mark.parametrize("kw", [
     dict(tp=2, sequence_parallel=True), dict(tp=4, pp=1, dp=2, sequence_parallel=True),
     dict(tp=2, sequence_parallel=True, recompute="full"), dict(tp=2, vp=2, schedule="interleaved", sequence_parallel=True),
-    dict(tp=2, sequence_parallel=True, schedule="zb-h1"),
+    dict(tp=2, sequence_parallel=True, schedule="zb-h1"), dict(tp=2, sequence_parallel=True, schedule="dualpipe"),
+    dict(tp=2, vp=2, sequence_parallel=True, schedule="zb-v"), dict(tp=4, pp=2, dp=2, sequence_parallel=True, recompute="full"),
 ])
 def test_async_tp_forward_keeps_the_bound_below_the_step(kw):
     """With async TP the forward's all-gather and reduce-scatter run beside the first and last GEMMs
