@@ -308,6 +308,32 @@ def test_async_tp_forward_keeps_the_bound_below_the_step(kw):
     assert bound <= simulate(s).step_time_s
 
 
+@pytest.mark.parametrize("kw, overlap", [
+    (dict(tp=2, cp=2, sequence_parallel=True), {}), (dict(tp=1, pp=1, dp=4, cp=4), {}),
+    (dict(tp=2, cp=2, sequence_parallel=True, recompute="full"), {}),
+    (dict(tp=2, cp=2, vp=2, schedule="interleaved", sequence_parallel=True), {}),
+    (dict(tp=2, cp=2, sequence_parallel=True), {"cp_comm": False}),
+    (dict(tp=2, cp=2, sequence_parallel=True), {"async_tp": True}),
+])
+def test_cp_exchange_keeps_the_bound_below_the_step(kw, overlap):
+    """The context-parallel exchange beside the attention core (``bound.cp_exchange_s``) raises
+    the bound, never above the simulated step; exposed whole without ``overlap.cp_comm``; the
+    forward's is left out under async TP."""
+    from simulator.studies.bound import cp_exchange_s
+
+    raw = scenario_to_dict(_tiny_on_two_nodes(**kw))
+    if overlap:
+        raw.setdefault("overlap", {}).update(overlap)
+    s = scenario_from_dict(raw)
+    gpu = gpu_of(s.cluster, s.training.precision)
+    node, cluster = planner.node_collective_time(s), planner.cluster_collective_time(s)
+    w = build_workload(s, gpu)
+    fwd, bwd = cp_exchange_s(s, w, node, gpu.num_sms)
+    assert bwd > 0 and (fwd == 0) == bool(overlap.get("async_tp"))
+    assert cp_exchange_s(s, w, node, None)[1] <= bwd
+    assert step_lower_bound(s, w, node, cluster, gpu.num_sms) <= simulate(s).step_time_s
+
+
 def test_fsdp_contention_bound_is_its_closed_form_and_below_the_step():
     """Llama 3 70B, TP2 CP2 ZeRO-3 over 32 GPUs on 64 H100 (the gathers cross the network, hidden
     by the prefetch): the SMs the FSDP collectives hold lift the bound to C + (24/132) L +
@@ -707,6 +733,25 @@ def test_schedule_walk_bound_stays_below_the_step_and_binds_on_a_slow_network(ze
     assert 0 < walk <= step
     if network_gbps == 25:
         assert walk > exact and walk > 0.5 * step
+
+
+@pytest.mark.parametrize("pp, vp, schedule", [(2, 1, "1f1b"), (4, 1, "1f1b"), (2, 2, "interleaved")])
+def test_schedule_walk_bound_counts_the_pipeline_transfers(pp, vp, schedule):
+    """Each hop between stages takes at least one pair's send alone (``schedule_walk_bound``'s
+    ``hop``): the walk with the activations' bytes is above the same walk with none, and still
+    below the simulated step (a hop once passed the pair in the wrong shape and timed nothing)."""
+    from simulator.studies.bound import blocking_tp_s, schedule_walk_bound, step_compute
+
+    s = load_scenario("scenarios/tiny.yaml", [
+        "cluster.num_nodes=4", "training.global_batch_size=32", f"parallelism.dp={32 // (pp * 2)}",
+        f"parallelism.pp={pp}", f"parallelism.vp={vp}", f"schedule={schedule}", "cluster.network_bandwidth_Gbps=25"])
+    b = planner._Bounds(s)
+    w = build_workload(s, b.gpu)
+    blocking = blocking_tp_s(s, w, b.collective_time)
+    fwd, bwd = step_compute(s, w, blocking, b.collective_time, b.group_time, b.gpu.num_sms)
+    walk = schedule_walk_bound(s, w, fwd, bwd, b.group_time)
+    assert w.pp_bytes > 0
+    assert schedule_walk_bound(s, replace(w, pp_bytes=0.0), fwd, bwd, b.group_time) < walk <= simulate(s).step_time_s
 
 
 def test_stopped_simulations_are_sound_and_rerun_when_a_resumed_plan_needs_more(tmp_path):

@@ -96,7 +96,7 @@ from simulator.layout.schedules import placement, schedule
 from simulator.network.nccl import NCCL_KERNEL_SMS, kernel_sms
 from simulator.program import builder as P
 from simulator.program.builder import grad_reduce_op, schedule_steps
-from simulator.workload.compute import split_around, split_at_gemm, split_weight_grad
+from simulator.workload.compute import CP_CORE_OPS, CP_LOCAL_OPS, split_around, split_at_gemm, split_weight_grad
 from simulator.workload.frameworks import fsdp_gathered_once
 from simulator.workload.workload import GRAD_BYTES, PARAM_BYTES, Workload
 from simulator.engine.engine import StepEngine
@@ -147,7 +147,7 @@ class LinkSeconds:
     def max(self) -> float:
         return float(self.seconds.max()) if len(self.seconds) else 0.0
 
-CollectiveTime = Callable[[str, int, float], float]  # (op, ranks, bytes) -> seconds alone on one node
+CollectiveTime = Callable[[str, "int | tuple[int, ...]", float], float]  # (op, n or local ranks, bytes) -> seconds alone on one node
 # (op, global ranks, bytes) -> (seconds alone on the idle cluster, ``LinkSeconds`` each link is busy carrying its bytes)
 GroupTime = Callable[[str, tuple, float], tuple]
 
@@ -317,6 +317,51 @@ def async_tp_forward_s(s: Scenario, w: Workload, collective_time: CollectiveTime
     return out
 
 
+def cp_exchange_s(s: Scenario, w: Workload, collective_time: CollectiveTime | None,
+                  num_sms: int | None) -> tuple[float, float]:
+    """Least seconds per layer and micro-batch that the context-parallel exchange of K and V adds
+    to the attention core it runs beside, (forward, backward) (``program._Builder.context_parallel_attention``).
+
+    The program launches the exchange (an all-gather over the CP group of ``cp_bytes x cp``, twice
+    that in the backward), runs the core (with ``cp_comm_type: all_gather`` only the local causal
+    call; with ``overlap.cp_comm: false`` nothing) and waits for it: as in ``overlap_contention_s``,
+    a block of ``g`` seconds beside a collective of at least ``a`` seconds alone, whose kernel leaves
+    ``r`` of the SMs, takes from the launch to the end of the wait at least
+    ``g + max(a - g, a (1 - r))`` (``g + max(a - g, 0)`` without ``num_sms``). Counted when every CP
+    group lies inside one node (the rank grid puts a CP group on ``tp x cp`` consecutive ranks, every
+    ``tp``-th), where ``a`` is the exchange alone over such ranks of an idle node, as for the TP
+    collectives; wider groups, whose time
+    on the idle cluster would cost a simulation per group, are not counted. The forward under async
+    TP waits for the exchange after the whole attention block, beside the TP collectives, and is
+    not counted either; zero without context parallelism or ``collective_time``."""
+    par, sw = s.parallelism, w.software
+    span, node = par.tp * par.cp, s.cluster.gpus_per_node
+    if collective_time is None or par.cp < 2 or w.cp_bytes <= 0 or sw is None or span > node or node % span:
+        return 0.0, 0.0
+    r = max(num_sms - kernel_sms("all_gather", "cp", s.moe.token_dispatcher), 1) / num_sms if num_sms else 1.0
+
+    def under(g: float, a: float) -> float:
+        return max(a - g, a * (1 - r)) if a > 0 else 0.0
+
+    def core_s(block) -> float:
+        if not sw.cp_comm:
+            return 0.0
+        _, core, _ = split_around(block, CP_CORE_OPS)
+        if sw.cp_comm_type == "all_gather":
+            _, core, _ = split_around(core, CP_LOCAL_OPS)
+        return core.time_s
+
+    costs = {id(c): c for c in w.layer_costs.values()}
+    out = []
+    for chunk, forward in ((w.cp_bytes, True), (2 * w.cp_bytes, False)):
+        if forward and sw.async_tp and par.sequence_parallel and par.tp > 1:
+            out.append(0.0)
+            continue
+        a = collective_time("all_gather", tuple(range(0, span, par.tp)), chunk * par.cp)
+        out.append(min(under(core_s(c.attn_fwd if forward else c.attn_bwd), a) for c in costs.values()))
+    return out[0], out[1]
+
+
 def _with_ends(w: Workload, vs: int, f: float, b: float) -> tuple[float, float]:
     """``f`` and ``b`` plus the embedding's seconds on the first virtual stage and the LM head's and
     loss's on the last, per micro-batch (forward, backward)."""
@@ -454,7 +499,7 @@ def schedule_walk_bound(s: Scenario, w: Workload, fwd: list[float], bwd: list[fl
     def hop(a: int, b: int) -> float:  # one pair's transfer from stage a to stage b
         if a == b or w.pp_bytes <= 0:
             return 0.0
-        return group_time("send_recv", ((first[a], first[b]),), w.pp_bytes)[0]
+        return group_time("send_recv", (first[a], first[b]), w.pp_bytes)[0]
 
     stage_of = [place.locate(vs)[0] for vs in range(nvs)]
     hop_f = [0.0] + [hop(stage_of[vs - 1], stage_of[vs]) for vs in range(1, nvs)]  # into vs, forward
@@ -602,6 +647,11 @@ def step_compute(s: Scenario, w: Workload, blocking: dict[bool, tuple[float, flo
         return fsdp_stage_compute(s, w, blocking, group_time)
     fwd, bwd = stage_compute(w, blocking)
     moe_layer = s.model.is_moe_layer
+    cp_f, cp_b = cp_exchange_s(s, w, collective_time, num_sms)
+    if cp_f or cp_b:
+        fwd = [f + cp_f * len(w.layers(vs)) for vs, f in enumerate(fwd)]
+        bwd = [b + (cp_b + (cp_f if s.training.recompute == "full" else 0.0)) * len(w.layers(vs))
+               for vs, b in enumerate(bwd)]
     extra = overlap_contention_s(s, w, collective_time, num_sms)
     forward = async_tp_forward_s(s, w, collective_time, num_sms)
     if forward[False] or forward[True]:

@@ -230,14 +230,15 @@ class _Bounds:
 
 def node_collective_time(s: Scenario):
     """(op, n, bytes) -> seconds of a collective over the first n GPUs of one idle node of ``s``'s
-    cluster (its link overrides applied), memoised: what ``bound.blocking_tp_s`` needs."""
+    cluster (its link overrides applied), memoised: what ``bound.blocking_tp_s`` needs; ``n`` may
+    instead be a tuple of the node's local ranks (a strided group, ``bound.cp_exchange_s``)."""
     node = scenario_cluster(replace(s, cluster=replace(s.cluster, num_nodes=1)))
     cache: dict = {}
 
-    def collective_time(op: str, n: int, size: float) -> float:
+    def collective_time(op: str, n: int | tuple[int, ...], size: float) -> float:
         key = (op, n, size)
         if key not in cache:
-            cache[key] = time_collective(node, op, range(n), size)[0]
+            cache[key] = time_collective(node, op, range(n) if isinstance(n, int) else n, size)[0]
         return cache[key]
 
     return collective_time
