@@ -334,8 +334,9 @@ def test_validate_runs_megatron_experts_through_te_streams_on_hopper_only():
 
 def test_nccl_all_to_all_inside_a_node_runs_at_370_of_450_gbps():
     """NCCL's non-allreduce collectives reach 370 GB/s of H100's 450 GB/s NVLink line rate
-    (S. Jeaugey, NVIDIA/nccl-tests issue 212); links already derated (A100 0.80) pay nothing more."""
-    assert moe.a2a_efficiency(MoEConfig(), 1, H100.nvlink_efficiency) == pytest.approx(370 / 450)
+    (S. Jeaugey, NVIDIA/nccl-tests issue 212): on links at NCCL's rating of them (20.6 of 25 GB/s)
+    the all-to-all pays the small rest; links derated further (A100 0.80) pay nothing more."""
+    assert moe.a2a_efficiency(MoEConfig(), 1, H100.nvlink_efficiency) * H100.nvlink_efficiency == pytest.approx(370 / 450)
     assert moe.a2a_efficiency(MoEConfig(), 1, get_gpu("A100").nvlink_efficiency) == 1.0
     assert moe.a2a_efficiency(MoEConfig(), 2, H100.nvlink_efficiency) == moe.NCCL_A2A_NET_EFFICIENCY
     assert moe.a2a_efficiency(MoEConfig(token_dispatcher="flex"), 1) == moe.DEEPEP_NVLINK_EFFICIENCY
@@ -345,7 +346,8 @@ def test_nccl_all_to_all_inside_a_node_runs_at_370_of_450_gbps():
                             "cluster": {"num_nodes": 1, "gpu": "H100"},
                             "training": {"seq_length": 1024, "global_batch_size": 8}, "parallelism": {"ep": 8}})
     w = build_workload(s, H100)
-    assert w.ep_bytes == pytest.approx(w.ep_payload_bytes * 450 / 370)
+    # on links of 450 x nvlink_efficiency GB/s the payload takes the time of 370 GB/s
+    assert w.ep_bytes == pytest.approx(w.ep_payload_bytes * 450 * H100.nvlink_efficiency / 370)
 
 
 def test_megatron_bridge_moe_a2a_overlap_overlaps_the_ep_all_to_alls():

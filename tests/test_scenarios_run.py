@@ -91,15 +91,17 @@ def test_the_seed_004_plan_costs_what_it_really_costs():
 
 
 def test_tiny_bubble_is_what_its_comment_says():
-    """tiny.yaml's comment: 25.2% (stage 0 38.1%, stage 1 12.3%) because stage 1 carries the LM head;
+    """tiny.yaml's comment: 25.0% (stage 0 37.7%, stage 1 12.3%) because stage 1 carries the LM head;
     with the head made negligible the stages are uniform and the bubble is the 1F1B (p-1)/(m+p-1) = 1/5."""
     tiny = Path(__file__).resolve().parents[1] / "scenarios" / "tiny.yaml"
     text = tiny.read_text()
-    assert "25.2% (stage 0" in text and "38.1%, stage 1 12.3%" in text and "19.5%" in text
+    assert "25.0% (stage 0" in text and "37.7%, stage 1 12.3%" in text and "19.4%" in text
     r = step_report(simulate(load_scenario(str(tiny))))
-    assert round(r["bubble_fraction"], 3) == 0.252
-    assert [round(b, 3) for b in r["bubble_fraction_per_stage"]] == [0.381, 0.123]
+    assert round(r["bubble_fraction"], 3) == 0.25
+    assert [round(b, 3) for b in r["bubble_fraction_per_stage"]] == [0.377, 0.123]
     assert r["stages"][1]["compute_s"] > 1.4 * r["stages"][0]["compute_s"]
     uniform = step_report(simulate(load_scenario(str(tiny), ["model.vocab_size=64"])))
-    assert round(uniform["bubble_fraction"], 3) == 0.195
-    assert uniform["bubble_fraction"] == pytest.approx(1 / 5, abs=0.005)
+    assert round(uniform["bubble_fraction"], 3) == 0.194
+    # the DP all-reduce after the pipeline lengthens the step, not the pipeline's idle time
+    b = uniform["time_breakdown_s"]
+    assert b["idle_s"] / (uniform["step_time_s"] - b["exposed_comm_s"]["dp"]) == pytest.approx(1 / 5, abs=0.005)

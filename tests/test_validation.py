@@ -82,15 +82,17 @@ def test_predictions_do_not_read_the_measured_values():
 
 
 def test_h100_8gpu_all_reduce_curve_within_15pct_above_128MiB():
+    """NCCL's choice (NVLS at these sizes) against the measured times: -14% at 128 MiB, -2 to -4%
+    from 1 GiB (bus bandwidth +16% and +2 to +4%)."""
     data = yaml.safe_load((VALIDATION / "collectives.yaml").read_text())
     case = next(c for c in data["cases"] if c["id"] == "dgx-h100-8gpu-allreduce")
     cluster = build_cluster(load_topology("dgx-h100"), 1)
     points = [p for p in case["points"] if p["size_bytes"] >= 128 * 2**20]
     assert len(points) == 4
     for p in points:
-        t, _ = time_collective(cluster, "all_reduce", range(8), p["size_bytes"], algorithm="ring")
-        busbw = p["size_bytes"] / t / 1e9 * bus_factor("all_reduce", 8)
-        assert busbw == pytest.approx(p["busbw_GBps"], rel=0.15)
+        t, _ = time_collective(cluster, "all_reduce", range(8), p["size_bytes"])  # NCCL's choice: NVLS
+        assert t * 1e6 == pytest.approx(p["time_us"], rel=0.15), p["size_bytes"]
+        assert p["size_bytes"] / t / 1e9 * bus_factor("all_reduce", 8) > 450  # above the ring's line rate
 
 
 def test_h100_8gpu_all_reduce_with_nvls_within_10pct_from_1GiB_and_its_128MiB_miss():

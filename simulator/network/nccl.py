@@ -96,8 +96,9 @@ def choose(op: str, nbytes: float, steps: int, link_bw: float, inter_fraction: f
 #   per-GPU NVLink rate L and the graph c L / (c + 1);
 # - all_reduce bus bandwidth 2 eff L (c - 1) / (c + 1) (two pipelined operations, one channel kept
 #   back), eff = ``nvlsEfficiency``: 0.85 Hopper, 0.74 Blackwell; L in NCCL's own NVLink rating
-#   (``src/graph/topo.h``: 20.6 of 25 GB/s per NVLink4 link, 40.1 of 50 per NVLink5 link), so on
-#   the nominal rate the efficiency is 0.85 x 20.6 / 25 = 0.700 and 0.74 x 40.1 / 50 = 0.593;
+#   (``src/graph/topo.h``: 20.6 of 25 GB/s per NVLink4 link, 40.1 of 50 per NVLink5 link), which
+#   is what the cluster's NVLink links carry (``GPUSpec.nvlink_efficiency``), so eff applies as is
+#   (0.85 x 20.6 / 25 = 0.700 and 0.74 x 40.1 / 50 = 0.593 of the nominal rate);
 # - reduce_scatter / all_gather: c L / (c + 1) x eff x (n - 1) / n x (n - 1) / n for the full
 #   buffer, and only when n <= 32 (``enqueue.cc``: NVLS for them needs localRanks <= the arity);
 # - latency: 25 us per call on NVLink (hwLatencies NVLINK/NVLS/Simple), base 0; Simple only.
@@ -106,7 +107,7 @@ def choose(op: str, nbytes: float, steps: int, link_bw: float, inter_fraction: f
 
 NVLS_LATENCY_S = 25.0 * US
 NVLS_MAX_ARITY = 32
-NVLS_EFFICIENCY = {4: 0.85 * 20.6 / 25.0, 5: 0.74 * 40.1 / 50.0}  # by NVLink generation
+NVLS_EFFICIENCY = {4: 0.85, 5: 0.74}  # by NVLink generation, of NCCL's NVLink rating (the links' rate)
 
 
 def nvls_wire_bytes(op: str, n: int, size: float) -> float | None:

@@ -126,11 +126,17 @@ _LAUNCH_S = 3e-6
 # nominal 25 GB/s (SM80_NVLINK_BW in src/graph/topo.h), 240 of 300 GB/s per GPU, and its 2.7-2.8
 # tuning capped sm80 bus bandwidth at 235 GB/s; nccl-tests users report about 200-235 GB/s busbw
 # for 8-GPU all_reduce (validation/collectives.yaml: about 200 at 1 GiB). 0.80 used.
-# Hopper: the measured DGX H100 curve (validation/collectives.yaml) reaches 400 GB/s busbw at
-# 128 MiB, which with NCCL's Simple-protocol latency needs >= 443 of the nominal 450 GB/s, and
-# NVLS in-switch reduction takes large messages above the nominal rate: 1.0 used.
+# Hopper: NCCL rates an NVLink4 link at 20.6 of its nominal 25 GB/s (SM90_NVLINK_BW, src/graph/topo.h),
+# 371 of 450 GB/s per GPU, and its author puts the protocol overhead at about 20%: "NCCL can get an
+# effective NVLink bandwidth of 370GB/s, which you can observe as BusBw when running non-allreduce
+# operations" (S. Jeaugey, NVIDIA/nccl-tests issue 212, DGX H100). Measured ring reduce_scatter and
+# all_gather on 8 H100 plateau at 362 and 360 GB/s busbw (tests/data/nccl-scale.yaml). 20.6 / 25 used.
+# Only NVLS all-reduce, whose in-switch reduction halves the bytes, shows more bus bandwidth: it is
+# priced on these links with NCCL's own nvlsEfficiency (network.nccl.NVLS_EFFICIENCY).
+# Blackwell: NCCL rates an NVLink5 link at 40.1 of 50 GB/s (SM100_NVLINK_BW, same file): 40.1 / 50.
 _A100_NVLINK = 0.80
-_HOPPER_NVLINK = 1.0
+_HOPPER_NVLINK = 20.6 / 25.0
+_BLACKWELL_NVLINK = 40.1 / 50.0
 
 # Blackwell (B200, B300, GB200, GB300). MAMF measured per part (S. Bekman, "Machine Learning
 # Engineering", compute/accelerator/README.md, MAMF table, mean of 100 iterations at the best
@@ -138,7 +144,8 @@ _HOPPER_NVLINK = 1.0
 # 2.7.1+cu128); B300 SXM 1769.0 / 2250 = 0.786 and 3353.3 / 4500 = 0.745 (2.9.1+cu130); GB200
 # 1822.0 / 2500 = 0.729 and 3615.6 / 5000 = 0.723 (2.10.0.dev+cu130). GB300 is not in the table:
 # it takes B300's fractions (the same Blackwell Ultra die and tensor cores). The sustained
-# fraction and NVLink efficiency have no public Blackwell measurement and stay Hopper's.
+# fraction has no public Blackwell measurement and stays Hopper's; the NVLink efficiency is NCCL's
+# own rating of an NVLink5 link (below).
 # The block-scaled formats are GEMM precisions only:
 # MXFP8 (OCP Microscaling: FP8 E4M3 elements with one E8M0 scale per 32) runs on Blackwell's
 # tensor cores at the FP8 rate and NVFP4 (E2M1 elements, one E4M3 scale per 16) at the FP4 rate
@@ -221,7 +228,8 @@ _HOPPER = dict(gemm_efficiency=_HOPPER_GEMM, sustained_fraction=_HOPPER_SUSTAINE
                memory_efficiency=_MEM_EFF, launch_overhead_s=_LAUNCH_S, nvlink_efficiency=_HOPPER_NVLINK,
                nvlink_generation=4)
 
-_BLACKWELL = {**{k: v for k, v in _HOPPER.items() if k != "gemm_efficiency"}, "nvlink_generation": 5, "tdp_w": None}  # sustained and NVLink: Hopper's constants, see above
+_BLACKWELL = {**{k: v for k, v in _HOPPER.items() if k != "gemm_efficiency"}, "nvlink_generation": 5, "tdp_w": None,
+              "nvlink_efficiency": _BLACKWELL_NVLINK}  # sustained: Hopper's constant, see above
 
 # Dense peaks shared by the parts of one die: both A100 memory sizes and the A800, and H100 / H800 / H200
 # (the same GH100 compute at the same clocks; H800 differs in NVLink, H200 in memory).

@@ -262,10 +262,10 @@ TE_GEMM_STREAMS = 4
 # (NVIDIA/nccl-tests issue 267, NVIDIA) -> 0.97. Within a node: "450GB/s is the line rate. With
 # the protocol overhead (~20%) NCCL can get an effective NVLink bandwidth of 370GB/s, which you
 # can observe as BusBw when running non-allreduce operations" (S. Jeaugey, NCCL, NVIDIA/nccl-tests
-# issue 212, DGX H100) -> 370 / 450 of the nominal rate. Only NVLS all-reduce gets above it, which
-# is why the cluster's Hopper NVLink links carry the nominal rate (hardware._HOPPER_NVLINK); the
-# all-to-all is charged the difference (a GPU whose links already carry less, A100's 0.80, pays
-# nothing more). Measured on NVLink 4; taken as the same protocol share on NVLink 5.
+# issue 212, DGX H100) -> 370 / 450 of the nominal rate. The cluster's NVLink links already carry
+# NCCL's rating of them (``GPUSpec.nvlink_efficiency``: 20.6 / 25 on Hopper, 40.1 / 50 on Blackwell,
+# 0.80 on A100); the all-to-all is charged what these figures leave below it, if anything.
+# Measured on NVLink 4; taken as the same protocol share on NVLink 5.
 DEEPEP_NVLINK_EFFICIENCY = 155.5 * 7 / 8 / 200
 DEEPEP_NVLINK5_EFFICIENCY = (494 + 420 + 512.72 + 425.95) / 4 * 7 / 8 / 900
 DEEPEP_RDMA_EFFICIENCY = {2: 43 / 2 / 50, 4: 57.5 * 3 / 4 / 50, 8: 50.5 * 7 / 8 / 50}  # by nodes in the EP group
