@@ -330,10 +330,11 @@ def cp_exchange_s(s: Scenario, w: Workload, collective_time: CollectiveTime | No
     ``g + max(a - g, a (1 - r))`` (``g + max(a - g, 0)`` without ``num_sms``). Counted when every CP
     group lies inside one node (the rank grid puts a CP group on ``tp x cp`` consecutive ranks, every
     ``tp``-th), where ``a`` is the exchange alone over such ranks of an idle node, as for the TP
-    collectives; wider groups, whose time
-    on the idle cluster would cost a simulation per group, are not counted. The forward under async
-    TP waits for the exchange after the whole attention block, beside the TP collectives, and is
-    not counted either; zero without context parallelism or ``collective_time``."""
+    collectives; wider groups, whose time on the idle cluster would cost a simulation per group, are
+    not counted. The forward under async TP waits for the exchange after the whole attention block,
+    beside the TP collectives, and is not counted either; zero without context parallelism or
+    ``collective_time``; ZeRO-3 with per-micro-batch gathers takes its own path
+    (``fsdp_stage_compute``), without it."""
     par, sw = s.parallelism, w.software
     span, node = par.tp * par.cp, s.cluster.gpus_per_node
     if collective_time is None or par.cp < 2 or w.cp_bytes <= 0 or sw is None or span > node or node % span:
