@@ -19,6 +19,10 @@ ROOT = Path(__file__).resolve().parent.parent
 TINY = str(ROOT / "scenarios" / "tiny.yaml")
 # tiny on two nodes with a large batch: a few seconds per simulation, long enough to be killed in
 SLOW = ["--set", "training.global_batch_size=4096", "--set", "cluster.num_nodes=2", "--set", "parallelism.dp=4"]
+# A sweep point of SLOW simulates in about 0.45 s, less than busy_child's 0.5 s window, so the worker it
+# picked had often finished its point by the kill (a flaky pass-through, status 0). Eight times the
+# batch gives each point several seconds.
+SLOWER = ["--set", "training.global_batch_size=32768", *SLOW[2:]]
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads worker processes from /proc")
 
@@ -55,7 +59,7 @@ def test_a_killed_sweep_worker_loses_its_point_alone_and_the_rerun_resumes(tmp_p
     out = tmp_path / "results"
     bandwidth = "cluster.network_bandwidth_Gbps"
     argv = [sys.executable, "-m", "simulator", "sweep", TINY, "--out", str(out), "--workers", "2", "--quiet",
-            "--vary", f"{bandwidth}=100,200,400", *SLOW]
+            "--vary", f"{bandwidth}=100,200,400", *SLOWER]
     stdout, err, status, workers = _kill_a_busy_worker(argv)
     assert status == 1
     line = _one_error_line(err, f"sweep point {bandwidth}=")
