@@ -230,12 +230,15 @@ def test_fsdp_chain_is_the_longest_path():
     assert fsdp_chain([1.0, 1.0, 1.0], [2.0, 2.0, 2.0], 1) == 6.0
 
 
-def _tiny_on_two_nodes(**kw):
-    """The tiny scenario on two nodes (DP 4 crosses the network) with the layout changes ``kw``."""
+def _tiny_on_two_nodes(overlap: dict | None = None, **kw):
+    """The tiny scenario on two nodes (DP 4 crosses the network) with the layout changes ``kw`` and
+    the ``overlap`` section's keys ``overlap`` sets."""
     raw = scenario_to_dict(load_scenario("scenarios/tiny.yaml"))
     raw["cluster"]["num_nodes"] = 2
     raw["training"]["global_batch_size"] = 16
     raw["parallelism"]["dp"] = 4
+    if overlap:
+        raw.setdefault("overlap", {}).update(overlap)
     return apply_layout(scenario_from_dict(raw), replace(layout_of(scenario_from_dict(raw)), **kw))
 
 
@@ -293,10 +296,7 @@ def test_async_tp_forward_keeps_the_bound_below_the_step(kw):
     is zero without async TP."""
     from simulator.studies.bound import async_tp_forward_s
 
-    plain = _tiny_on_two_nodes(**kw)
-    raw = scenario_to_dict(plain)
-    raw.setdefault("overlap", {})["async_tp"] = True
-    s = scenario_from_dict(raw)
+    plain, s = _tiny_on_two_nodes(**kw), _tiny_on_two_nodes({"async_tp": True}, **kw)
     gpu = gpu_of(s.cluster, s.training.precision)
     node, cluster = planner.node_collective_time(s), planner.cluster_collective_time(s)
     w = build_workload(s, gpu)
@@ -321,10 +321,7 @@ def test_cp_exchange_keeps_the_bound_below_the_step(kw, overlap):
     forward's is left out under async TP."""
     from simulator.studies.bound import cp_exchange_s
 
-    raw = scenario_to_dict(_tiny_on_two_nodes(**kw))
-    if overlap:
-        raw.setdefault("overlap", {}).update(overlap)
-    s = scenario_from_dict(raw)
+    s = _tiny_on_two_nodes(overlap, **kw)
     gpu = gpu_of(s.cluster, s.training.precision)
     node, cluster = planner.node_collective_time(s), planner.cluster_collective_time(s)
     w = build_workload(s, gpu)

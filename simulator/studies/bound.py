@@ -222,6 +222,31 @@ def split_backward(s: Scenario) -> bool:
     return any(st.split for st in schedule(s.pipeline_schedule, 0, par.pp, s.num_microbatches, par.vp))
 
 
+def beside_s(g: float, a: float, held: int, num_sms: int | None) -> float:
+    """Least seconds a block of ``g`` seconds, launched right after a collective of at least ``a``
+    seconds alone whose kernel holds ``held`` of the GPU's ``num_sms`` SMs, adds from the launch to
+    the end of the wait on it: ``max(a - g, a (1 - r))`` with ``r`` the share of the SMs the block
+    keeps (``overlap_contention_s`` has the argument); ``max(a - g, 0)`` without ``num_sms``."""
+    if a <= 0:
+        return 0.0
+    if not num_sms:
+        return max(a - g, 0.0)
+    r = max(num_sms - held, 1) / num_sms
+    return max(a - g, a * (1 - r))
+
+
+def _least_per_kind(s: Scenario, w: Workload, per_layer) -> dict[bool, float]:
+    """{is MoE layer: the least ``per_layer(cost, is_moe)`` over the layers of that kind}, 0 for a
+    kind with no layer. Layers of one kind share one LayerCost (``workload.build_workload``), so
+    each distinct cost is evaluated once."""
+    out = {False: 0.0, True: 0.0}
+    for moe in (False, True):
+        costs = {id(c): c for x, c in w.layer_costs.items() if s.model.is_moe_layer(x) == moe}
+        if costs:
+            out[moe] = min(per_layer(c, moe) for c in costs.values())
+    return out
+
+
 def overlap_contention_s(s: Scenario, w: Workload, collective_time: CollectiveTime | None,
                          num_sms: int | None) -> dict[bool, float]:
     """Least seconds per layer and micro-batch that the backward's overlapped TP collectives add to
@@ -252,23 +277,13 @@ def overlap_contention_s(s: Scenario, w: Workload, collective_time: CollectiveTi
     a_reduce = collective_time(reduce, tp, w.tp_bytes)
     a_gather = collective_time("all_gather", tp, w.tp_bytes) if sp else 0.0
     held = kernel_sms(reduce, "tp", s.moe.token_dispatcher)
-    r = max(num_sms - held, 1) / num_sms
-
-    def under(g: float, a: float) -> float:
-        return max(a - g, a * (1 - r)) if a > 0 else 0.0
 
     def block_s(block, gemm: str) -> float:
         _, dgrad, wgrad, _ = split_at_gemm(block, gemm)
-        return under(wgrad.time_s, a_reduce) + under(dgrad.time_s, a_gather)
+        return beside_s(wgrad.time_s, a_reduce, held, num_sms) + beside_s(dgrad.time_s, a_gather, held, num_sms)
 
-    out = dict(zero)
-    for moe in (False, True):
-        # layers of one kind share one LayerCost (``workload.build_workload``): each is timed once
-        costs = {id(c): c for x, c in w.layer_costs.items() if s.model.is_moe_layer(x) == moe}
-        if costs:
-            out[moe] = min(block_s(c.attn_bwd, "qkv_proj") + (0.0 if moe else block_s(c.mlp_bwd, "mlp_up"))
-                           for c in costs.values())
-    return out
+    return _least_per_kind(s, w, lambda c, moe: block_s(c.attn_bwd, "qkv_proj")
+                           + (0.0 if moe else block_s(c.mlp_bwd, "mlp_up")))
 
 
 def async_tp_forward_s(s: Scenario, w: Workload, collective_time: CollectiveTime | None,
@@ -278,11 +293,8 @@ def async_tp_forward_s(s: Scenario, w: Workload, collective_time: CollectiveTime
 
     The forward launches the input's all-gather, runs the block's first GEMM (QKV, the MLP's up
     projection) and waits for the gather; later it launches the output's reduce-scatter, runs the
-    last GEMM (the output projection, the MLP's down projection) and waits for it. As in
-    ``overlap_contention_s``, a GEMM of ``g`` seconds beside a collective of at least ``a`` seconds
-    alone, whose kernel leaves ``r`` of the SMs, takes from the launch to the end of the wait at
-    least ``g + max(a - g, a (1 - r))``; without ``num_sms`` (no contention) ``g + max(a - g, 0)``.
-    The attention block of every layer and the dense MLP run so (an MoE MLP waits at once, which
+    last GEMM (the output projection, the MLP's down projection) and waits for it: each GEMM beside
+    its collective, as in ``overlap_contention_s`` (``beside_s``). The attention block of every layer and the dense MLP run so (an MoE MLP waits at once, which
     ``blocking_tp_s`` counts); zero without async TP and sequence parallelism, for TP groups wider
     than a node and without ``collective_time``. Full recompute runs the forward again in the
     backward: the caller adds it there."""
@@ -294,27 +306,17 @@ def async_tp_forward_s(s: Scenario, w: Workload, collective_time: CollectiveTime
         return zero
     a_gather = collective_time("all_gather", tp, w.tp_bytes)
     a_scatter = collective_time("reduce_scatter", tp, w.tp_bytes)
-
-    def under(g: float, a: float, op: str) -> float:
-        if a <= 0:
-            return 0.0
-        if num_sms is None:
-            return max(a - g, 0.0)
-        r = max(num_sms - kernel_sms(op, "tp", s.moe.token_dispatcher), 1) / num_sms
-        return max(a - g, a * (1 - r))
+    held_gather = kernel_sms("all_gather", "tp", s.moe.token_dispatcher)
+    held_scatter = kernel_sms("reduce_scatter", "tp", s.moe.token_dispatcher)
 
     def block_s(block, first: str, last: str) -> float:
         _, head, rest = split_around(block, (first,))
         _, tail, _ = split_around(rest, (last,))
-        return under(head.time_s, a_gather, "all_gather") + under(tail.time_s, a_scatter, "reduce_scatter")
+        return (beside_s(head.time_s, a_gather, held_gather, num_sms)
+                + beside_s(tail.time_s, a_scatter, held_scatter, num_sms))
 
-    out = dict(zero)
-    for moe in (False, True):
-        costs = {id(c): c for x, c in w.layer_costs.items() if s.model.is_moe_layer(x) == moe}
-        if costs:
-            out[moe] = min(block_s(c.attn_fwd, "qkv_proj", "out_proj")
-                           + (0.0 if moe else block_s(c.mlp_fwd, "mlp_up", "mlp_down")) for c in costs.values())
-    return out
+    return _least_per_kind(s, w, lambda c, moe: block_s(c.attn_fwd, "qkv_proj", "out_proj")
+                           + (0.0 if moe else block_s(c.mlp_fwd, "mlp_up", "mlp_down")))
 
 
 def cp_exchange_s(s: Scenario, w: Workload, collective_time: CollectiveTime | None,
@@ -324,10 +326,8 @@ def cp_exchange_s(s: Scenario, w: Workload, collective_time: CollectiveTime | No
 
     The program launches the exchange (an all-gather over the CP group of ``cp_bytes x cp``, twice
     that in the backward), runs the core (with ``cp_comm_type: all_gather`` only the local causal
-    call; with ``overlap.cp_comm: false`` nothing) and waits for it: as in ``overlap_contention_s``,
-    a block of ``g`` seconds beside a collective of at least ``a`` seconds alone, whose kernel leaves
-    ``r`` of the SMs, takes from the launch to the end of the wait at least
-    ``g + max(a - g, a (1 - r))`` (``g + max(a - g, 0)`` without ``num_sms``). Counted when every CP
+    call; with ``overlap.cp_comm: false`` nothing) and waits for it: the core beside the exchange,
+    as in ``overlap_contention_s`` (``beside_s``). Counted when every CP
     group lies inside one node (the rank grid puts a CP group on ``tp x cp`` consecutive ranks, every
     ``tp``-th), where ``a`` is the exchange alone over such ranks of an idle node, as for the TP
     collectives; wider groups, whose time on the idle cluster would cost a simulation per group, are
@@ -339,10 +339,7 @@ def cp_exchange_s(s: Scenario, w: Workload, collective_time: CollectiveTime | No
     span, node = par.tp * par.cp, s.cluster.gpus_per_node
     if collective_time is None or par.cp < 2 or w.cp_bytes <= 0 or sw is None or span > node or node % span:
         return 0.0, 0.0
-    r = max(num_sms - kernel_sms("all_gather", "cp", s.moe.token_dispatcher), 1) / num_sms if num_sms else 1.0
-
-    def under(g: float, a: float) -> float:
-        return max(a - g, a * (1 - r)) if a > 0 else 0.0
+    held = kernel_sms("all_gather", "cp", s.moe.token_dispatcher)
 
     def core_s(block) -> float:
         if not sw.cp_comm:
@@ -359,7 +356,8 @@ def cp_exchange_s(s: Scenario, w: Workload, collective_time: CollectiveTime | No
             out.append(0.0)
             continue
         a = collective_time("all_gather", tuple(range(0, span, par.tp)), chunk * par.cp)
-        out.append(min(under(core_s(c.attn_fwd if forward else c.attn_bwd), a) for c in costs.values()))
+        out.append(min(beside_s(core_s(c.attn_fwd if forward else c.attn_bwd), a, held, num_sms)
+                       for c in costs.values()))
     return out[0], out[1]
 
 
