@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import importlib
 
-__version__ = "0.5.8"
+__version__ = "0.5.9"
 __all__ = ["Checked", "ConfigError", "Run", "Scenario", "checked", "load_scenario", "memory", "plan", "run", "sweep",
            "__version__"]
 

@@ -30,7 +30,7 @@ RATCHETS = {
     "public-runs": (0.0430, 0.0102, 29),
     "blackwell-runs": (0.1349, 0.0192, 30),
     "framework-runs": (0.1055, 0.0295, 47),
-    "megatron-bridge-runs": (0.0775, 0.0151, 7),
+    "megatron-bridge-runs": (0.0704, 0.0223, 7),
     "moe-runs": (0.1065, 0.0204, 27),
     "nemo-2407-runs": (0.0386, 0.0178, 9),
     "study-runs": (0.0810, 0.0520, 160),

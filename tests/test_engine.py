@@ -224,6 +224,41 @@ def test_sms_held_by_communication():
     assert kernel_sms("reduce_scatter", "dp", "flex") == NCCL_KERNEL_SMS
 
 
+def test_registered_buffers_hold_the_sms_megatron_core_gives():
+    """With the data-parallel buffers registered with NCCL (``framework_options.nccl_ub``), an
+    all-gather / reduce-scatter holds 4 / 5 SMs inside one NVLink domain, 16 / 16 across domains
+    with several members in each, 1 / 4 with one member per domain (Megatron-core's nccl_ub
+    docstring); an all-reduce and every other axis keep NCCL's 24."""
+    from simulator.network.nccl import NCCL_KERNEL_SMS, kernel_sms, least_kernel_sms, registered_domain
+    assert registered_domain(range(8), 8) == "nvl"
+    assert registered_domain((0, 1, 8, 9), 8) == "nvl+ib"
+    assert registered_domain((3, 11, 19), 8) == "ib"
+    assert registered_domain(range(64), 72) == "nvl"
+    got = {d: (kernel_sms("all_gather", "fsdp", "alltoall", d), kernel_sms("reduce_scatter", "dp", "alltoall", d))
+           for d in ("nvl", "nvl+ib", "ib")}
+    assert got == {"nvl": (4, 5), "nvl+ib": (16, 16), "ib": (1, 4)}
+    assert kernel_sms("all_reduce", "dp", "alltoall", "nvl") == NCCL_KERNEL_SMS
+    assert kernel_sms("all_gather", "tp", "alltoall", "nvl") == NCCL_KERNEL_SMS
+    assert least_kernel_sms("reduce_scatter", "fsdp", "alltoall", True) == 4
+    assert least_kernel_sms("reduce_scatter", "fsdp", "alltoall", False) == NCCL_KERNEL_SMS
+
+
+@pytest.mark.parametrize("nodes, lo, hi", [(1, 4, 5), (2, 16, 16)])
+def test_registered_fsdp_buffers_cost_compute_their_sms_only(nodes, lo, hi):
+    """ZeRO-3 over one node and over two (TP 1): with ``nccl_ub`` the FSDP collectives, which run
+    under the compute, cost it lo..hi / 24 of what NCCL's kernels cost (the collectives take the same
+    time, their SMs are fewer), the step is shorter, and folding stays exact."""
+    s = scenario(nodes=nodes, tp=1, dp=8 * nodes, m=2, zero=3, seq=2048)
+    ub = dataclasses.replace(s, framework_options=dataclasses.replace(s.framework_options, nccl_ub=True))
+    plain, registered = simulate(s), simulate(ub)
+    cost = [sum(r.contention_s for r in res.trace) for res in (plain, registered)]
+    assert cost[0] > 0
+    assert lo / 24 * 0.99 < cost[1] / cost[0] < hi / 24 * 1.01
+    assert registered.step_time_s < plain.step_time_s
+    assert registered.step_time_s == pytest.approx(simulate(ub, SimOptions(fold=False, merge=False)).step_time_s,
+                                                   rel=1e-9)
+
+
 @pytest.mark.parametrize("name", ["dense-3d", "fsdp", "moe-ep"])
 def test_contention_only_slows_and_folding_keeps_it_exact(name):
     """Compute beside communication can only take longer, and the folded run (one rank per stage

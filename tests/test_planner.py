@@ -360,6 +360,30 @@ def test_fsdp_contention_bound_is_its_closed_form_and_below_the_step():
 
 
 
+def test_fsdp_bound_with_registered_buffers_stays_below_the_step():
+    """The same layout with ``framework_options.nccl_ub``: its FSDP collectives hold a few SMs
+    (``nccl.REGISTERED_KERNEL_SMS``), so both the bound and the step fall, and the bound stays
+    below the step; the progress walk's bound too."""
+    from simulator.studies.bound import StepAbove, simulate_below
+
+    raw = scenario_to_dict(load_scenario("scenarios/llama3-70b-64xh100.yaml"))
+    raw["training"]["global_batch_size"] = 64
+    base = scenario_from_dict(raw)
+    plain = apply_layout(base, replace(layout_of(base), tp=2, pp=1, dp=16, cp=2, vp=1, zero_stage=3, schedule="1f1b",
+                                       sequence_parallel=True, recompute="none", first_pipeline_num_layers=None,
+                                       last_pipeline_num_layers=None))
+    s = replace(plain, framework_options=replace(plain.framework_options, nccl_ub=True))
+    gpu = gpu_of(s.cluster, s.training.precision)
+    node, cluster = planner.node_collective_time(s), planner.cluster_collective_time(s)
+    bounds = [step_lower_bound(x, build_workload(x, gpu), node, cluster, gpu.num_sms) for x in (plain, s)]
+    steps = [simulate(x).step_time_s for x in (plain, s)]
+    assert bounds[1] < bounds[0] and steps[1] < steps[0]
+    assert bounds[1] < steps[1]
+    with pytest.raises(StepAbove):
+        simulate_below(s, cutoff_s=steps[1] * 0.98)
+    assert simulate_below(s, cutoff_s=steps[1] * 1.001).step_time_s == pytest.approx(steps[1], rel=1e-12)
+
+
 def test_blocking_ep_all_to_alls_are_two_per_moe_pass_and_keep_the_bound_below_the_step():
     """Mixtral 8x7B on 64 H100, EP8 inside a node: each MoE layer's forward and backward wait for a
     dispatch and a combine all-to-all (full recompute: the forward's again), each at least its

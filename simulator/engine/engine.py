@@ -21,7 +21,7 @@ import simpy
 
 from simulator.scenario.config import Scenario
 from simulator.network.collectives import Collectives
-from simulator.network.nccl import kernel_sms
+from simulator.network.nccl import REGISTERED_AXES, kernel_sms, registered_domain
 from simulator.network.flows import Network
 from simulator.network.cluster import Cluster
 from simulator.program import builder as P
@@ -110,6 +110,8 @@ class StepEngine:
         self._mail, self._rendezvous, self._groups, self._group_of, self._pairs = {}, {}, {}, {}, {}
         self._seq: dict = defaultdict(int)
         self._kernel_sms = _KernelSMs(self.s.moe.token_dispatcher)
+        self._registered = self.work.software.nccl_ub
+        self._registered_sms: dict[tuple, int] = {}
         self.stage_end: dict[int, float] = {}
         self._rewaited: dict[int, dict] = {}  # stage -> ``_rewaited`` of its program
         self.comm_calls = CommCalls(spans=self.opt.record_flows)
@@ -173,7 +175,7 @@ class StepEngine:
                 return self._done()
             proc = self.coll.start(op, groups, size, self.opt.merge, axis, calls=calls)
             proc.origin = here or (rank, "compute", self.env.now)
-            self.called(rank, op, axis, size, proc, calls)
+            self.called(rank, op, axis, size, proc, calls, group)
             return proc
         members, groups = self._members(rank, group)
         if len(members) < 2:
@@ -199,7 +201,7 @@ class StepEngine:
             del self._rendezvous[key]
             event.origin = here or (rank, "compute", self.env.now)
             self.coll.start(op, groups, size, merge, axis, done=event, calls=calls)
-        self.called(rank, op, axis, size, event, calls)
+        self.called(rank, op, axis, size, event, calls, group)
         return event
 
     def _lane_class(self, rank: int, group: str) -> tuple:
@@ -217,16 +219,32 @@ class StepEngine:
             hit = self._group_of[key] = (touched, len(met), (group, min(met)), len(groups[0]) if groups else 0)
         return hit
 
-    def called(self, rank: int, op: str, axis: str, size: float, event: simpy.Event, calls: float = 1.0) -> None:
+    def _registered_kernel_sms(self, rank: int, op: str, axis: str, group: str | None) -> int:
+        """SMs of a data-parallel call on registered buffers (``nccl.REGISTERED_KERNEL_SMS``), by the
+        NVLink domains ``rank``'s ``group`` spans."""
+        key = (rank, op, axis, group)
+        sms = self._registered_sms.get(key)
+        if sms is None:
+            domain = (registered_domain(self.plan.group_of(rank, group), self.cluster.spec.gpus_per_node)
+                      if group is not None else None)
+            sms = self._registered_sms[key] = kernel_sms(op, axis, self.s.moe.token_dispatcher, domain)
+        return sms
+
+    def called(self, rank: int, op: str, axis: str, size: float, event: simpy.Event, calls: float = 1.0,
+               group: str | None = None) -> None:
         """Count the call (``CommCalls``; a collective of ``calls`` back-to-back calls counts that
         many) and, with ``SimOptions.contention``, hold the SMs of its communication kernel on
-        ``rank`` from now until ``event`` (``nccl.kernel_sms``); compute running meanwhile gets the
-        rest (``gpu_time``). One callback does both."""
+        ``rank`` from now until ``event`` (``nccl.kernel_sms``; on registered data-parallel buffers,
+        by the domains its ``group`` spans); compute running meanwhile gets the rest (``gpu_time``).
+        One callback does both."""
         rec = self.comm_calls.record(rank, axis, op)
         rec[0] += 1 if calls == 1 else calls
         rec[1] += size
         now = self.env.now
-        sms = self._kernel_sms[(op, axis)] if self.opt.contention and not event.triggered else 0
+        sms = 0
+        if self.opt.contention and not event.triggered:
+            sms = (self._registered_kernel_sms(rank, op, axis, group) if self._registered and axis in REGISTERED_AXES
+                   else self._kernel_sms[(op, axis)])
         if sms:
             self._held(rank, sms)
 

@@ -26,6 +26,8 @@ latencies for ring collectives.
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 US = 1e-6
@@ -199,8 +201,46 @@ NCCL_KERNEL_SMS = 24
 DEEPEP_KERNEL_SMS = 20
 
 
-def kernel_sms(op: str, axis: str, token_dispatcher: str) -> int:
-    """SMs the communication kernel of one call holds on each of its GPUs while it runs."""
+# With NCCL user-buffer registration of the data-parallel buffers (Megatron-core
+# ``DistributedDataParallelConfig.nccl_ub``: the FSDP and distributed-optimizer parameter and
+# gradient buffers allocated from a pool registered with NCCL, ``fsdp_double_buffer``), NCCL reads
+# and writes them in place and picks its SM-lean kernels (NVLS and its copy-engine and symmetric
+# kernels on NVLink; NCCL docs "User Buffer Registration": it "can accelerate collectives and
+# reduce the resource usage (e.g. #channel usage)"). Megatron-core's docstring of ``nccl_ub``
+# (megatron/core/distributed/distributed_data_parallel_config.py) gives the SMs an all-gather and
+# a reduce-scatter then use, by the domain the group spans, without SHARP: NVLink only 4 / 5,
+# NVLink and InfiniBand 16 / 16, InfiniBand only (one GPU per node) 1 / 4. It gives no figure for
+# an all-reduce, which keeps NCCL_KERNEL_SMS; nor does stepsim take the SHARP column (Megatron's
+# --use-sharp is not a scenario key).
+REGISTERED_KERNEL_SMS = {"nvl": {"all_gather": 4, "reduce_scatter": 5},
+                         "nvl+ib": {"all_gather": 16, "reduce_scatter": 16},
+                         "ib": {"all_gather": 1, "reduce_scatter": 4}}
+REGISTERED_AXES = ("dp", "fsdp")
+
+
+def registered_domain(members: Sequence[int], gpus_per_domain: int) -> str:
+    """Which row of ``REGISTERED_KERNEL_SMS`` a group of ranks (GPU = rank) spans: one NVLink
+    domain (``nvl``), several with one member each (``ib``), or several with more (``nvl+ib``)."""
+    domains = Counter(m // gpus_per_domain for m in members)
+    if len(domains) == 1:
+        return "nvl"
+    return "ib" if max(domains.values()) == 1 else "nvl+ib"
+
+
+def kernel_sms(op: str, axis: str, token_dispatcher: str, registered: str | None = None) -> int:
+    """SMs the communication kernel of one call holds on each of its GPUs while it runs;
+    ``registered``: the data-parallel buffers are registered with NCCL and the call's group spans
+    that domain (``registered_domain``)."""
     if axis == "ep" and op == "all_to_all" and token_dispatcher == "flex":
         return DEEPEP_KERNEL_SMS
+    if registered is not None and axis in REGISTERED_AXES:
+        return REGISTERED_KERNEL_SMS[registered].get(op, NCCL_KERNEL_SMS)
     return NCCL_KERNEL_SMS
+
+
+def least_kernel_sms(op: str, axis: str, token_dispatcher: str, registered: bool) -> int:
+    """The fewest SMs a call of ``op`` on ``axis`` holds on any group (``kernel_sms``), for bounds
+    that must not exceed the step: with registered buffers, its least over the domains."""
+    if registered and axis in REGISTERED_AXES:
+        return min(kernel_sms(op, axis, token_dispatcher, d) for d in REGISTERED_KERNEL_SMS)
+    return kernel_sms(op, axis, token_dispatcher)

@@ -445,6 +445,11 @@ class FrameworkOptions:
                                           help="what recompute: selective re-runs; null: the profile's")
     grad_collective: str | None = key(None, Choice(GRAD_COLLECTIVES, optional=True),
                                       help="how ZeRO-1/2 reduce a gradient bucket (reduce_scatter, or all_reduce as DeepSpeed does); null: the profile's")
+    # Megatron-core DistributedDataParallelConfig.nccl_ub: the data-parallel parameter and gradient
+    # buffers registered with NCCL, whose all-gathers and reduce-scatters then hold a few SMs
+    # (simulator.network.nccl.REGISTERED_KERNEL_SMS); None: off, Megatron-core's default
+    nccl_ub: bool | None = key(None, _MAYBE, help="Megatron-core nccl_ub: data-parallel buffers registered with NCCL, "
+                               "whose all-gathers / reduce-scatters hold a few SMs; null: off")
 
 
 @dataclass(frozen=True)

@@ -93,7 +93,7 @@ import numpy as np
 from simulator.scenario.config import Scenario
 from simulator.layout.grid import Plan
 from simulator.layout.schedules import placement, schedule
-from simulator.network.nccl import NCCL_KERNEL_SMS, kernel_sms
+from simulator.network.nccl import kernel_sms, least_kernel_sms
 from simulator.program import builder as P
 from simulator.program.builder import grad_reduce_op, schedule_steps
 from simulator.workload.compute import CP_CORE_OPS, CP_LOCAL_OPS, split_around, split_at_gemm, split_weight_grad
@@ -613,7 +613,9 @@ def fsdp_contention_bound(s: Scenario, w: Workload, busy: dict[int, float], num_
     par = s.parallelism
     place = placement(s.pipeline_schedule, par.pp, par.vp)
     per_chunk = s.num_microbatches // place.copies
-    loss = min(NCCL_KERNEL_SMS, num_sms - 1) / num_sms  # 1 - the rate compute keeps beside one kernel
+    held = min(least_kernel_sms(op, "fsdp", s.moe.token_dispatcher, w.software.nccl_ub)
+               for op in ("all_gather", "reduce_scatter"))
+    loss = min(held, num_sms - 1) / num_sms  # 1 - the rate compute keeps beside one kernel
     fwd, bwd = stage_compute(w)
     moe_layer = s.model.is_moe_layer
     blocking = blocking or {False: (0.0, 0.0), True: (0.0, 0.0)}
@@ -951,8 +953,10 @@ def _run_checked(engine: StepEngine, ranks: list[int], cutoff: float) -> int:
             pp_times[key] = cluster.route_latency(src, dst) + work.pp_bytes / float(cluster.link_bw[links].min())
         return pp_times[key]
 
+    registered = work.software.nccl_ub
+
     def sms_of(op: str, axis: str) -> int:
-        return kernel_sms(op, axis, engine.s.moe.token_dispatcher) if opt.contention else 0
+        return least_kernel_sms(op, axis, engine.s.moe.token_dispatcher, registered) if opt.contention else 0
 
     walk = ProgressBound(engine.programs, ranks, plan.stage_of, plan.pp_peer, least, least_pp, sms_of,
                          engine.gpu.num_sms)

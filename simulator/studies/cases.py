@@ -93,7 +93,7 @@ only, so predictions are the same with them removed. Documented defaults for unk
   the pipeline schedule once per accumulation step: NeMo AutoModel's GA column with PP > 1).
   ``cutedsl_fused_grouped_mlp`` (Megatron-Bridge) or ``use_transformer_engine_op_fuser`` sets
   ``framework_options.te_op_fuser``; ``moe_router_fusion``, ``moe_permute_fusion`` and
-  ``enable_experimental`` (Megatron-core's names) go to the scenario's ``framework_options`` as they are. A MaxText case's ``remat_policy: custom`` with
+  ``enable_experimental`` and ``nccl_ub`` (Megatron-core's names) go to the scenario's ``framework_options`` as they are. A MaxText case's ``remat_policy: custom`` with
   ``remat_tensors_on_device`` (the tensor names its run set to ``device``) becomes a selective
   recompute policy (``maxtext_selective_policy``); ``minimal_flash`` is the profile's own. ``cross_entropy`` (megatron, megatron-fused, te, torch,
   torch-compiled, triton, xla) is the run's loss implementation (absent: the profile's; the rows
@@ -440,7 +440,7 @@ def source_year(case: dict) -> int | None:
 OVERLAP_OPTIONS = ("tp_comm", "grad_reduce", "param_gather", "param_prefetch_depth", "async_tp", "cp_comm")
 FRAMEWORK_OPTIONS = ("compile", "cuda_graphs", "fp8_recipe", "replica_combine_bytes", "te_op_fuser", "cross_entropy",
                      "selective_recompute", "moe_router_fusion", "moe_permute_fusion", "enable_experimental",
-                     "grad_collective")
+                     "grad_collective", "nccl_ub")
 # DeepSpeed's ZeRO-1/2 all-reduce each gradient bucket since its multi-rank bucket all-reduce
 # (deepspeedai/DeepSpeed #4695, merged 2023-11-21, released in 0.12.4); before it, one reduce per
 # destination partition moved the bytes of a reduce-scatter

@@ -98,6 +98,7 @@ class Software:
     # dtype); 0: Megatron-core's sizing (``memory.ddp_bucket_params``)
     ddp_bucket_params: float = 0.0
     unfused_softmax: str = "fused"  # how training.attention: unfused normalises the scores (UNFUSED_SOFTMAX)
+    nccl_ub: bool = False  # data-parallel buffers registered with NCCL (FrameworkOptions.nccl_ub)
 
 
 def _pick(override, default):
@@ -161,6 +162,7 @@ def resolve(s) -> Software:
         gelu_new="kernel" if compile_ else str(fu["gelu_new"]),
         ddp_bucket_params=float(prof["data_parallel"]["ddp_bucket_params"]),
         unfused_softmax="fused" if compile_ else str(prof["attention"]["unfused_softmax"]),
+        nccl_ub=bool(opt.nccl_ub),
     )
 
 
