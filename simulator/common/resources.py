@@ -9,6 +9,7 @@ sdist carries as files).
 
 from __future__ import annotations
 
+import functools
 from importlib import resources
 from importlib.resources.abc import Traversable
 
@@ -22,8 +23,10 @@ def folder(kind: str) -> Traversable:
     return resources.files("simulator").joinpath("data", kind)
 
 
+@functools.lru_cache(maxsize=None)
 def names(kind: str, suffix: str = ".yaml") -> tuple[str, ...]:
-    """The names (file stems) of the shipped files of one kind, sorted."""
+    """The names (file stems) of the shipped files of one kind, sorted (listed once per process: the
+    package's data does not change under a running program)."""
     return tuple(sorted(p.name[: -len(suffix)] for p in folder(kind).iterdir()
                         if p.is_file() and p.name.endswith(suffix)))
 

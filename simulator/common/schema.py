@@ -18,6 +18,8 @@ the same declarations and is itself checked against the 2020-12 meta-schema by t
 
 from __future__ import annotations
 
+import functools
+
 import math
 import re
 from collections.abc import Callable
@@ -356,8 +358,15 @@ def key(default: Any = MISSING, kind: Kind | None = None, *, help: str, unit: st
 
 
 def keys_of(cls: type) -> dict[str, Key]:
-    """The declared keys of a section dataclass, in declaration order."""
-    return {f.name: f.metadata["key"] for f in fields(cls) if "key" in f.metadata}
+    """The declared keys of a section dataclass, in declaration order (a new dict each call)."""
+    return dict(_declared(cls))
+
+
+@functools.lru_cache(maxsize=None)
+def _declared(cls: type) -> tuple[tuple[str, Key], ...]:
+    """``keys_of`` read once per class: a section's fields are fixed when its class is made, and
+    the planner checks thousands of layouts, each a scenario built section by section."""
+    return tuple((f.name, f.metadata["key"]) for f in fields(cls) if "key" in f.metadata)
 
 
 def default_of(f: Field) -> object:

@@ -12,6 +12,8 @@ mapping) loads the shipped copy of that model's config.json (:mod:`simulator.par
 
 from __future__ import annotations
 
+import functools
+
 import json
 import math
 import os
@@ -70,6 +72,7 @@ HF_ID = "hf_id"
 
 
 
+@functools.lru_cache(maxsize=1)
 def model_keys() -> tuple[str, ...]:
     """Keys the model section accepts, sorted: the fields, their aliases, hf_config and hf_id."""
     return tuple(sorted({*keys_of(ModelConfig), *MODEL_ALIASES, HF_CONFIG, HF_ID}))
