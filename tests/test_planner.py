@@ -337,6 +337,16 @@ def test_cp_exchange_keeps_the_bound_below_the_step(kw, overlap):
     assert step_lower_bound(s, w, node, cluster, gpu.num_sms) <= simulate(s).step_time_s
 
 
+def _llama70b_zero3_tp2_cp2():
+    """Llama 3 70B on 64 H100 as TP2 CP2 ZeRO-3 over 32 GPUs (DP 16), 1F1B, batch 64."""
+    raw = scenario_to_dict(load_scenario("scenarios/llama3-70b-64xh100.yaml"))
+    raw["training"]["global_batch_size"] = 64
+    base = scenario_from_dict(raw)
+    return apply_layout(base, replace(layout_of(base), tp=2, pp=1, dp=16, cp=2, vp=1, zero_stage=3, schedule="1f1b",
+                                      sequence_parallel=True, recompute="none", first_pipeline_num_layers=None,
+                                      last_pipeline_num_layers=None))
+
+
 def test_fsdp_contention_bound_is_its_closed_form_and_below_the_step():
     """Llama 3 70B, TP2 CP2 ZeRO-3 over 32 GPUs on 64 H100 (the gathers cross the network, hidden
     by the prefetch): the SMs the FSDP collectives hold lift the bound to C + (24/132) L +
@@ -345,12 +355,7 @@ def test_fsdp_contention_bound_is_its_closed_form_and_below_the_step():
     from simulator.network.nccl import NCCL_KERNEL_SMS
     from simulator.studies.bound import blocking_tp_s, fsdp_link_busy, stage_compute
 
-    raw = scenario_to_dict(load_scenario("scenarios/llama3-70b-64xh100.yaml"))
-    raw["training"]["global_batch_size"] = 64
-    base = scenario_from_dict(raw)
-    s = apply_layout(base, replace(layout_of(base), tp=2, pp=1, dp=16, cp=2, vp=1, zero_stage=3, schedule="1f1b",
-                                   sequence_parallel=True, recompute="none", first_pipeline_num_layers=None,
-                                   last_pipeline_num_layers=None))
+    s = _llama70b_zero3_tp2_cp2()
     gpu = gpu_of(s.cluster, s.training.precision)
     w = build_workload(s, gpu)
     node, cluster = planner.node_collective_time(s), planner.cluster_collective_time(s)
@@ -372,12 +377,7 @@ def test_fsdp_bound_with_registered_buffers_stays_below_the_step():
     below the step; the progress walk's bound too."""
     from simulator.studies.bound import StepAbove, simulate_below
 
-    raw = scenario_to_dict(load_scenario("scenarios/llama3-70b-64xh100.yaml"))
-    raw["training"]["global_batch_size"] = 64
-    base = scenario_from_dict(raw)
-    plain = apply_layout(base, replace(layout_of(base), tp=2, pp=1, dp=16, cp=2, vp=1, zero_stage=3, schedule="1f1b",
-                                       sequence_parallel=True, recompute="none", first_pipeline_num_layers=None,
-                                       last_pipeline_num_layers=None))
+    plain = _llama70b_zero3_tp2_cp2()
     s = replace(plain, framework_options=replace(plain.framework_options, nccl_ub=True))
     gpu = gpu_of(s.cluster, s.training.precision)
     node, cluster = planner.node_collective_time(s), planner.cluster_collective_time(s)

@@ -294,9 +294,10 @@ def async_tp_forward_s(s: Scenario, w: Workload, collective_time: CollectiveTime
     The forward launches the input's all-gather, runs the block's first GEMM (QKV, the MLP's up
     projection) and waits for the gather; later it launches the output's reduce-scatter, runs the
     last GEMM (the output projection, the MLP's down projection) and waits for it: each GEMM beside
-    its collective, as in ``overlap_contention_s`` (``beside_s``). The attention block of every layer and the dense MLP run so (an MoE MLP waits at once, which
-    ``blocking_tp_s`` counts); zero without async TP and sequence parallelism, for TP groups wider
-    than a node and without ``collective_time``. Full recompute runs the forward again in the
+    its collective, as in ``overlap_contention_s`` (``beside_s``). The attention block of every
+    layer and the dense MLP run so (an MoE MLP waits at once, which ``blocking_tp_s`` counts); zero
+    without async TP and sequence parallelism, for TP groups wider than a node and without
+    ``collective_time``. Full recompute runs the forward again in the
     backward: the caller adds it there."""
     par, sw = s.parallelism, w.software
     tp = par.tp
@@ -327,14 +328,13 @@ def cp_exchange_s(s: Scenario, w: Workload, collective_time: CollectiveTime | No
     The program launches the exchange (an all-gather over the CP group of ``cp_bytes x cp``, twice
     that in the backward), runs the core (with ``cp_comm_type: all_gather`` only the local causal
     call; with ``overlap.cp_comm: false`` nothing) and waits for it: the core beside the exchange,
-    as in ``overlap_contention_s`` (``beside_s``). Counted when every CP
-    group lies inside one node (the rank grid puts a CP group on ``tp x cp`` consecutive ranks, every
-    ``tp``-th), where ``a`` is the exchange alone over such ranks of an idle node, as for the TP
-    collectives; wider groups, whose time on the idle cluster would cost a simulation per group, are
-    not counted. The forward under async TP waits for the exchange after the whole attention block,
-    beside the TP collectives, and is not counted either; zero without context parallelism or
-    ``collective_time``; ZeRO-3 with per-micro-batch gathers takes its own path
-    (``fsdp_stage_compute``), without it."""
+    as in ``overlap_contention_s`` (``beside_s``). Counted when every CP group lies inside one node
+    (the rank grid puts a CP group on ``tp x cp`` consecutive ranks, every ``tp``-th), where ``a``
+    is the exchange alone over such ranks of an idle node, as for the TP collectives; wider groups,
+    whose time on the idle cluster would cost a simulation per group, are not counted. The forward
+    under async TP waits for the exchange after the whole attention block, beside the TP
+    collectives, and is not counted either; zero without context parallelism or ``collective_time``;
+    ZeRO-3 with per-micro-batch gathers takes its own path (``fsdp_stage_compute``), without it."""
     par, sw = s.parallelism, w.software
     span, node = par.tp * par.cp, s.cluster.gpus_per_node
     if collective_time is None or par.cp < 2 or w.cp_bytes <= 0 or sw is None or span > node or node % span:
